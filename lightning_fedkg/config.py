@@ -1,0 +1,176 @@
+"""Typed experiment configuration: dataclasses + omegaconf, YAML files and dotlist overrides.
+
+Every field has a type and a default, so a config file only states what differs. Loading
+merges, in order: the structured defaults, the YAML file, then ``key=value`` overrides.
+An unknown key anywhere is an error that lists the valid keys of that section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "FederatedConfig",
+    "ExperimentConfig",
+    "load_config",
+    "save_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message says how to fix it."""
+
+
+@dataclass
+class DataConfig:
+    """Which knowledge graph(s) to load.
+
+    ``name`` is a bundled dataset (``umls``, ``nations``, ``kinship``) or a path. For a
+    federated run a single KG is split by relation into ``num_clients`` clients (FedE's
+    procedure, seeded by ``partition_seed``); a folder of pre-split clients
+    (``client_<k>/`` or FedLU's ``<k>/``) is loaded as it is.
+    """
+
+    name: str = "umls"
+    format: Literal["auto", "triples", "openke", "pyg_fb15k237", "pyg_wn18rr"] = "auto"
+    num_clients: int = 3
+    partition_seed: int = 12345
+
+
+@dataclass
+class ModelConfig:
+    """The KGE score function (REFERENCE §1.1 parameterisation)."""
+
+    name: Literal["transe", "transh", "transr", "transd", "distmult", "complex", "rotate"] = "transe"
+    dim: int = 128
+    gamma: float = 10.0
+    epsilon: float = 2.0
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, negative sampling and evaluation protocol of one learner."""
+
+    lr: float = 1e-3
+    batch_size: int = 512
+    num_negatives: int = 256
+    negative_mode: Literal["per_triple", "shared"] = "per_triple"
+    negative_sampler: Literal["uniform", "bernoulli"] = "uniform"
+    filter_negatives: bool = False
+    corruption: Literal["tail", "head", "both"] = "both"
+    loss: Literal["self_adversarial", "uniform", "margin"] = "self_adversarial"
+    adversarial_temperature: float = 1.0
+    regularization: float = 0.0
+    reset_optimizer: bool = False
+    max_epochs: int = 100
+    eval_every: int = 10
+    patience: int = 15
+    eval_batch_size: int = 256
+    eval_sides: Literal["tail", "both"] = "both"
+    ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
+
+
+@dataclass
+class TrainerConfig:
+    """Arguments passed to every ``lightning.Trainer`` of the run."""
+
+    accelerator: str = "auto"
+    devices: int = 1
+    precision: str = "32-true"
+    progress_bar: bool = True
+
+
+@dataclass
+class FederatedConfig:
+    """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
+
+    ``rounds`` bounds the run; ``local_epochs`` is E, ``fraction`` is F (clients sampled
+    per round), evaluation every ``eval_every`` rounds with early stopping after
+    ``patience`` evaluations without improvement of the triple-weighted validation MRR.
+    """
+
+    strategy: Literal["none", "single", "entire", "fede", "fedr"] = "none"
+    rounds: int = 100
+    local_epochs: int = 3
+    fraction: float = 1.0
+    eval_every: int = 5
+    patience: int = 15
+    fusion: bool = False
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole experiment: data, model, training, Trainer and federation settings."""
+
+    name: str = "experiment"
+    seed: int = 0
+    out_dir: str = "runs"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    federated: FederatedConfig = field(default_factory=FederatedConfig)
+
+
+def _valid_keys(schema: DictConfig, dotted: str) -> list[str]:
+    node = schema
+    for part in [p for p in dotted.split(".")[:-1] if p]:
+        child = node.get(part) if isinstance(node, DictConfig) else None
+        if not isinstance(child, DictConfig):
+            break
+        node = child
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(schema, layer)
+    except (ConfigKeyError, ConfigAttributeError) as err:
+        key = getattr(err, "full_key", None) or str(err)
+        valid = _valid_keys(schema, key)
+        raise ConfigError(
+            f"{source}: unknown config key '{key}'. Valid keys here: {', '.join(valid)}"
+        ) from None
+    except ValidationError as err:
+        first_line = str(err).splitlines()[0]
+        raise ConfigError(f"{source}: {getattr(err, 'full_key', '')}: {first_line}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Build an :class:`ExperimentConfig` from a YAML file and ``key=value`` overrides.
+
+    Raises :class:`ConfigError` naming the offending key and listing the valid keys.
+    """
+    cfg = OmegaConf.structured(ExperimentConfig)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        cfg = _merge(cfg, OmegaConf.load(path), str(path))
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
+    if overrides:
+        cfg = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
+    return OmegaConf.to_object(cfg)
+
+
+def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    """Write the fully resolved config as YAML (the run directory's ``config.yaml``)."""
+    OmegaConf.save(OmegaConf.structured(cfg), Path(path), resolve=True)
+
+
+def config_from_yaml_text(text: str) -> ExperimentConfig:
+    """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
+    cfg = _merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(text), "config.yaml")
+    return OmegaConf.to_object(cfg)
