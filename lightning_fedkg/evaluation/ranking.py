@@ -1,0 +1,136 @@
+"""Filtered link-prediction ranks and a summing rank metric.
+
+The four evaluation protocols in the FedKG literature (FedE, FedLU/RotatE, OpenKE, KGReasoning)
+differ in how ties between the target and other candidates are resolved; see the ``ties``
+argument of :func:`filtered_ranks`. Filtered candidates are removed by boolean masks rather
+than by overwriting scores, so a model that legitimately produces ``-inf`` scores still ranks
+correctly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+TIE_MODES = ("optimistic", "pessimistic", "mean", "arbitrary")
+HITS_AT = (1, 3, 5, 10)
+
+
+def filtered_ranks(
+    scores: Tensor,
+    targets: Tensor,
+    filter_row: Tensor | None = None,
+    filter_col: Tensor | None = None,
+    ties: str = "mean",
+    candidate_mask: Tensor | None = None,
+) -> Tensor:
+    """Rank of each query's target among its candidates (1 = best), filtered setting.
+
+    Args:
+        scores: ``[B, N]`` scores of every entity for each query; higher is better.
+        targets: ``LongTensor[B]``, the entity id whose rank is wanted.
+        filter_row, filter_col: ``LongTensor[K]`` pairs (query row, entity id) of other true
+            answers that must not compete with the target. A pair that names the target
+            itself is ignored: the target is never filtered.
+        ties: how candidates scoring exactly the target's score count:
+
+            * ``"optimistic"``: rank = 1 + #strictly better (OpenKE).
+            * ``"pessimistic"``: rank = 1 + #better-or-equal other candidates.
+            * ``"mean"``: the average of the two (the "realistic" rank).
+            * ``"arbitrary"``: ties broken by entity id, lower id first: the position a
+              stable descending sort gives, a deterministic stand-in for the reference
+              FedE/FedLU code's sort position.
+        candidate_mask: optional ``BoolTensor[N]`` (shared) or ``[B, N]`` (per query); only
+            entities marked True compete (e.g. FedE ranks among the client's training
+            entities). The target always takes part.
+
+    Returns:
+        ``FloatTensor[B]`` of ranks (integers, or halves for ``"mean"``).
+
+    Scores that are NaN never count as better or equal.
+    """
+    if ties not in TIE_MODES:
+        raise ValueError(f"ties must be one of {TIE_MODES}, got {ties!r}")
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")
+    num_queries, num_candidates = scores.shape
+    targets = targets.to(device=scores.device, dtype=torch.long)
+    rows = torch.arange(num_queries, device=scores.device)
+
+    competes = torch.ones_like(scores, dtype=torch.bool)
+    if candidate_mask is not None:
+        competes &= candidate_mask.to(device=scores.device, dtype=torch.bool).expand_as(scores)
+    if filter_row is not None and filter_col is not None and filter_row.numel() > 0:
+        competes[filter_row.to(scores.device), filter_col.to(scores.device)] = False
+    # The target is not its own competitor; excluding it here also undoes any filter entry
+    # or candidate-mask entry that names it.
+    competes[rows, targets] = False
+
+    target_scores = scores[rows, targets].unsqueeze(1)
+    better = ((scores > target_scores) & competes).sum(dim=1)
+    if ties == "optimistic":
+        return (1 + better).float()
+    equal = (scores == target_scores) & competes
+    if ties == "arbitrary":
+        lower_id = torch.arange(num_candidates, device=scores.device).unsqueeze(0) < targets.unsqueeze(1)
+        return (1 + better + (equal & lower_id).sum(dim=1)).float()
+    n_equal = equal.sum(dim=1)
+    if ties == "pessimistic":
+        return (1 + better + n_equal).float()
+    return 1.0 + better.float() + 0.5 * n_equal.float()
+
+
+class RankingMetric(Metric):
+    """MRR, MR and Hits@{1,3,5,10} accumulated from ranks with summing states.
+
+    Only sums are stored (``dist_reduce_fx="sum"``), so the metric costs O(1) memory and is
+    exact under distributed reduction, unlike ``torchmetrics.retrieval`` which keeps every
+    prediction. Ranks are multiples of 0.5 for every tie mode, so the rank sum is stored
+    exactly as an integer count of half-ranks; hits and the query count are integers too.
+
+    ``compute()`` returns a dict of 0-dim tensors: ``mrr``, ``mr``, ``hits@1``, ``hits@3``,
+    ``hits@5``, ``hits@10`` (float) and ``count`` (long). With no updates the float entries
+    are NaN.
+    """
+
+    full_state_update = False
+    higher_is_better = True
+    is_differentiable = False
+
+    def __init__(self, hits_at: tuple[int, ...] = HITS_AT, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.hits_at = tuple(int(k) for k in hits_at)
+        self.add_state("rr_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("half_rank_sum", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("hits", default=torch.zeros(len(self.hits_at), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.register_buffer("_hits_at", torch.tensor(self.hits_at, dtype=torch.float64), persistent=False)
+
+    def update(self, ranks: Tensor) -> None:  # type: ignore[override]
+        """Add a batch of ranks (any shape; values ≥ 1)."""
+        ranks = ranks.detach().reshape(-1).to(device=self.rr_sum.device, dtype=torch.float64)
+        self.rr_sum += ranks.reciprocal().sum()
+        self.half_rank_sum += torch.round(2.0 * ranks).long().sum()
+        self.hits += (ranks.unsqueeze(1) <= self._hits_at.to(ranks.device)).sum(dim=0)
+        self.count += ranks.numel()
+
+    def compute(self) -> dict[str, Tensor]:  # type: ignore[override]
+        n = self.count.to(torch.float64)
+        if self.count.item() == 0:
+            n = torch.tensor(math.nan, dtype=torch.float64, device=self.count.device)
+        out = {
+            "mrr": (self.rr_sum / n).float(),
+            "mr": (self.half_rank_sum.to(torch.float64) / (2.0 * n)).float(),
+        }
+        for k, h in zip(self.hits_at, self.hits):
+            out[f"hits@{k}"] = (h.to(torch.float64) / n).float()
+        out["count"] = self.count.clone()
+        return out
+
+
+def metrics_to_floats(metrics: dict[str, Tensor]) -> dict[str, float | int]:
+    """Turn :meth:`RankingMetric.compute` output into plain Python numbers (``count`` → int)."""
+    return {k: (int(v) if k == "count" else float(v)) for k, v in metrics.items()}
