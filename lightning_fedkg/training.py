@@ -1,0 +1,129 @@
+"""Train and test one KGE model on one knowledge graph with a plain Lightning ``Trainer``.
+
+This is what ``fedkg fit`` runs when ``federated.strategy`` is ``none``. It is also the
+simplest example of the library's building blocks used outside federation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from lightning_fedkg.config import ExperimentConfig
+from lightning_fedkg.data import KGDataModule, KnowledgeGraph, load_kg
+from lightning_fedkg.models import KGEModule
+
+log = logging.getLogger("lightning_fedkg")
+
+METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
+
+
+def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
+    """A :class:`KGDataModule` for ``kg`` with the sampling/evaluation settings of ``cfg.train``."""
+    t = cfg.train
+    kwargs = dict(
+        batch_size=t.batch_size,
+        num_negatives=t.num_negatives,
+        corruption=t.corruption,
+        negative_sampler=t.negative_sampler,
+        negative_mode=t.negative_mode,
+        filter_negatives=t.filter_negatives,
+        eval_batch_size=t.eval_batch_size,
+        eval_sides=t.eval_sides,
+        seed=seed,
+    )
+    kwargs.update(overrides)
+    return KGDataModule(kg, **kwargs)
+
+
+def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int) -> KGEModule:
+    """A :class:`KGEModule` with the model and optimisation settings of ``cfg``."""
+    m, t = cfg.model, cfg.train
+    return KGEModule(
+        model=m.name,
+        num_entities=num_entities,
+        num_relations=num_relations,
+        dim=m.dim,
+        gamma=m.gamma,
+        epsilon=m.epsilon,
+        lr=t.lr,
+        loss=t.loss,
+        adversarial_temperature=t.adversarial_temperature,
+        regularization=t.regularization,
+        ties=t.ties,
+        reset_optimizer=t.reset_optimizer,
+    )
+
+
+def select_metrics(metrics: dict) -> dict:
+    """The metric keys that ``metrics.json`` reports, as plain floats."""
+    return {k: float(metrics[k]) for k in METRIC_KEYS}
+
+
+def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
+    """Fit ``cfg.model`` on ``cfg.data`` with early stopping, test the best checkpoint.
+
+    Writes TensorBoard events, checkpoints and ``metrics.json`` into ``run_dir``. A run
+    directory that already holds ``checkpoints/last.ckpt`` is resumed from it.
+    Returns ``{"test": {mrr, mr, hits@1, hits@3, hits@5, hits@10}}``.
+    """
+    run_dir = Path(run_dir)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    kg = load_kg(cfg.data.name, fmt=cfg.data.format)
+    datamodule = build_datamodule(kg, cfg, seed=cfg.seed)
+    module = build_module(cfg, kg.num_entities, kg.num_relations)
+
+    ckpt_dir = run_dir / "checkpoints"
+    checkpoint = ModelCheckpoint(
+        dirpath=ckpt_dir, filename="best", monitor="val/mrr", mode="max", save_last=True
+    )
+    # Lightning counts EarlyStopping patience in validation checks, as FedE counts evaluations.
+    early_stopping = EarlyStopping(monitor="val/mrr", mode="max", patience=cfg.train.patience)
+    trainer = L.Trainer(
+        max_epochs=cfg.train.max_epochs,
+        check_val_every_n_epoch=cfg.train.eval_every,
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        precision=cfg.trainer.precision,
+        logger=TensorBoardLogger(run_dir, name="tb", version="kge", default_hp_metric=False),
+        callbacks=[checkpoint, early_stopping],
+        enable_progress_bar=cfg.trainer.progress_bar,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        deterministic=False,
+    )
+    last = ckpt_dir / "last.ckpt"
+    resume_from = str(last) if last.is_file() else None
+    if resume_from:
+        log.info("resuming from %s", resume_from)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    best = checkpoint.best_model_path or None
+    trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
+    result = {"test": select_metrics(module.last_metrics["test"])}
+    result["test"]["count"] = int(module.last_metrics["test"]["count"])
+    (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dict:
+    """Evaluate a saved single-KG checkpoint on the test split of ``cfg.data``."""
+    kg = load_kg(cfg.data.name, fmt=cfg.data.format)
+    datamodule = build_datamodule(kg, cfg, seed=cfg.seed)
+    module = KGEModule.load_from_checkpoint(str(ckpt_path), map_location="cpu")
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        precision=cfg.trainer.precision,
+        logger=False,
+        enable_progress_bar=cfg.trainer.progress_bar,
+        enable_model_summary=False,
+    )
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    result = {"test": select_metrics(module.last_metrics["test"])}
+    result["test"]["count"] = int(module.last_metrics["test"]["count"])
+    return result
