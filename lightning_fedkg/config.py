@@ -97,6 +97,10 @@ class FederatedConfig:
     ``rounds`` bounds the run; ``local_epochs`` is E, ``fraction`` is F (clients sampled
     per round), evaluation every ``eval_every`` rounds with early stopping after
     ``patience`` evaluations without improvement of the triple-weighted validation MRR.
+    ``aggregation`` decides what clients that were not sampled in a round contribute to
+    FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
+    row (rows none of them hold keep their value); ``all_holders`` reproduces the official
+    FedE code, where unsampled holders contribute the current server row, a damped update.
     """
 
     strategy: Literal["none", "single", "entire", "fede", "fedr"] = "none"
@@ -106,6 +110,7 @@ class FederatedConfig:
     eval_every: int = 5
     patience: int = 15
     fusion: bool = False
+    aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
 
 
 @dataclass
