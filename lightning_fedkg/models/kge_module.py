@@ -1,0 +1,260 @@
+"""LightningModule that trains a KGE score function and evaluates filtered link prediction.
+
+Training batches and evaluation batches are the dicts produced by
+:class:`lightning_fedkg.data.datamodule.KGDataModule` (DESIGN.md §1). The same module is
+used for single-KG runs and as the per-client model of the federated orchestrator, which calls
+``fit()`` many times on it; see ``reset_optimizer``.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_fedkg.evaluation.ranking import TIE_MODES, RankingMetric, filtered_ranks, metrics_to_floats
+from lightning_fedkg.models.kge import KGEModel, build_model
+
+LOSSES = ("self_adversarial", "uniform", "margin")
+
+
+def kge_loss(
+    positive_scores: Tensor,
+    negative_scores: Tensor,
+    loss: str = "self_adversarial",
+    adversarial_temperature: float = 1.0,
+    margin: float = 1.0,
+) -> Tensor:
+    """Negative-sampling loss from scores (higher = more plausible).
+
+    Args:
+        positive_scores: ``[B]``.
+        negative_scores: ``[B, n]``, the negatives of each positive.
+        loss:
+            * ``"self_adversarial"`` (Sun et al. 2019, RotatE §3.3; FedE, Chen et al. 2021,
+              Eq. 3-4 in the code's sign convention): ``p = softmax(α·s_neg)`` treated as a
+              constant, ``ℓ_pos = −log σ(s_pos)``, ``ℓ_neg = −Σ_j p_j log σ(−s_neg_j)``,
+              ``L = ½ (mean_B ℓ_pos + mean_B ℓ_neg)``.
+            * ``"uniform"``: as above with ``p_j = 1/n``.
+            * ``"margin"``: ``mean over (i, j) of max(0, margin − s_pos_i + s_neg_ij)``
+              (the OpenKE / TransE-paper margin ranking loss).
+        adversarial_temperature: ``α``.
+        margin: margin of ``"margin"``.
+    """
+    if loss == "margin":
+        return F.relu(margin - positive_scores.unsqueeze(1) + negative_scores).mean()
+    positive_term = -F.logsigmoid(positive_scores)
+    log_not_negative = F.logsigmoid(-negative_scores)
+    if loss == "self_adversarial":
+        weights = torch.softmax(adversarial_temperature * negative_scores.detach(), dim=1)
+        negative_term = -(weights * log_not_negative).sum(dim=1)
+    elif loss == "uniform":
+        negative_term = -log_not_negative.mean(dim=1)
+    else:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    return 0.5 * (positive_term.mean() + negative_term.mean())
+
+
+class KGEModule(L.LightningModule):
+    """Trains ``build_model(model, ...)`` with negative sampling; ranks entities for val/test.
+
+    Args:
+        model: a key of :data:`lightning_fedkg.models.kge.MODELS` (``"transe"``, ``"rotate"``, ...).
+        num_entities, num_relations, dim, gamma, epsilon: passed to :func:`build_model`.
+        lr: Adam learning rate.
+        loss: ``"self_adversarial"``, ``"uniform"`` or ``"margin"`` (see :func:`kge_loss`).
+        adversarial_temperature: ``α`` of the self-adversarial weights.
+        margin: margin of the ``"margin"`` loss.
+        regularization: weight of ``model.regularization_loss()`` (0 disables it).
+        ties: tie handling of the filtered ranks (see :func:`filtered_ranks`).
+        reset_optimizer: True builds a fresh Adam at every ``fit()`` (FedE re-creates the
+            optimizer each round); False builds it once and returns the same instance on every
+            ``fit()``, so its state (moments, step counts) persists. Outside Lightning
+            checkpoints, move that state with :meth:`optimizer_state_dict` /
+            :meth:`load_optimizer_state_dict`.
+        eval_chunk_size: score at most this many evaluation queries at once (bounds the
+            ``[B, N]`` score matrix); None scores a whole batch at once.
+        model_kwargs: extra keyword arguments of the model (``p_norm``, ``relation_dim``, ...).
+
+    Attributes:
+        model: the :class:`KGEModel`.
+        val_metric, test_metric: :class:`RankingMetric` accumulators.
+        last_metrics: ``{"val": {...}, "test": {...}}``, the last computed metrics of each stage
+            as plain numbers (``mrr``, ``mr``, ``hits@1/3/5/10`` floats, ``count`` int).
+        eval_candidate_mask: optional ``BoolTensor[N]`` buffer (not saved); when set, only
+            these entities (plus the target) compete in evaluation, e.g. FedE ranks among the
+            client's training entities.
+    """
+
+    def __init__(
+        self,
+        model: str = "transe",
+        *,
+        num_entities: int,
+        num_relations: int,
+        dim: int = 128,
+        gamma: float = 10.0,
+        epsilon: float = 2.0,
+        lr: float = 1e-3,
+        loss: str = "self_adversarial",
+        adversarial_temperature: float = 1.0,
+        margin: float = 1.0,
+        regularization: float = 0.0,
+        ties: str = "mean",
+        reset_optimizer: bool = True,
+        eval_chunk_size: int | None = None,
+        model_kwargs: dict | None = None,
+    ) -> None:
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if ties not in TIE_MODES:
+            raise ValueError(f"ties must be one of {TIE_MODES}, got {ties!r}")
+        if eval_chunk_size is not None and eval_chunk_size < 1:
+            raise ValueError(f"eval_chunk_size must be positive or None, got {eval_chunk_size}")
+        self.save_hyperparameters()
+        self.model: KGEModel = build_model(
+            model, num_entities, num_relations, dim, gamma=gamma, epsilon=epsilon, **(model_kwargs or {})
+        )
+        self.val_metric = RankingMetric()
+        self.test_metric = RankingMetric()
+        self.register_buffer("eval_candidate_mask", None, persistent=False)
+        self.last_metrics: dict[str, dict[str, float | int]] = {}
+        self._last_stage: str | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    # ------------------------------------------------------------------ training
+    def negative_scores(self, batch: dict) -> Tensor:
+        """``[B, n]`` scores of the batch's negatives according to ``batch["mode"]``."""
+        positive, negatives, mode = batch["positive"], batch["negatives"], batch["mode"]
+        h, r, t = positive[:, 0], positive[:, 1], positive[:, 2]
+        if mode == "tail":
+            return self.model.score_tails(h, r, negatives)
+        if mode == "head":
+            return self.model.score_heads(r, t, negatives)
+        if mode != "mixed":
+            raise ValueError(f"batch mode must be 'tail', 'head' or 'mixed', got {mode!r}")
+        # Score each row only on its own corruption side; shared negatives serve both sides.
+        head_rows = batch["head_mask"].nonzero().squeeze(1)
+        tail_rows = (~batch["head_mask"]).nonzero().squeeze(1)
+
+        def rows_of(index: Tensor) -> Tensor:
+            return negatives[index] if negatives.dim() == 2 else negatives
+
+        parts = []
+        if len(tail_rows):
+            parts.append((tail_rows, self.model.score_tails(h[tail_rows], r[tail_rows], rows_of(tail_rows))))
+        if len(head_rows):
+            parts.append((head_rows, self.model.score_heads(r[head_rows], t[head_rows], rows_of(head_rows))))
+        scores = parts[0][1].new_empty(positive.shape[0], negatives.shape[-1])
+        for rows, part in parts:
+            scores[rows] = part.to(scores.dtype)
+        return scores
+
+    def training_loss(self, batch: dict) -> Tensor:
+        """Loss of one training batch (the objective of :meth:`training_step`)."""
+        positive = batch["positive"]
+        positive_scores = self.model(positive[:, 0], positive[:, 1], positive[:, 2])
+        hp = self.hparams
+        loss = kge_loss(positive_scores, self.negative_scores(batch), hp.loss, hp.adversarial_temperature, hp.margin)
+        if hp.regularization > 0:
+            loss = loss + hp.regularization * self.model.regularization_loss()
+        return loss
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss = self.training_loss(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=batch["positive"].shape[0])
+        return loss
+
+    # ------------------------------------------------------------------ optimizer
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.hparams.reset_optimizer or self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return self._optimizer
+
+    def optimizer_state_dict(self) -> dict | None:
+        """State of the current Adam (None before one exists)."""
+        return None if self._optimizer is None else self._optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, state: dict | None) -> None:
+        """Restore Adam state; builds the optimizer if needed so the next ``fit()`` reuses it
+        (with ``reset_optimizer=True`` the next ``fit()`` replaces it anyway). None clears it."""
+        if state is None:
+            self._optimizer = None
+            return
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        self._optimizer.load_state_dict(state)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def rank_batch(self, batch: dict) -> Tensor:
+        """Filtered ranks ``[B]`` of an evaluation batch, scored in fp32 against all entities."""
+        triples, mode = batch["triples"], batch["mode"]
+        if mode == "tail":
+            targets = triples[:, 2]
+        elif mode == "head":
+            targets = triples[:, 0]
+        else:
+            raise ValueError(f"evaluation mode must be 'tail' or 'head', got {mode!r}")
+        filter_row, filter_col = batch["filter_row"], batch["filter_col"]
+        chunk = self.hparams.eval_chunk_size or max(1, len(triples))
+        ranks = []
+        # bf16 autocast collapses distinct scores into ties (LIBRARIES §2d): rank in fp32.
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            for start in range(0, len(triples), chunk):
+                part = triples[start : start + chunk]
+                if mode == "tail":
+                    scores = self.model.score_tails(part[:, 0], part[:, 1])
+                else:
+                    scores = self.model.score_heads(part[:, 1], part[:, 2])
+                in_part = (filter_row >= start) & (filter_row < start + len(part))
+                ranks.append(
+                    filtered_ranks(
+                        scores.float(),
+                        targets[start : start + len(part)],
+                        filter_row[in_part] - start,
+                        filter_col[in_part],
+                        ties=self.hparams.ties,
+                        candidate_mask=self.eval_candidate_mask,
+                    )
+                )
+        return torch.cat(ranks)
+
+    def update_ranking(self, batch: dict, metric: RankingMetric) -> Tensor:
+        """Rank an evaluation batch and add the ranks to ``metric``; returns the ranks."""
+        ranks = self.rank_batch(batch)
+        metric.update(ranks)
+        return ranks
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.update_ranking(batch, self.val_metric)
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.update_ranking(batch, self.test_metric)
+
+    def _finish_evaluation(self, stage: str, metric: RankingMetric) -> None:
+        if not metric.update_called:
+            return
+        computed = metric.compute()
+        metric.reset()
+        self.log_dict({f"{stage}/{k}": v.float() for k, v in computed.items() if k != "count"})
+        if self._trainer is not None and self._trainer.sanity_checking:
+            return
+        self.last_metrics[stage] = metrics_to_floats(computed)
+        self._last_stage = stage
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish_evaluation("val", self.val_metric)
+
+    def on_test_epoch_end(self) -> None:
+        self._finish_evaluation("test", self.test_metric)
+
+    def evaluation_results(self, stage: str | None = None) -> dict:
+        """Last computed metrics of ``stage`` (``"val"``/``"test"``; default the latest stage
+        evaluated): ``{"mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10", "count"}``."""
+        stage = stage or self._last_stage
+        if stage is None or stage not in self.last_metrics:
+            raise RuntimeError("no evaluation has finished yet")
+        return dict(self.last_metrics[stage])

@@ -1,0 +1,298 @@
+"""KGEModule: loss values, evaluation vs brute force, optimizer persistence, learning on UMLS."""
+
+import math
+import time
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_fedkg.models.kge_module import KGEModule, kge_loss
+
+pytestmark = pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+
+
+def log_sigmoid(x):
+    return -math.log1p(math.exp(-x))
+
+
+def trainer(**kw):
+    defaults = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    defaults.update(kw)
+    return L.Trainer(**defaults)
+
+
+def loader(batches):
+    """A DataLoader that yields prebuilt batch dicts unchanged."""
+    return DataLoader(batches, batch_size=None, shuffle=False)
+
+
+# ---------------------------------------------------------------------------- loss values
+POS = torch.tensor([1.0, -0.5])
+NEG = torch.tensor([[0.0, 2.0], [1.0, -1.0]])
+
+
+def test_self_adversarial_loss_hand_value():
+    # per row: -sum_j softmax(s_neg)_j log sigmoid(-s_neg_j)
+    def row(r):
+        z = sum(math.exp(x) for x in r)
+        return -sum(math.exp(x) / z * log_sigmoid(-x) for x in r)
+
+    expected = 0.5 * ((-log_sigmoid(1.0) - log_sigmoid(-0.5)) / 2 + (row([0.0, 2.0]) + row([1.0, -1.0])) / 2)
+    assert expected == pytest.approx(1.109353645926133, abs=1e-12)
+    assert kge_loss(POS, NEG, "self_adversarial", 1.0).item() == pytest.approx(expected, abs=1e-6)
+    # alpha -> 0 gives uniform weights
+    assert kge_loss(POS, NEG, "self_adversarial", 0.0).item() == pytest.approx(
+        kge_loss(POS, NEG, "uniform").item(), abs=1e-7)
+
+
+def test_uniform_and_margin_loss_hand_values():
+    assert kge_loss(POS, NEG, "uniform").item() == pytest.approx(0.8776594887545028, abs=1e-6)
+    # pairs: max(0, 1-1+0)=0, max(0, 1-1+2)=2, max(0, 1+.5+1)=2.5, max(0, 1+.5-1)=.5 -> 5/4
+    assert kge_loss(POS, NEG, "margin", margin=1.0).item() == pytest.approx(1.25, abs=1e-7)
+
+
+def test_self_adversarial_weights_carry_no_gradient():
+    neg = NEG.clone().requires_grad_(True)
+    kge_loss(POS, neg, "self_adversarial").backward()
+    # with detached weights d/ds_j = 0.5/B * p_j * sigmoid(s_j)
+    p = torch.softmax(NEG, dim=1)
+    assert torch.allclose(neg.grad, 0.25 * p * torch.sigmoid(NEG), atol=1e-7)
+
+
+def tiny_transe():
+    """1-d TransE, gamma 2: entities at 0, 1, 3; relation 0 translates by +1."""
+    module = KGEModule("transe", num_entities=3, num_relations=1, dim=1, gamma=2.0)
+    with torch.no_grad():
+        module.model.entity_emb.copy_(torch.tensor([[0.0], [1.0], [3.0]]))
+        module.model.relation_emb.copy_(torch.tensor([[1.0]]))
+    return module
+
+
+def test_training_loss_on_tiny_transe_by_hand():
+    module = tiny_transe()
+    # positive (0, 0, 1): 2 - |0 + 1 - 1| = 2
+    # tail negatives 2, 0: 2 - |1 - 3| = 0 and 2 - |1 - 0| = 1
+    batch = {"positive": torch.tensor([[0, 0, 1]]), "negatives": torch.tensor([[2, 0]]), "mode": "tail"}
+    w0, w1 = 1 / (1 + math.e), math.e / (1 + math.e)
+    expected = 0.5 * (-log_sigmoid(2.0) - w0 * log_sigmoid(0.0) - w1 * log_sigmoid(-1.0))
+    assert module.training_loss(batch).item() == pytest.approx(expected, abs=1e-6)
+    # head negatives 2, 1: 2 - |3 + 1 - 1| = -1 and 2 - |1 + 1 - 1| = 1
+    batch = {"positive": torch.tensor([[0, 0, 1]]), "negatives": torch.tensor([[2, 1]]), "mode": "head"}
+    expected = 0.5 * (-log_sigmoid(2.0) - 0.5 * (log_sigmoid(1.0) + log_sigmoid(-1.0)))
+    module.hparams.loss = "uniform"
+    assert module.training_loss(batch).item() == pytest.approx(expected, abs=1e-6)
+    # the N3 regulariser adds weight * sum |x|^3 = 0.1 * (0 + 1 + 27 + 1)
+    module.hparams.regularization = 0.1
+    assert module.training_loss(batch).item() == pytest.approx(expected + 2.9, abs=1e-5)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mixed_mode_selects_side_per_row(shared):
+    torch.manual_seed(0)
+    module = KGEModule("rotate", num_entities=20, num_relations=4, dim=6)
+    positive = torch.tensor([[0, 1, 2], [3, 0, 4], [5, 3, 6], [7, 2, 8]])
+    negatives = torch.randint(20, (5,)) if shared else torch.randint(20, (4, 5))
+    head_mask = torch.tensor([True, False, False, True])
+    got = module.negative_scores({"positive": positive, "negatives": negatives, "mode": "mixed",
+                                  "head_mask": head_mask})
+    tails = module.negative_scores({"positive": positive, "negatives": negatives, "mode": "tail"})
+    heads = module.negative_scores({"positive": positive, "negatives": negatives, "mode": "head"})
+    assert torch.allclose(got, torch.where(head_mask.unsqueeze(1), heads, tails))
+    # and it is the score of the corrupted triple
+    negs = negatives.expand(4, -1) if shared else negatives
+    h, r, t = positive.T
+    assert torch.allclose(got[0], module.model(negs[0], r[0].expand(5), t[0].expand(5)), atol=1e-5)
+    assert torch.allclose(got[1], module.model(h[1].expand(5), r[1].expand(5), negs[1]), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- evaluation
+def random_kg(seed, n=15, r=3, m=70):
+    g = torch.Generator().manual_seed(seed)
+    triples = torch.stack([torch.randint(n, (m,), generator=g), torch.randint(r, (m,), generator=g),
+                           torch.randint(n, (m,), generator=g)], 1).unique(dim=0)
+    return triples, n, r
+
+
+def eval_batches(queries, all_true, batch_size=7):
+    """Evaluation batches as the datamodule produces them, built by plain loops."""
+    batches = []
+    for mode in ("tail", "head"):
+        for start in range(0, len(queries), batch_size):
+            part = queries[start : start + batch_size]
+            rows, cols = [], []
+            for i, (h, r, t) in enumerate(part.tolist()):
+                for h2, r2, t2 in all_true.tolist():
+                    if mode == "tail" and (h2, r2) == (h, r) and t2 != t:
+                        rows.append(i), cols.append(t2)
+                    if mode == "head" and (r2, t2) == (r, t) and h2 != h:
+                        rows.append(i), cols.append(h2)
+            batches.append({"triples": part, "mode": mode, "filter_row": torch.tensor(rows, dtype=torch.long),
+                            "filter_col": torch.tensor(cols, dtype=torch.long)})
+    return batches
+
+
+def brute_force_mrr(model, queries, all_true, n, allowed=None):
+    true_set = set(map(tuple, all_true.tolist()))
+    reciprocal = []
+    with torch.no_grad():
+        for h, r, t in queries.tolist():
+            for side in ("tail", "head"):
+                target = t if side == "tail" else h
+                s_true = model(torch.tensor([h]), torch.tensor([r]), torch.tensor([t])).item()
+                better = 0
+                for e in range(n):
+                    cand = (h, r, e) if side == "tail" else (e, r, t)
+                    if e == target or cand in true_set or (allowed is not None and not allowed[e]):
+                        continue
+                    if model(*(torch.tensor([x]) for x in cand)).item() > s_true:
+                        better += 1
+                reciprocal.append(1.0 / (1 + better))
+    return sum(reciprocal) / len(reciprocal)
+
+
+@pytest.mark.parametrize("model_name", ["transe", "rotate", "complex"])
+def test_validation_mrr_equals_brute_force(model_name):
+    triples, n, r = random_kg(1)
+    queries = triples[:20]
+    torch.manual_seed(0)
+    module = KGEModule(model_name, num_entities=n, num_relations=r, dim=8, ties="optimistic")
+    trainer().validate(module, dataloaders=loader(eval_batches(queries, triples)), verbose=False)
+    got = module.last_metrics["val"]
+    assert got["count"] == 2 * len(queries)
+    assert got["mrr"] == pytest.approx(brute_force_mrr(module.model, queries, triples, n), abs=1e-6)
+    assert module.evaluation_results() == got
+
+    # chunked scoring and a candidate mask
+    allowed = torch.arange(n) % 3 != 1
+    module.eval_candidate_mask = allowed
+    module.hparams.eval_chunk_size = 3
+    trainer().test(module, dataloaders=loader(eval_batches(queries, triples)), verbose=False)
+    assert module.last_metrics["test"]["mrr"] == pytest.approx(
+        brute_force_mrr(module.model, queries, triples, n, allowed.tolist()), abs=1e-6)
+    assert module.evaluation_results("val") == got
+
+
+def test_evaluation_ranks_in_fp32_under_bf16_autocast():
+    triples, n, r = random_kg(2)
+    torch.manual_seed(0)
+    module = KGEModule("distmult", num_entities=n, num_relations=r, dim=16, ties="pessimistic")
+    batch = eval_batches(triples[:10], triples, batch_size=10)[0]
+    ref = module.rank_batch(batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(module.rank_batch(batch), ref)
+
+
+# ---------------------------------------------------------------------------- optimizer state
+def train_batches(n, r, count=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"positive": torch.stack([torch.randint(n, (8,), generator=g), torch.randint(r, (8,), generator=g),
+                                      torch.randint(n, (8,), generator=g)], 1),
+             "negatives": torch.randint(n, (8, 4), generator=g), "mode": "tail"} for _ in range(count)]
+
+
+def adam_step(module):
+    state = module.optimizer_state_dict()["state"]
+    return int(next(iter(state.values()))["step"])
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_reset_optimizer_across_fits(reset):
+    module = KGEModule("transe", num_entities=10, num_relations=2, dim=4, reset_optimizer=reset)
+    data = loader(train_batches(10, 2))
+    trainer().fit(module, train_dataloaders=data)
+    first = module._optimizer
+    assert adam_step(module) == 3
+    trainer().fit(module, train_dataloaders=data)
+    assert adam_step(module) == (3 if reset else 6)
+    assert (module._optimizer is first) is (not reset)
+
+
+def test_optimizer_state_moves_between_modules():
+    a = KGEModule("transe", num_entities=10, num_relations=2, dim=4, reset_optimizer=False)
+    data = loader(train_batches(10, 2))
+    trainer().fit(a, train_dataloaders=data)
+    b = KGEModule("transe", num_entities=10, num_relations=2, dim=4, reset_optimizer=False)
+    b.load_state_dict(a.state_dict())
+    b.load_optimizer_state_dict(a.optimizer_state_dict())
+    assert torch.equal(b._optimizer.state_dict()["state"][0]["exp_avg"], a._optimizer.state_dict()["state"][0]["exp_avg"])
+    trainer().fit(b, train_dataloaders=data)
+    assert adam_step(b) == 6
+
+
+def test_checkpoint_round_trip(tmp_path):
+    module = KGEModule("rotate", num_entities=10, num_relations=2, dim=4, lr=0.05, ties="arbitrary")
+    t = trainer()
+    t.fit(module, train_dataloaders=loader(train_batches(10, 2)))
+    path = tmp_path / "m.ckpt"
+    t.save_checkpoint(path)
+    restored = KGEModule.load_from_checkpoint(path)
+    assert restored.hparams.ties == "arbitrary" and restored.hparams.lr == 0.05
+    assert torch.equal(restored.model.entity_emb, module.model.entity_emb)
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError):
+        KGEModule(num_entities=3, num_relations=1, loss="hinge")
+    with pytest.raises(ValueError):
+        KGEModule(num_entities=3, num_relations=1, ties="random")
+
+
+# ---------------------------------------------------------------------------- learning on UMLS
+@pytest.fixture(scope="module")
+def umls():
+    from lightning_fedkg.data import load_kg
+
+    return load_kg("umls")
+
+
+def umls_datamodule(kg, **kw):
+    from lightning_fedkg.data import KGDataModule
+
+    args = dict(batch_size=512, num_negatives=64, corruption="both", eval_batch_size=512, seed=0)
+    args.update(kw)
+    return KGDataModule(kg, **args)
+
+
+E2E = {
+    # model: (hyperparameters, epochs, trained MRR bar)
+    "transe": (dict(dim=128, gamma=8.0, lr=0.01, adversarial_temperature=1.0), 30, 0.60),
+    "rotate": (dict(dim=64, gamma=8.0, lr=0.01, adversarial_temperature=1.0), 30, 0.60),
+}
+
+
+@pytest.mark.parametrize("model_name", sorted(E2E))
+def test_learns_umls(umls, model_name):
+    hparams, epochs, bar = E2E[model_name]
+    L.seed_everything(0, verbose=False)
+    module = KGEModule(model_name, num_entities=umls.num_entities, num_relations=umls.num_relations, **hparams)
+    dm = umls_datamodule(umls)
+    trainer().test(module, datamodule=dm, verbose=False)
+    untrained = module.last_metrics["test"]["mrr"]
+
+    start = time.perf_counter()
+    t = trainer(max_epochs=epochs, limit_val_batches=0)
+    t.fit(module, datamodule=dm)
+    elapsed = time.perf_counter() - start
+    t.test(module, datamodule=dm, verbose=False)
+    trained = module.last_metrics["test"]
+    print(f"{model_name}: untrained MRR {untrained:.3f}, trained {trained} in {elapsed:.1f}s")
+    assert trained["count"] == 2 * len(umls.triples("test"))
+    assert untrained < 0.15
+    assert trained["mrr"] >= bar
+    assert trained["mrr"] - untrained >= 0.45
+    assert elapsed < 25
+
+
+def test_bf16_mixed_smoke_fit(umls):
+    L.seed_everything(0, verbose=False)
+    module = KGEModule("rotate", num_entities=umls.num_entities, num_relations=umls.num_relations, dim=16)
+    dm = umls_datamodule(umls)
+    t = trainer(accelerator="auto", precision="bf16-mixed", limit_train_batches=3)
+    t.fit(module, datamodule=dm)
+    metrics = module.last_metrics["val"]
+    assert metrics["count"] == 2 * len(umls.triples("valid"))
+    assert 0.0 < metrics["mrr"] <= 1.0 and math.isfinite(float(t.callback_metrics["train/loss_epoch"]))
+    assert module.model.entity_emb.dtype == torch.float32
