@@ -293,3 +293,38 @@ def test_fit_fusion_is_reproducible_with_a_generator():
     assert torch.equal(a.linear.weight, b.linear.weight) and torch.equal(a.linear.bias, b.linear.bias)
     assert torch.equal(a.loss_history, b.loss_history)
     assert not torch.equal(a.linear.weight, c.linear.weight)
+
+
+# --------------------------------------------------------------------------- real KGE models
+
+
+@pytest.mark.parametrize("single_name,fed_name", [("transe", "distmult"), ("rotate", "complex")])
+def test_fusion_with_real_kge_models(single_name, fed_name):
+    kge = pytest.importorskip("lightning_fedkg.models.kge")
+    train, valid, test = make_kg(seed=10)
+    torch.manual_seed(0)
+    single = kge.build_model(single_name, N_ENT, N_REL, dim=8, gamma=4.0, epsilon=2.0)
+    fed = kge.build_model(fed_name, N_ENT, N_REL, dim=8, gamma=4.0, epsilon=2.0)
+    before = [p.detach().clone() for p in (*single.parameters(), *fed.parameters())]
+
+    fusion = fit_fusion(single, fed, valid, N_ENT, num_negatives=16, epochs=5, batch_size=64,
+                        generator=torch.Generator().manual_seed(0))
+    after = [p.detach() for p in (*single.parameters(), *fed.parameters())]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert all(p.grad is None for p in (*single.parameters(), *fed.parameters()))
+    assert torch.isfinite(fusion.loss_history).all()
+
+    # Brute-force tables from forward() over the whole (h, r, t) grid.
+    grid = torch.cartesian_prod(torch.arange(N_ENT), torch.arange(N_REL), torch.arange(N_ENT))
+    with torch.no_grad():
+        single_table = single(*grid.unbind(1)).reshape(N_ENT, N_REL, N_ENT)
+        fed_table = fed(*grid.unbind(1)).reshape(N_ENT, N_REL, N_ENT)
+    filter_fn, tails = brute_filter_fn(torch.cat([train, valid, test]).tolist())
+    got_single = evaluate_fusion(ScoreFusion.from_weights(1.0, 0.0), single, fed, test, filter_fn, chunk_size=13)
+    got_fed = evaluate_fusion(ScoreFusion.from_weights(0.0, 1.0), single, fed, test, filter_fn, chunk_size=13)
+    assert_metrics_equal(got_single, brute_metrics(single_table, test, tails))
+    assert_metrics_equal(got_fed, brute_metrics(fed_table, test, tails))
+    w_s, w_f = fusion.weight.tolist()
+    b = float(fusion.bias.detach())
+    got_fused = evaluate_fusion(fusion, single, fed, test, filter_fn)
+    assert_metrics_equal(got_fused, brute_metrics(w_s * single_table + w_f * fed_table + b, test, tails))
