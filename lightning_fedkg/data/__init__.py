@@ -1,0 +1,45 @@
+"""Data layer: knowledge graphs, federated splits and the Lightning data module."""
+
+from .datamodule import FilterIndex, KGDataModule, bernoulli_head_probability
+from .federated import (
+    FederatedKG,
+    load_federated,
+    load_federated_folder,
+    load_fedlu_folder,
+    partition_by_relation,
+    resample_split,
+)
+from .kg import (
+    BUNDLED_DATASETS,
+    KGFormatError,
+    KnowledgeGraph,
+    clean_splits,
+    load_kg,
+    load_openke,
+    load_pyg,
+    load_triples_folder,
+    triple_keys,
+    unique_triples,
+)
+
+__all__ = [
+    "BUNDLED_DATASETS",
+    "FederatedKG",
+    "FilterIndex",
+    "KGDataModule",
+    "KGFormatError",
+    "KnowledgeGraph",
+    "bernoulli_head_probability",
+    "clean_splits",
+    "load_federated",
+    "load_federated_folder",
+    "load_fedlu_folder",
+    "load_kg",
+    "load_openke",
+    "load_pyg",
+    "load_triples_folder",
+    "partition_by_relation",
+    "resample_split",
+    "triple_keys",
+    "unique_triples",
+]

@@ -1,0 +1,387 @@
+"""Lightning data module for one KG: training batches with negatives, filtered eval batches.
+
+Training batches (dicts):
+
+* ``"positive"``: ``LongTensor[B, 3]`` (head, relation, tail);
+* ``"negatives"``: ``LongTensor[B, n]`` (``per_triple``) or ``LongTensor[n]`` (``shared``:
+  one set for the whole batch) — entity ids replacing the corrupted side;
+* ``"mode"``: ``"tail"`` or ``"head"`` (which side the negatives replace), or ``"mixed"``
+  with ``"head_mask": BoolTensor[B]`` (True = head corrupted) for the Bernoulli sampler.
+
+Evaluation batches: ``{"triples": [B, 3], "mode": "tail"|"head", "filter_row": [K],
+"filter_col": [K]}`` where ``(filter_row[k], filter_col[k])`` = (row in batch, entity) are
+the OTHER true answers of that row's query in the filter set (the target itself is never
+listed). Tail batches come first, then head batches when ``eval_sides="both"``.
+
+All randomness is drawn from ``dm.generator`` (a seeded ``torch.Generator``) whose state
+is saved by ``dm.state_dict()`` and restored by ``dm.load_state_dict()``: a run resumed from
+an end-of-epoch checkpoint draws the same batches as an uninterrupted run. The loaders
+must run in the main process (``num_workers=0``, the default here) for that to hold.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+from .kg import KnowledgeGraph, triple_keys
+
+CORRUPTIONS = ("tail", "head", "both")
+SAMPLERS = ("uniform", "bernoulli")
+NEGATIVE_MODES = ("per_triple", "shared")
+EVAL_SIDES = ("tail", "both")
+
+
+class FilterIndex:
+    """CSR index of the true answers of tail queries ``(h, r, ?)`` and head queries ``(?, r, t)``.
+
+    Built once from a set of true triples: query keys (``h * R + r`` for tails,
+    ``r * N + t`` for heads) are sorted and unique, ``offsets[k]:offsets[k + 1]`` delimits
+    the sorted answers of key ``k`` in ``values``. Lookups for a batch are vectorized:
+    ``searchsorted`` on the keys, then ``repeat_interleave`` over the answer counts.
+    """
+
+    def __init__(self, triples: Tensor, num_entities: int, num_relations: int) -> None:
+        self.num_entities = int(num_entities)
+        self.num_relations = int(num_relations)
+        t = triples.long().reshape(-1, 3)
+        keys = torch.unique(triple_keys(t, self.num_entities, self.num_relations))
+        self.triple_keys = keys  # sorted: also serves membership tests
+        n, r = self.num_entities, self.num_relations
+        h_, rel_, t_ = keys // (r * n), (keys // n) % r, keys % n
+        # Tail side: triple keys are sorted by (h, r) then t already.
+        self._tail = self._csr(h_ * r + rel_, t_)
+        # Head side: sort by (r, t) then h.
+        order = torch.sort((rel_ * n + t_) * n + h_).indices
+        self._head = self._csr((rel_ * n + t_)[order], h_[order])
+
+    @staticmethod
+    def _csr(query_keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        uniq, counts = torch.unique_consecutive(query_keys, return_counts=True)
+        offsets = torch.zeros(uniq.numel() + 1, dtype=torch.long)
+        offsets[1:] = torch.cumsum(counts, 0)
+        return uniq, offsets, values.contiguous()
+
+    @staticmethod
+    def _gather(index: tuple[Tensor, Tensor, Tensor], query: Tensor) -> tuple[Tensor, Tensor]:
+        keys, offsets, values = index
+        if keys.numel() == 0 or query.numel() == 0:
+            empty = torch.zeros(0, dtype=torch.long)
+            return empty, empty.clone()
+        pos = torch.searchsorted(keys, query).clamp_(max=keys.numel() - 1)
+        found = keys[pos] == query
+        start = offsets[pos]
+        count = torch.where(found, offsets[pos + 1] - start, torch.zeros_like(start))
+        row = torch.repeat_interleave(torch.arange(query.numel()), count)
+        # position of each answer inside its group = global position - group's first position
+        first = torch.cumsum(count, 0) - count
+        within = torch.arange(row.numel()) - first[row]
+        return row, values[start[row] + within]
+
+    def tail_answers(self, heads: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
+        """All true tails of the queries ``(heads[i], relations[i], ?)`` as (row, entity) pairs."""
+        return self._gather(self._tail, heads.long() * self.num_relations + relations.long())
+
+    def head_answers(self, relations: Tensor, tails: Tensor) -> tuple[Tensor, Tensor]:
+        """All true heads of the queries ``(?, relations[i], tails[i])`` as (row, entity) pairs."""
+        return self._gather(self._head, relations.long() * self.num_entities + tails.long())
+
+    def answers(self, triples: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+        """True answers of each row's tail (``mode="tail"``) or head query."""
+        if mode == "tail":
+            return self.tail_answers(triples[:, 0], triples[:, 1])
+        if mode == "head":
+            return self.head_answers(triples[:, 1], triples[:, 2])
+        raise ValueError(f"mode must be 'tail' or 'head', got {mode!r}")
+
+    def filter_pairs(self, triples: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+        """Like :meth:`answers` without each row's own target (the pairs to exclude)."""
+        row, col = self.answers(triples, mode)
+        target = triples[:, 2] if mode == "tail" else triples[:, 0]
+        keep = col != target[row]
+        return row[keep], col[keep]
+
+    def contains(self, triples: Tensor) -> Tensor:
+        """``BoolTensor[E]``: whether each triple is in the index."""
+        q = triple_keys(triples.reshape(-1, 3), self.num_entities, self.num_relations)
+        return sorted_contains(self.triple_keys, q)
+
+    def __len__(self) -> int:
+        return self.triple_keys.numel()
+
+
+def sorted_contains(sorted_keys: Tensor, query: Tensor) -> Tensor:
+    """Membership of ``query`` (any shape) in the sorted 1-D ``sorted_keys``."""
+    if sorted_keys.numel() == 0:
+        return torch.zeros_like(query, dtype=torch.bool)
+    pos = torch.searchsorted(sorted_keys, query.reshape(-1)).clamp_(max=sorted_keys.numel() - 1)
+    return (sorted_keys[pos] == query.reshape(-1)).view(query.shape)
+
+
+def bernoulli_head_probability(triples: Tensor, num_relations: int) -> Tensor:
+    """Per relation, the probability ``tph / (tph + hpt)`` of corrupting the head.
+
+    Wang et al., "Knowledge Graph Embedding by Translating on Hyperplanes" (TransH),
+    AAAI 2014, Sec. "Reducing false negative labels": ``tph`` is the average number of
+    tails per distinct head of the relation, ``hpt`` the average number of heads per
+    distinct tail. Relations without triples get 0.5.
+    """
+    t = torch.unique(triples.long(), dim=0)
+    r = t[:, 1]
+    count = torch.bincount(r, minlength=num_relations).double()
+    heads = torch.bincount(torch.unique(t[:, [1, 0]], dim=0)[:, 0], minlength=num_relations).double()
+    tails = torch.bincount(torch.unique(t[:, [1, 2]], dim=0)[:, 0], minlength=num_relations).double()
+    tph = count / heads.clamp(min=1)
+    hpt = count / tails.clamp(min=1)
+    p = torch.where(count > 0, tph / (tph + hpt).clamp(min=1e-12), torch.full_like(count, 0.5))
+    return p.float()
+
+
+class _TrainBatches(IterableDataset):
+    def __init__(self, dm: "KGDataModule") -> None:
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.num_train_batches
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.dm._train_epoch()
+
+
+class _EvalBatches(IterableDataset):
+    def __init__(self, triples: Tensor, index: FilterIndex, batch_size: int, sides: tuple[str, ...]):
+        self.triples, self.index, self.batch_size, self.sides = triples, index, batch_size, sides
+
+    def __len__(self) -> int:
+        return math.ceil(self.triples.shape[0] / self.batch_size) * len(self.sides)
+
+    def __iter__(self) -> Iterator[dict]:
+        for mode in self.sides:
+            for chunk in torch.split(self.triples, self.batch_size):
+                row, col = self.index.filter_pairs(chunk, mode)
+                yield {"triples": chunk, "mode": mode, "filter_row": row, "filter_col": col}
+
+
+class KGDataModule(LightningDataModule):
+    """Training and filtered-evaluation loaders for one :class:`KnowledgeGraph`.
+
+    Args:
+        kg: the graph (train split for training, valid/test for evaluation).
+        batch_size: positives per training batch.
+        num_negatives: negatives per positive (``per_triple``) or per batch (``shared``).
+        corruption: ``"tail"``, ``"head"`` or ``"both"``; ``"both"`` visits every train
+            triple once per side per epoch, alternating tail and head batches (the
+            RotatE/FedLU scheme). Ignored by the Bernoulli sampler, which picks the side.
+        negative_sampler: ``"uniform"`` or ``"bernoulli"`` (side per triple with
+            probability ``tph / (tph + hpt)`` of corrupting the head; TransH, Wang et al.
+            2014). Bernoulli batches have ``mode="mixed"`` and a ``head_mask``.
+        negative_mode: ``"per_triple"`` or ``"shared"`` (one negative set per batch; not
+            combinable with ``bernoulli`` or ``filter_negatives``).
+        filter_negatives: resample negatives that form a known train triple (vectorized,
+            at most ``max_filter_retries`` rounds; survivors of the last round are kept).
+        eval_batch_size: queries per evaluation batch.
+        eval_sides: ``"tail"`` (FedE protocol) or ``"both"``.
+        seed: seed of ``dm.generator``.
+        filter_triples: the true triples used to filter evaluation; default
+            ``kg.all_true_triples()`` (train ∪ valid ∪ test).
+        negative_pool: optional ``LongTensor`` of entity ids negatives are drawn from
+            (default: all ``kg.num_entities`` ids).
+        max_filter_retries: bound on resampling rounds of ``filter_negatives``.
+        shuffle: shuffle the train triples each epoch.
+    """
+
+    def __init__(
+        self,
+        kg: KnowledgeGraph,
+        batch_size: int = 512,
+        num_negatives: int = 256,
+        corruption: str = "tail",
+        negative_sampler: str = "uniform",
+        negative_mode: str = "per_triple",
+        filter_negatives: bool = False,
+        eval_batch_size: int = 256,
+        eval_sides: str = "both",
+        seed: int = 0,
+        filter_triples: Tensor | None = None,
+        negative_pool: Tensor | None = None,
+        max_filter_retries: int = 10,
+        shuffle: bool = True,
+    ) -> None:
+        super().__init__()
+        for label, value, allowed in (("corruption", corruption, CORRUPTIONS),
+                                      ("negative_sampler", negative_sampler, SAMPLERS),
+                                      ("negative_mode", negative_mode, NEGATIVE_MODES),
+                                      ("eval_sides", eval_sides, EVAL_SIDES)):
+            if value not in allowed:
+                raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
+        if negative_mode == "shared" and (negative_sampler == "bernoulli" or filter_negatives):
+            raise ValueError("negative_mode='shared' draws one set per batch; it cannot be "
+                             "combined with the Bernoulli sampler or filter_negatives")
+        if batch_size < 1 or eval_batch_size < 1 or num_negatives < 0:
+            raise ValueError("batch sizes must be >= 1 and num_negatives >= 0")
+        self.kg = kg
+        self.batch_size = int(batch_size)
+        self.num_negatives = int(num_negatives)
+        self.corruption = corruption
+        self.negative_sampler = negative_sampler
+        self.negative_mode = negative_mode
+        self.filter_negatives = bool(filter_negatives)
+        self.eval_batch_size = int(eval_batch_size)
+        self.eval_sides = eval_sides
+        self.seed = int(seed)
+        self.max_filter_retries = int(max_filter_retries)
+        self.shuffle = bool(shuffle)
+        self._filter_triples = filter_triples
+        if negative_pool is not None:
+            negative_pool = torch.as_tensor(negative_pool).long().reshape(-1)
+            if negative_pool.numel() == 0:
+                raise ValueError("negative_pool is empty")
+        self.negative_pool = negative_pool
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self._filter_index: FilterIndex | None = None
+        self._train_keys: Tensor | None = None
+        self._head_prob: Tensor | None = None
+
+    # ---- sizes -------------------------------------------------------------------------
+
+    @property
+    def num_entities(self) -> int:
+        return self.kg.num_entities
+
+    @property
+    def num_relations(self) -> int:
+        return self.kg.num_relations
+
+    @property
+    def _train_sides(self) -> tuple[str, ...]:
+        if self.negative_sampler == "bernoulli":
+            return ("mixed",)
+        return ("tail", "head") if self.corruption == "both" else (self.corruption,)
+
+    @property
+    def num_train_batches(self) -> int:
+        """Training batches per epoch."""
+        n = self.kg.triples("train").shape[0]
+        return math.ceil(n / self.batch_size) * len(self._train_sides)
+
+    # ---- lazily built indexes (setup() is cheap and idempotent) -------------------------
+
+    @property
+    def filter_index(self) -> FilterIndex:
+        """CSR index of the evaluation filter set (``filter_triples``)."""
+        if self._filter_index is None:
+            triples = (self.kg.all_true_triples() if self._filter_triples is None
+                       else torch.as_tensor(self._filter_triples).long())
+            self._filter_index = FilterIndex(triples, self.num_entities, self.num_relations)
+        return self._filter_index
+
+    @property
+    def train_keys(self) -> Tensor:
+        """Sorted keys of the train triples (membership tests for negative filtering)."""
+        if self._train_keys is None:
+            self._train_keys = torch.unique(
+                triple_keys(self.kg.triples("train"), self.num_entities, self.num_relations))
+        return self._train_keys
+
+    @property
+    def head_probability(self) -> Tensor:
+        """Bernoulli sampler: per-relation probability of corrupting the head."""
+        if self._head_prob is None:
+            self._head_prob = bernoulli_head_probability(self.kg.triples("train"), self.num_relations)
+        return self._head_prob
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the indexes the stage needs (once; later calls do nothing)."""
+        if stage in (None, "fit"):
+            if self.filter_negatives:
+                _ = self.train_keys
+            if self.negative_sampler == "bernoulli":
+                _ = self.head_probability
+        if stage in (None, "fit", "validate", "test"):
+            _ = self.filter_index
+
+    # ---- negative sampling ------------------------------------------------------------
+
+    def _draw(self, shape: tuple[int, ...]) -> Tensor:
+        if self.negative_pool is None:
+            return torch.randint(0, self.num_entities, shape, generator=self.generator)
+        idx = torch.randint(0, self.negative_pool.numel(), shape, generator=self.generator)
+        return self.negative_pool[idx]
+
+    def _is_train_triple(self, positive: Tensor, negatives: Tensor, head_mask: Tensor) -> Tensor:
+        hm = head_mask.unsqueeze(1)
+        h = torch.where(hm, negatives, positive[:, :1])
+        t = torch.where(hm, positive[:, 2:], negatives)
+        r = positive[:, 1:2].expand_as(negatives)
+        keys = (h * self.num_relations + r) * self.num_entities + t
+        return sorted_contains(self.train_keys, keys)
+
+    def sample_negatives(self, positive: Tensor, head_mask: Tensor) -> Tensor:
+        """``LongTensor[B, n]`` of per-triple negatives (filtered if ``filter_negatives``)."""
+        neg = self._draw((positive.shape[0], self.num_negatives))
+        if self.filter_negatives and neg.numel():
+            for _ in range(self.max_filter_retries):
+                bad = self._is_train_triple(positive, neg, head_mask)
+                num_bad = int(bad.sum())
+                if num_bad == 0:
+                    break
+                neg[bad] = self._draw((num_bad,))
+        return neg
+
+    def make_batch(self, positive: Tensor, mode: str) -> dict:
+        """One training batch for ``positive`` triples; ``mode`` is tail, head or mixed."""
+        b = positive.shape[0]
+        batch: dict[str, Any] = {"positive": positive, "mode": mode}
+        if mode == "mixed":
+            head_mask = torch.rand(b, generator=self.generator) < self.head_probability[positive[:, 1]]
+            batch["head_mask"] = head_mask
+        else:
+            head_mask = torch.full((b,), mode == "head", dtype=torch.bool)
+        if self.negative_mode == "shared":
+            batch["negatives"] = self._draw((self.num_negatives,))
+        else:
+            batch["negatives"] = self.sample_negatives(positive, head_mask)
+        return batch
+
+    def _train_epoch(self) -> Iterator[dict]:
+        train = self.kg.triples("train")
+        n = train.shape[0]
+        sides = self._train_sides
+        # all permutations first, so the draw order does not depend on consumption
+        perms = [torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+                 for _ in sides]
+        for start in range(0, n, self.batch_size):
+            for mode, perm in zip(sides, perms):
+                yield self.make_batch(train[perm[start:start + self.batch_size]], mode)
+
+    # ---- loaders -----------------------------------------------------------------------
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_TrainBatches(self), batch_size=None)
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        """Filtered evaluation batches over any split of the KG (e.g. ``"unlearn"``)."""
+        sides = ("tail", "head") if self.eval_sides == "both" else ("tail",)
+        data = _EvalBatches(self.kg.triples(split), self.filter_index, self.eval_batch_size, sides)
+        return DataLoader(data, batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test")
+
+    # ---- checkpointing -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator state (saved into Lightning checkpoints)."""
+        return {"generator_state": self.generator.get_state(), "seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the generator state saved by :meth:`state_dict`."""
+        self.generator.set_state(state_dict["generator_state"])

@@ -1,0 +1,423 @@
+"""Federated knowledge graphs: one :class:`KnowledgeGraph` per client plus a global id table.
+
+Each client's KG uses client-LOCAL ids. A client's local entities are exactly the entities
+of its ``train`` split, numbered in increasing global id (relations likewise), so
+``entity_index[c]`` (local -> global) is sorted. This is the index array ``idx_c`` of the
+FedE paper (Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting",
+IJCKG 2021, Sec. 2.2): the permutation matrix ``P^c`` has ``P^c[idx_c[j], j] = 1`` and the
+existence vector ``v^c`` marks the global ids in ``idx_c``.
+
+Sources: :func:`partition_by_relation` (FedE's relation partition of one KG),
+:func:`load_federated_folder` (``client_<k>/{train,valid,test}.tsv``) and
+:func:`load_fedlu_folder` (FedLU's ``<k>/{train,valid,test,unlearn}.txt``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .kg import (
+    SPLITS,
+    KGFormatError,
+    KnowledgeGraph,
+    clean_splits,
+    load_kg,
+    read_named_triples,
+    unique_triples,
+)
+
+logger = logging.getLogger("lightning_fedkg")
+
+
+def _select(names: list[str] | None, index: Tensor) -> list[str] | None:
+    if names is None:
+        return None
+    return np.asarray(names, dtype=object)[index.numpy()].tolist()
+
+
+class FederatedKG:
+    """Clients' KGs in local ids, tied together by local -> global index tensors.
+
+    Args:
+        clients: one :class:`KnowledgeGraph` per client, in local ids.
+        entity_index: per client, ``LongTensor[n_c]`` local entity id -> global id.
+        relation_index: per client, ``LongTensor[m_c]`` local relation id -> global id.
+        num_entities, num_relations: sizes of the global tables.
+        entity_names, relation_names: optional global id -> name lists.
+        name: label for logs and stats.
+
+    Use :meth:`from_global_splits` to build one from triples in global ids.
+    """
+
+    def __init__(
+        self,
+        clients: list[KnowledgeGraph],
+        entity_index: list[Tensor],
+        relation_index: list[Tensor],
+        num_entities: int,
+        num_relations: int,
+        entity_names: list[str] | None = None,
+        relation_names: list[str] | None = None,
+        name: str = "fedkg",
+    ) -> None:
+        if not (len(clients) == len(entity_index) == len(relation_index)):
+            raise ValueError("clients, entity_index and relation_index must have equal length")
+        for c, (kg, ei, ri) in enumerate(zip(clients, entity_index, relation_index)):
+            for label, idx, size, total in (("entity", ei, kg.num_entities, num_entities),
+                                            ("relation", ri, kg.num_relations, num_relations)):
+                if idx.numel() != size:
+                    raise ValueError(f"client {c}: {label}_index has {idx.numel()} ids for {size} local ids")
+                if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= total):
+                    raise ValueError(f"client {c}: {label}_index outside [0, {total})")
+                if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
+                    raise ValueError(f"client {c}: {label}_index must be strictly increasing")
+        self.clients = list(clients)
+        self.entity_index = [torch.as_tensor(i).long() for i in entity_index]
+        self.relation_index = [torch.as_tensor(i).long() for i in relation_index]
+        self.num_entities = int(num_entities)
+        self.num_relations = int(num_relations)
+        self.entity_names = list(entity_names) if entity_names is not None else None
+        self.relation_names = list(relation_names) if relation_names is not None else None
+        self.name = name
+
+    @classmethod
+    def from_global_splits(
+        cls,
+        client_splits: list[dict[str, Tensor]],
+        num_entities: int,
+        num_relations: int,
+        entity_names: list[str] | None = None,
+        relation_names: list[str] | None = None,
+        name: str = "fedkg",
+        clean: bool = True,
+    ) -> "FederatedKG":
+        """Build from per-client splits in GLOBAL ids.
+
+        With ``clean=True`` the input policy (:func:`~lightning_fedkg.data.kg.clean_splits`)
+        is applied per client: duplicates removed, evaluation triples whose entity or
+        relation is absent from that client's train split dropped. Local ids are then the
+        client's train entities / relations in increasing global id.
+        """
+        clients, ent_idx, rel_idx = [], [], []
+        for c, splits in enumerate(client_splits):
+            label = f"{name}/client_{c}"
+            removed = {}
+            if clean:
+                splits, removed = clean_splits(splits, num_entities, num_relations, source=label)
+            train = splits["train"]
+            if train.shape[0] == 0:
+                raise KGFormatError(f"{label}: empty train split")
+            ents = torch.unique(train[:, [0, 2]])
+            rels = torch.unique(train[:, 1])
+            e_map = torch.full((num_entities,), -1, dtype=torch.long)
+            e_map[ents] = torch.arange(ents.numel())
+            r_map = torch.full((num_relations,), -1, dtype=torch.long)
+            r_map[rels] = torch.arange(rels.numel())
+            local = {}
+            for s, t in splits.items():
+                loc = torch.stack([e_map[t[:, 0]], r_map[t[:, 1]], e_map[t[:, 2]]], 1)
+                if (loc < 0).any():
+                    raise ValueError(f"{label}: split '{s}' uses ids absent from train "
+                                     "(pass clean=True)")
+                local[s] = loc
+            kg = KnowledgeGraph(local, ents.numel(), rels.numel(), _select(entity_names, ents),
+                                _select(relation_names, rels), name=label)
+            kg.removed = removed
+            clients.append(kg)
+            ent_idx.append(ents)
+            rel_idx.append(rels)
+        return cls(clients, ent_idx, rel_idx, num_entities, num_relations,
+                   entity_names, relation_names, name)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def global_triples(self, client: int, split: str = "train") -> Tensor:
+        """A client's split mapped to global ids."""
+        t = self.clients[client].triples(split)
+        return torch.stack([self.entity_index[client][t[:, 0]],
+                            self.relation_index[client][t[:, 1]],
+                            self.entity_index[client][t[:, 2]]], 1)
+
+    def entity_existence(self) -> Tensor:
+        """``BoolTensor[C, num_entities]``: ``v^c``, True where client c holds the entity."""
+        out = torch.zeros(self.num_clients, self.num_entities, dtype=torch.bool)
+        for c, idx in enumerate(self.entity_index):
+            out[c, idx] = True
+        return out
+
+    def relation_existence(self) -> Tensor:
+        """``BoolTensor[C, num_relations]``, True where client c holds the relation."""
+        out = torch.zeros(self.num_clients, self.num_relations, dtype=torch.bool)
+        for c, idx in enumerate(self.relation_index):
+            out[c, idx] = True
+        return out
+
+    def union(self) -> KnowledgeGraph:
+        """All clients' data in global ids (the centralised 'entire' setting).
+
+        Each split is the concatenation of the clients' splits (client 0 first) with
+        duplicates removed; splits present only in some clients are included too.
+        """
+        names: list[str] = []
+        for kg in self.clients:
+            names += [s for s in kg.split_names if s not in names]
+        splits = {}
+        for s in names:
+            parts = [self.global_triples(c, s) for c, kg in enumerate(self.clients)
+                     if s in kg.split_names]
+            splits[s] = unique_triples(torch.cat(parts), self.num_entities, self.num_relations)
+        return KnowledgeGraph(splits, self.num_entities, self.num_relations,
+                              self.entity_names, self.relation_names, name=self.name)
+
+    def stats(self) -> list[dict]:
+        """Per client: ``{"client", "name", "entities", "relations", "train", "valid", "test", ...}``."""
+        return [{"client": c, **kg.stats()} for c, kg in enumerate(self.clients)]
+
+    def __repr__(self) -> str:
+        return (f"FederatedKG(name={self.name!r}, clients={self.num_clients}, "
+                f"entities={self.num_entities}, relations={self.num_relations})")
+
+
+# --------------------------------------------------------------------------------------
+# FedE relation partition
+# --------------------------------------------------------------------------------------
+
+
+def resample_split(
+    rows: Tensor, perm: Tensor, num_valid: int, num_test: int, chunk: int = 4096
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """FedE/FedLU-style eval selection with the ``resample`` constraint.
+
+    Walk ``rows[perm]`` in order; a triple is taken for evaluation iff, after removing it
+    (and every triple taken before it), its head, tail and relation still occur in the
+    remaining triples. The first ``num_valid`` taken triples are valid, the next
+    ``num_test`` test; the walk stops once both are filled. Train = all other triples in
+    permutation order. Returns train, valid, test and the number of skipped triples.
+
+    The sequential rule is evaluated chunk-wise: assuming every earlier triple of the
+    chunk is taken, each triple's eligibility follows from running occurrence counts;
+    up to the first ineligible triple that assumption holds, so that prefix is committed
+    exactly and the walk resumes after it. Cost: O(n + skipped * chunk).
+    """
+    # numpy: this loop runs one small step per skipped triple, and tiny multi-threaded
+    # torch ops stall badly when the CPU is oversubscribed.
+    rows_np = rows.numpy()
+    n = rows_np.shape[0]
+    need = num_valid + num_test
+    num_ent = int(rows_np[:, [0, 2]].max()) + 1 if n else 0
+    ecount = np.bincount(rows_np[:, [0, 2]].reshape(-1), minlength=num_ent)
+    rcount = np.bincount(rows_np[:, 1])
+    walk = rows_np[perm.numpy()]
+    taken = np.zeros(n, dtype=bool)  # over walk positions
+    skipped, num_taken, pos = 0, 0, 0
+
+    def ranks(x: np.ndarray) -> np.ndarray:
+        # occurrences of the same value earlier in x
+        order = np.argsort(x, kind="stable")
+        sorted_x = x[order]
+        out = np.empty_like(x)
+        out[order] = np.arange(x.size) - np.searchsorted(sorted_x, sorted_x, side="left")
+        return out
+
+    while num_taken < need and pos < n:
+        block = walk[pos:pos + chunk]
+        m = block.shape[0]
+        ents = block[:, [0, 2]].reshape(-1)  # h0, t0, h1, t1, ...: walk order
+        # eligible iff every count stays >= 1 after removing this and all earlier triples
+        ok = (ecount[ents] - ranks(ents) >= 2).reshape(m, 2).all(1)
+        ok &= rcount[block[:, 1]] - ranks(block[:, 1]) >= 2
+        bad = np.flatnonzero(~ok)
+        stop = int(bad[0]) if bad.size else m  # first ineligible position in the block
+        take = min(stop, need - num_taken)
+        if take:
+            commit = block[:take]
+            np.subtract.at(ecount, commit[:, [0, 2]].reshape(-1), 1)
+            np.subtract.at(rcount, commit[:, 1], 1)
+            taken[pos:pos + take] = True
+            num_taken += take
+        if num_taken == need:
+            break
+        if stop == m:  # the whole block was eligible
+            pos += m
+            continue
+        skipped += 1  # position pos+stop is ineligible; it stays in train
+        pos += stop + 1
+    if num_taken < need:
+        raise ValueError(f"resample: only {num_taken} of {need} eligible valid/test triples")
+    train = torch.from_numpy(walk[~taken])
+    eval_rows = torch.from_numpy(walk[taken])
+    return train, eval_rows[:num_valid], eval_rows[num_valid:], skipped
+
+
+def partition_by_relation(
+    kg: KnowledgeGraph,
+    num_clients: int,
+    seed: int = 12345,
+    valid_frac: float = 0.1,
+    test_frac: float = 0.1,
+) -> FederatedKG:
+    """FedE's federated benchmark construction (Chen et al. 2021, Sec. 3.1).
+
+    1. pool ``kg``'s train + valid + test triples (duplicates across splits removed);
+    2. shuffle the relations that occur and cut them into ``num_clients`` contiguous
+       groups of near-equal size (sizes differ by at most one, larger groups first);
+    3. give each client all triples of its relations (in pool order);
+    4. per client, permute its ``n`` triples and choose ``round(valid_frac * n)`` valid and
+       ``round(test_frac * n)`` test triples with :func:`resample_split` (every
+       valid/test entity and relation stays in the client's train split), rest = train.
+
+    All randomness comes from one ``torch.Generator`` seeded with ``seed``, drawn in a
+    fixed order (relation permutation, then one triple permutation per client, client 0
+    first), so the result is a function of (kg, num_clients, seed, fractions). It follows
+    the procedure of ``shared/tools/make_fed_splits.py`` but uses torch's RNG, so it is not
+    bit-identical to that script's numpy output. Global ids are ``kg``'s ids.
+    """
+    if num_clients < 1:
+        raise ValueError("num_clients must be >= 1")
+    pool = torch.cat([kg.triples(s) for s in SPLITS])
+    unique = unique_triples(pool, kg.num_entities, kg.num_relations)
+    if unique.shape[0] < pool.shape[0]:
+        logger.warning("%s: %d triples occur in more than one split; each is used once",
+                       kg.name, pool.shape[0] - unique.shape[0])
+    pool = unique
+    relations = torch.unique(pool[:, 1])
+    if relations.numel() < num_clients:
+        raise ValueError(f"{relations.numel()} relations cannot be split among {num_clients} clients")
+    gen = torch.Generator().manual_seed(seed)
+    rel_perm = relations[torch.randperm(relations.numel(), generator=gen)]
+    client_splits = []
+    for group in torch.tensor_split(rel_perm, num_clients):
+        rows = pool[torch.isin(pool[:, 1], group)]
+        n = rows.shape[0]
+        perm = torch.randperm(n, generator=gen)
+        n_valid, n_test = int(round(valid_frac * n)), int(round(test_frac * n))
+        train, valid, test, _ = resample_split(rows, perm, n_valid, n_test)
+        client_splits.append({"train": train, "valid": valid, "test": test})
+    return FederatedKG.from_global_splits(
+        client_splits, kg.num_entities, kg.num_relations, kg.entity_names, kg.relation_names,
+        name=f"{kg.name}-Fed{num_clients}", clean=False)
+
+
+# --------------------------------------------------------------------------------------
+# Folder loaders
+# --------------------------------------------------------------------------------------
+
+
+def _load_named_clients(
+    files: list[dict[str, Path]], name: str
+) -> FederatedKG:
+    """Clients given as named-triple files; global ids = names sorted (entities, relations)."""
+    named = []
+    for client_files in files:
+        parsed = {}
+        for s, path in client_files.items():
+            h, r, t, _ = read_named_triples(path)
+            if not h:
+                raise KGFormatError(f"{path}: split '{s}' has no triples")
+            parsed[s] = (h, r, t)
+        named.append(parsed)
+    # provisional ids (first appearance) so the policy can run on tensors
+    ent: dict[str, None] = {}
+    rel: dict[str, None] = {}
+    for parsed in named:
+        for h, r, t in parsed.values():
+            ent.update(dict.fromkeys(h))
+            ent.update(dict.fromkeys(t))
+            rel.update(dict.fromkeys(r))
+    e2p = {n: i for i, n in enumerate(ent)}
+    r2p = {n: i for i, n in enumerate(rel)}
+    ent_names, rel_names = list(ent), list(rel)
+    cleaned = []
+    for c, parsed in enumerate(named):
+        prov = {s: torch.tensor([list(map(e2p.__getitem__, h)), list(map(r2p.__getitem__, r)),
+                                 list(map(e2p.__getitem__, t))], dtype=torch.long).t().contiguous()
+                for s, (h, r, t) in parsed.items()}
+        splits, _ = clean_splits(prov, len(e2p), len(r2p), source=f"{name}/client_{c}")
+        cleaned.append(splits)
+    # global vocabulary: every entity / relation of some client's train split, sorted by name
+    used_e = torch.unique(torch.cat([s["train"][:, [0, 2]].reshape(-1) for s in cleaned]))
+    used_r = torch.unique(torch.cat([s["train"][:, 1] for s in cleaned]))
+    e_sorted = sorted(_select(ent_names, used_e))
+    r_sorted = sorted(_select(rel_names, used_r))
+    e_map = torch.full((len(e2p),), -1, dtype=torch.long)
+    e_map[torch.tensor([e2p[n] for n in e_sorted], dtype=torch.long)] = torch.arange(len(e_sorted))
+    r_map = torch.full((len(r2p),), -1, dtype=torch.long)
+    r_map[torch.tensor([r2p[n] for n in r_sorted], dtype=torch.long)] = torch.arange(len(r_sorted))
+    client_splits = [{s: torch.stack([e_map[t[:, 0]], r_map[t[:, 1]], e_map[t[:, 2]]], 1)
+                      for s, t in splits.items()} for splits in cleaned]
+    return FederatedKG.from_global_splits(client_splits, len(e_sorted), len(r_sorted),
+                                          e_sorted, r_sorted, name=name, clean=False)
+
+
+def _numbered_dirs(folder: Path, pattern: str) -> list[Path]:
+    found = []
+    for d in folder.iterdir():
+        m = re.fullmatch(pattern, d.name)
+        if d.is_dir() and m:
+            found.append((int(m.group(1)), d))
+    found.sort()
+    if not found:
+        raise FileNotFoundError(f"no client folders matching {pattern!r} in {folder}")
+    ids = [k for k, _ in found]
+    if ids != list(range(len(ids))):
+        raise KGFormatError(f"{folder}: client folders must be numbered 0..C-1, found {ids}")
+    return [d for _, d in found]
+
+
+def _find(folder: Path, stem: str, exts: tuple[str, ...]) -> Path:
+    for ext in exts:
+        if (folder / f"{stem}{ext}").is_file():
+            return folder / f"{stem}{ext}"
+    raise FileNotFoundError(f"no {stem}{'|'.join(exts)} in {folder}")
+
+
+def load_federated_folder(path: str | Path) -> FederatedKG:
+    """Load FedE-style client splits ``client_<k>/{train,valid,test}.tsv`` (``.txt`` accepted).
+
+    Global entity / relation ids are the names of all clients' train entities / relations
+    in sorted order; the input policy is applied per client.
+    """
+    folder = Path(path)
+    dirs = _numbered_dirs(folder, r"client_(\d+)")
+    files = [{s: _find(d, s, (".tsv", ".txt")) for s in SPLITS} for d in dirs]
+    return _load_named_clients(files, folder.resolve().name)
+
+
+def load_fedlu_folder(path: str | Path) -> FederatedKG:
+    """Load FedLU client splits ``<k>/{train,valid,test,unlearn}.txt``.
+
+    ``unlearn`` (the client's forgetting set, a subset of its train triples) is kept as an
+    extra split of each client when present. Ids as in :func:`load_federated_folder`.
+    """
+    folder = Path(path)
+    dirs = _numbered_dirs(folder, r"(\d+)")
+    files = []
+    for d in dirs:
+        f = {s: _find(d, s, (".txt", ".tsv")) for s in SPLITS}
+        try:
+            f["unlearn"] = _find(d, "unlearn", (".txt", ".tsv"))
+        except FileNotFoundError:
+            pass
+        files.append(f)
+    return _load_named_clients(files, folder.resolve().name)
+
+
+def load_federated(name_or_path: str | Path, num_clients: int = 3, seed: int = 12345,
+                   **kwargs) -> FederatedKG:
+    """Dispatch: a folder with ``client_0/`` -> :func:`load_federated_folder`; with ``0/``
+    -> :func:`load_fedlu_folder`; otherwise ``partition_by_relation(load_kg(x), ...)``
+    (``kwargs`` go to :func:`partition_by_relation`)."""
+    folder = Path(name_or_path)
+    if folder.is_dir() and (folder / "client_0").is_dir():
+        return load_federated_folder(folder)
+    if folder.is_dir() and (folder / "0").is_dir():
+        return load_fedlu_folder(folder)
+    return partition_by_relation(load_kg(name_or_path), num_clients, seed=seed, **kwargs)
