@@ -35,6 +35,13 @@ from .kg import (
 logger = logging.getLogger("lightning_fedkg")
 
 
+def _present(ids: Tensor, size: int) -> Tensor:
+    """Sorted distinct values of ``ids`` (all in ``[0, size)``), via a mask instead of a sort."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[ids.reshape(-1)] = True
+    return mask.nonzero().flatten()
+
+
 def _select(names: list[str] | None, index: Tensor) -> list[str] | None:
     if names is None:
         return None
@@ -113,8 +120,8 @@ class FederatedKG:
             train = splits["train"]
             if train.shape[0] == 0:
                 raise KGFormatError(f"{label}: empty train split")
-            ents = torch.unique(train[:, [0, 2]])
-            rels = torch.unique(train[:, 1])
+            ents = _present(train[:, [0, 2]], num_entities)
+            rels = _present(train[:, 1], num_relations)
             e_map = torch.full((num_entities,), -1, dtype=torch.long)
             e_map[ents] = torch.arange(ents.numel())
             r_map = torch.full((num_relations,), -1, dtype=torch.long)
@@ -343,8 +350,8 @@ def _load_named_clients(
         splits, _ = clean_splits(prov, len(e2p), len(r2p), source=f"{name}/client_{c}")
         cleaned.append(splits)
     # global vocabulary: every entity / relation of some client's train split, sorted by name
-    used_e = torch.unique(torch.cat([s["train"][:, [0, 2]].reshape(-1) for s in cleaned]))
-    used_r = torch.unique(torch.cat([s["train"][:, 1] for s in cleaned]))
+    used_e = _present(torch.cat([s["train"][:, [0, 2]].reshape(-1) for s in cleaned]), len(e2p))
+    used_r = _present(torch.cat([s["train"][:, 1] for s in cleaned]), len(r2p))
     e_sorted = sorted(_select(ent_names, used_e))
     r_sorted = sorted(_select(rel_names, used_r))
     e_map = torch.full((len(e2p),), -1, dtype=torch.long)

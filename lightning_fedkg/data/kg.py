@@ -58,13 +58,9 @@ def triple_keys(triples: Tensor, num_entities: int, num_relations: int) -> Tenso
 
 def first_occurrence(keys: Tensor) -> Tensor:
     """Indices of the first occurrence of every distinct key, in original order."""
-    if keys.numel() == 0:
-        return torch.zeros(0, dtype=torch.long)
-    _, inverse = torch.unique(keys, return_inverse=True)
-    position = torch.arange(keys.numel())
-    first = torch.full((int(inverse.max()) + 1,), keys.numel(), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, position, reduce="amin")
-    return first.sort().values
+    # numpy's unique reports first occurrences directly (torch's does not)
+    _, first = np.unique(keys.numpy(), return_index=True)
+    return torch.from_numpy(np.sort(first)).long()
 
 
 def unique_triples(triples: Tensor, num_entities: int, num_relations: int) -> Tensor:

@@ -1,0 +1,260 @@
+"""FederatedKG, the FedE relation partitioner and the client-folder loaders."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_fedkg.data import (
+    FederatedKG,
+    KnowledgeGraph,
+    load_federated,
+    load_federated_folder,
+    load_fedlu_folder,
+    load_kg,
+    partition_by_relation,
+    resample_split,
+)
+from lightning_fedkg.data.kg import KGFormatError
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared/data not present")
+
+
+@pytest.fixture
+def one_thread():
+    """Real-data loads are many mid-sized tensor ops; on an oversubscribed CPU (tests
+    running beside other jobs) intra-op threads mostly wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def sequential_resample(rows, perm, n_valid, n_test):
+    """Oracle: the resample rule walked one triple at a time with Python counters."""
+    rows = rows.tolist()
+    ecount, rcount = Counter(), Counter()
+    for h, r, t in rows:
+        ecount[h] += 1
+        ecount[t] += 1
+        rcount[r] += 1
+    taken, skipped, need = [], 0, n_valid + n_test
+    for i in perm.tolist():
+        if len(taken) == need:
+            break
+        h, r, t = rows[i]
+        if h == t:
+            ok = rcount[r] > 1 and ecount[h] > 2
+        else:
+            ok = rcount[r] > 1 and ecount[h] > 1 and ecount[t] > 1
+        if ok:
+            ecount[h] -= 1
+            ecount[t] -= 1
+            rcount[r] -= 1
+            taken.append(i)
+        else:
+            skipped += 1
+    taken_set = set(taken)
+    train = [rows[i] for i in perm.tolist() if i not in taken_set]
+    return (train, [rows[i] for i in taken[:n_valid]], [rows[i] for i in taken[n_valid:]], skipped)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("chunk", [1, 3, 16, 4096])
+def test_resample_split_equals_sequential_oracle(seed, chunk):
+    g = torch.Generator().manual_seed(seed)
+    n, num_ent, num_rel = 120, 70 + 10 * seed, 12
+    rows = torch.stack([torch.randint(0, num_ent, (n,), generator=g),
+                        torch.randint(0, num_rel, (n,), generator=g),
+                        torch.randint(0, num_ent, (n,), generator=g)], 1)
+    rows[:5, 2] = rows[:5, 0]  # self-loops exercise the h == t rule
+    perm = torch.randperm(n, generator=g)
+    n_valid = n_test = 12
+    train, valid, test, skipped = resample_split(rows, perm, n_valid, n_test, chunk=chunk)
+    o_train, o_valid, o_test, o_skipped = sequential_resample(rows, perm, n_valid, n_test)
+    assert skipped == o_skipped and skipped > 0
+    assert train.tolist() == o_train
+    assert valid.tolist() == o_valid
+    assert test.tolist() == o_test
+
+
+def test_resample_split_raises_when_impossible():
+    rows = torch.tensor([[0, 0, 1], [2, 1, 3]])
+    with pytest.raises(ValueError, match="eligible"):
+        resample_split(rows, torch.arange(2), 1, 0)
+
+
+def random_kg(seed=0, num_entities=60, num_relations=9, n=900):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.stack([torch.randint(0, num_entities, (n,), generator=g),
+                     torch.randint(0, num_relations, (n,), generator=g),
+                     torch.randint(0, num_entities, (n,), generator=g)], 1)
+    t = torch.unique(t, dim=0)[torch.randperm(torch.unique(t, dim=0).shape[0], generator=g)]
+    k = t.shape[0]
+    splits = {"train": t[: int(0.8 * k)], "valid": t[int(0.8 * k): int(0.9 * k)],
+              "test": t[int(0.9 * k):]}
+    names = [f"e{i}" for i in range(num_entities)]
+    return KnowledgeGraph(splits, num_entities, num_relations, names,
+                          [f"r{i}" for i in range(num_relations)], name="rand")
+
+
+@pytest.mark.parametrize("num_clients", [1, 2, 4])
+def test_partition_invariants(num_clients):
+    kg = random_kg()
+    fed = partition_by_relation(kg, num_clients, seed=3)
+    assert fed.num_clients == num_clients
+    assert (fed.num_entities, fed.num_relations) == (kg.num_entities, kg.num_relations)
+    pool = torch.cat([kg.triples(s) for s in ("train", "valid", "test")])
+    rel_ex = fed.relation_existence()
+    # relations disjoint, covering all relations, group sizes differ by at most one
+    assert rel_ex.sum(0).tolist() == [1] * kg.num_relations
+    sizes = rel_ex.sum(1)
+    assert int(sizes.max() - sizes.min()) <= 1
+    used = []
+    for c in range(num_clients):
+        client = fed.clients[c]
+        glob = {s: fed.global_triples(c, s) for s in client.split_names}
+        n = sum(t.shape[0] for t in glob.values())
+        assert glob["valid"].shape[0] == round(0.1 * n)
+        assert glob["test"].shape[0] == round(0.1 * n)
+        # local entities / relations are exactly the train ones, sorted by global id
+        train_ents = torch.unique(glob["train"][:, [0, 2]])
+        assert torch.equal(fed.entity_index[c], train_ents)
+        assert torch.equal(fed.relation_index[c], torch.unique(glob["train"][:, 1]))
+        for s in ("valid", "test"):
+            assert torch.isin(glob[s][:, [0, 2]], train_ents).all()
+            assert torch.isin(glob[s][:, 1], fed.relation_index[c]).all()
+            assert torch.isin(glob[s][:, 1], torch.nonzero(rel_ex[c]).flatten()).all()
+        # names follow the global ids
+        assert client.entity_names == [kg.entity_names[i] for i in fed.entity_index[c].tolist()]
+        used += [tuple(x) for s in glob.values() for x in s.tolist()]
+    # all triples used exactly once
+    assert Counter(used) == Counter(tuple(x) for x in pool.tolist())
+
+
+def test_partition_is_deterministic_per_seed():
+    kg = random_kg(1)
+    a, b, c = (partition_by_relation(kg, 3, seed=s) for s in (7, 7, 8))
+    for x, y in zip(a.clients, b.clients):
+        assert all(torch.equal(x.triples(s), y.triples(s)) for s in ("train", "valid", "test"))
+    assert not all(torch.equal(x.triples("valid"), y.triples("valid"))
+                   for x, y in zip(a.clients, c.clients))
+
+
+def test_existence_union_and_stats():
+    kg = random_kg(2)
+    fed = partition_by_relation(kg, 3, seed=0)
+    ex = fed.entity_existence()
+    assert ex.shape == (3, kg.num_entities)
+    for c in range(3):
+        assert torch.equal(torch.nonzero(ex[c]).flatten(), fed.entity_index[c])
+    union = fed.union()
+    assert union.num_entities == kg.num_entities
+    for s in ("train", "valid", "test"):
+        expect = torch.cat([fed.global_triples(c, s) for c in range(3)])
+        assert torch.equal(union.triples(s), expect)  # relations disjoint: no duplicates
+    stats = fed.stats()
+    assert [d["client"] for d in stats] == [0, 1, 2]
+    assert [d["entities"] for d in stats] == [int(ex[c].sum()) for c in range(3)]
+
+
+def test_federated_kg_validates_index():
+    kg = KnowledgeGraph({"train": torch.tensor([[0, 0, 1]]), "valid": torch.zeros(0, 3),
+                         "test": torch.zeros(0, 3)}, 2, 1)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        FederatedKG([kg], [torch.tensor([3, 1])], [torch.tensor([0])], 5, 1)
+    with pytest.raises(ValueError, match="2 local ids"):
+        FederatedKG([kg], [torch.tensor([1])], [torch.tensor([0])], 5, 1)
+
+
+# ---- folder loaders --------------------------------------------------------------------
+
+def write_clients(root: Path, clients: list[dict[str, str]], fmt: str) -> Path:
+    for k, files in enumerate(clients):
+        d = root / (f"client_{k}" if fmt == "fede" else str(k))
+        d.mkdir(parents=True)
+        for s, text in files.items():
+            (d / (s + (".tsv" if fmt == "fede" else ".txt"))).write_text(text)
+    return root
+
+
+def test_federated_folder_sorted_ids_and_policy(tmp_path, caplog):
+    root = write_clients(tmp_path / "fed", [
+        {"train": "m\tr2\tb\nb\tr2\tm\n", "valid": "m\tr2\tb\n", "test": "b\tr2\tq\n"},  # q unseen
+        {"train": "a\tr1\tb\nb\tr1\tz\n", "valid": "z\tr1\ta\n", "test": "a\tr1\tb\n"},
+    ], "fede")
+    fed = load_federated(root)  # dispatch on client_0/
+    assert fed.entity_names == ["a", "b", "m", "z"]  # sorted; q only in a dropped triple
+    assert fed.relation_names == ["r1", "r2"]
+    assert fed.entity_index[0].tolist() == [1, 2] and fed.entity_index[1].tolist() == [0, 1, 3]
+    assert fed.relation_index[0].tolist() == [1] and fed.relation_index[1].tolist() == [0]
+    c0, c1 = fed.clients
+    assert c0.entity_names == ["b", "m"]
+    assert c0.triples("train").tolist() == [[1, 0, 0], [0, 0, 1]]
+    assert c0.triples("test").shape == (0, 3)
+    assert c1.triples("valid").tolist() == [[2, 0, 0]]
+    assert "client_0: dropped 1 'test' triples" in caplog.text
+    assert fed.global_triples(1, "train").tolist() == [[0, 0, 1], [1, 0, 3]]
+
+
+def test_fedlu_folder_keeps_unlearn(tmp_path):
+    root = write_clients(tmp_path / "lu", [
+        {"train": "a\tr\tb\nb\tr\ta\n", "valid": "a\tr\tb\n", "test": "b\tr\ta\n",
+         "unlearn": "b\tr\ta\n"},
+        {"train": "c\ts\ta\na\ts\tc\n", "valid": "c\ts\ta\n", "test": "a\ts\tc\n",
+         "unlearn": "a\ts\tc\n"},
+    ], "fedlu")
+    fed = load_federated(root)  # dispatch on 0/
+    assert fed.clients[0].split_names == ["train", "valid", "test", "unlearn"]
+    assert fed.global_triples(1, "unlearn").tolist() == [[0, 1, 2]]
+    union = fed.union()
+    assert union.triples("unlearn").tolist() == [[1, 0, 0], [0, 1, 2]]
+
+
+def test_client_folders_must_be_numbered_contiguously(tmp_path):
+    one = {"train": "a\tr\tb\n", "valid": "a\tr\tb\n", "test": "a\tr\tb\n"}
+    root = tmp_path / "gap"
+    for k in (0, 2):
+        d = root / f"client_{k}"
+        d.mkdir(parents=True)
+        for s, text in one.items():
+            (d / f"{s}.tsv").write_text(text)
+    with pytest.raises(KGFormatError, match=r"0\.\.C-1"):
+        load_federated_folder(root)
+
+
+def test_load_federated_partitions_a_plain_kg():
+    fed = load_federated("nations", num_clients=2, seed=5)
+    assert fed.num_clients == 2 and fed.num_relations == 55
+    assert fed.relation_existence().sum(1).tolist() == [28, 27]
+
+
+# ---- real benchmark data ---------------------------------------------------------------
+
+@needs_shared
+def test_fb15k237_fed3_matches_its_stats(one_thread):
+    root = SHARED_DATA / "FB15k-237-Fed3"
+    stats = json.loads((root / "stats.json").read_text())
+    fed = load_federated_folder(root)
+    assert fed.num_entities == stats["total_entities"] == 14541
+    assert fed.num_relations == 237
+    for got, want in zip(fed.stats(), stats["clients"]):
+        assert (got["train"], got["valid"], got["test"]) == (want["train"], want["valid"], want["test"])
+        assert (got["entities"], got["relations"]) == (want["entities_train"], want["relations"])
+    assert fed.stats()[0]["train"] == 76674
+    # each client's relations are those listed in stats.json
+    for c, names in enumerate(stats["client_relations"]):
+        assert sorted(names) == fed.clients[c].relation_names
+
+
+@needs_shared
+def test_fedlu_r10_loads_with_unlearn(one_thread):
+    fed = load_fedlu_folder(SHARED_DATA / "FB15k-237-R10")
+    assert fed.num_clients == 10
+    assert (fed.num_entities, fed.num_relations) == (14541, 237)
+    lines = (SHARED_DATA / "FB15k-237-R10" / "0" / "unlearn.txt").read_text().strip().splitlines()
+    assert fed.stats()[0]["unlearn"] == len(lines) == 144
+    assert fed.stats()[0]["train"] == 14352
