@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
@@ -35,6 +36,18 @@ CORRUPTIONS = ("tail", "head", "both")
 SAMPLERS = ("uniform", "bernoulli")
 NEGATIVE_MODES = ("per_triple", "shared")
 EVAL_SIDES = ("tail", "both")
+
+
+def searchsorted(sorted_keys: Tensor, query: Tensor) -> Tensor:
+    """``torch.searchsorted`` (left), computed by numpy for CPU tensors.
+
+    torch's CPU kernel always fans out to the intra-op thread pool; for the small batches
+    of a data loader that costs far more than the search (measured 9.5 ms vs 0.02 ms for
+    1k queries on a busy 2-core machine). numpy shares the memory, so nothing is copied.
+    """
+    if sorted_keys.device.type == "cpu" and query.device.type == "cpu":
+        return torch.from_numpy(np.searchsorted(sorted_keys.numpy(), query.numpy()))
+    return torch.searchsorted(sorted_keys, query)
 
 
 class FilterIndex:
@@ -73,7 +86,7 @@ class FilterIndex:
         if keys.numel() == 0 or query.numel() == 0:
             empty = torch.zeros(0, dtype=torch.long)
             return empty, empty.clone()
-        pos = torch.searchsorted(keys, query).clamp_(max=keys.numel() - 1)
+        pos = searchsorted(keys, query).clamp_(max=keys.numel() - 1)
         found = keys[pos] == query
         start = offsets[pos]
         count = torch.where(found, offsets[pos + 1] - start, torch.zeros_like(start))
@@ -119,7 +132,7 @@ def sorted_contains(sorted_keys: Tensor, query: Tensor) -> Tensor:
     """Membership of ``query`` (any shape) in the sorted 1-D ``sorted_keys``."""
     if sorted_keys.numel() == 0:
         return torch.zeros_like(query, dtype=torch.bool)
-    pos = torch.searchsorted(sorted_keys, query.reshape(-1)).clamp_(max=sorted_keys.numel() - 1)
+    pos = searchsorted(sorted_keys, query.reshape(-1)).clamp_(max=sorted_keys.numel() - 1)
     return (sorted_keys[pos] == query.reshape(-1)).view(query.shape)
 
 

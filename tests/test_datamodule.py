@@ -1,0 +1,296 @@
+"""KGDataModule: filter index, evaluation batches, negative sampling, reproducibility."""
+
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_fedkg.data import FilterIndex, KGDataModule, KnowledgeGraph, bernoulli_head_probability, load_kg
+
+
+def random_triples(seed, n, num_entities, num_relations):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randint(0, num_entities, (n,), generator=g),
+                        torch.randint(0, num_relations, (n,), generator=g),
+                        torch.randint(0, num_entities, (n,), generator=g)], 1)
+
+
+def small_kg(seed=0, num_entities=12, num_relations=3):
+    t = random_triples(seed, 150, num_entities, num_relations)
+    t = torch.unique(t, dim=0)
+    t = t[torch.randperm(t.shape[0], generator=torch.Generator().manual_seed(seed))]
+    k = t.shape[0]
+    return KnowledgeGraph({"train": t[: k - 30], "valid": t[k - 30: k - 15], "test": t[k - 15:]},
+                          num_entities, num_relations)
+
+
+def brute_answers(true_set, triples, mode):
+    """Set of (row, entity) pairs: every true answer of each row's query."""
+    out = set()
+    for i, (h, r, t) in enumerate(triples.tolist()):
+        for a, b, c in true_set:
+            if mode == "tail" and (a, b) == (h, r):
+                out.add((i, c))
+            if mode == "head" and (b, c) == (r, t):
+                out.add((i, a))
+    return out
+
+
+def pairs(row, col):
+    got = list(zip(row.tolist(), col.tolist()))
+    assert len(got) == len(set(got)), "duplicate filter pairs"
+    return set(got)
+
+
+# ---- filter index -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(3))
+def test_filter_index_equals_bruteforce(seed):
+    n_ent, n_rel = 11, 3
+    triples = random_triples(seed, 90, n_ent, n_rel)  # contains duplicates
+    true_set = {tuple(x) for x in triples.tolist()}
+    index = FilterIndex(triples, n_ent, n_rel)
+    assert len(index) == len(true_set)
+    # every possible query, including ones without any answer
+    queries = torch.cartesian_prod(torch.arange(n_ent), torch.arange(n_rel), torch.arange(n_ent))
+    queries = queries[torch.randperm(queries.shape[0], generator=torch.Generator().manual_seed(seed))][:200]
+    for mode in ("tail", "head"):
+        assert pairs(*index.answers(queries, mode)) == brute_answers(true_set, queries, mode)
+        target = 2 if mode == "tail" else 0
+        expect = {(i, e) for i, e in brute_answers(true_set, queries, mode)
+                  if e != queries[i, target].item()}
+        assert pairs(*index.filter_pairs(queries, mode)) == expect
+    member = index.contains(queries).tolist()
+    assert member == [tuple(q) in true_set for q in queries.tolist()]
+
+
+def test_filter_index_hand_case():
+    t = torch.tensor([[0, 0, 1], [0, 0, 2], [3, 0, 2], [0, 1, 2]])
+    index = FilterIndex(t, 4, 2)
+    row, col = index.tail_answers(torch.tensor([0, 3, 1]), torch.tensor([0, 0, 0]))
+    assert row.tolist() == [0, 0, 1] and col.tolist() == [1, 2, 2]
+    row, col = index.head_answers(torch.tensor([0, 1]), torch.tensor([2, 2]))
+    assert row.tolist() == [0, 0, 1] and col.tolist() == [0, 3, 0]
+    row, col = index.filter_pairs(torch.tensor([[0, 0, 1]]), "tail")
+    assert (row.tolist(), col.tolist()) == ([0], [2])
+
+
+# ---- evaluation loaders -----------------------------------------------------------------
+
+def test_eval_batches_equal_bruteforce_filter():
+    kg = small_kg(1)
+    dm = KGDataModule(kg, eval_batch_size=7, eval_sides="both")
+    dm.setup("validate")
+    true_set = {tuple(x) for s in ("train", "valid", "test") for x in kg.triples(s).tolist()}
+    batches = list(dm.val_dataloader())
+    assert len(batches) == len(dm.val_dataloader()) == 2 * math.ceil(15 / 7)
+    assert [b["mode"] for b in batches] == ["tail"] * 3 + ["head"] * 3
+    for mode in ("tail", "head"):
+        got = torch.cat([b["triples"] for b in batches if b["mode"] == mode])
+        assert torch.equal(got, kg.triples("valid"))
+    for b in batches:
+        target = 2 if b["mode"] == "tail" else 0
+        expect = {(i, e) for i, e in brute_answers(true_set, b["triples"], b["mode"])
+                  if e != b["triples"][i, target].item()}
+        assert pairs(b["filter_row"], b["filter_col"]) == expect
+    tails_only = KGDataModule(kg, eval_batch_size=100, eval_sides="tail")
+    assert [b["mode"] for b in tails_only.test_dataloader()] == ["tail"]
+
+
+def test_explicit_filter_triples_replace_the_default():
+    kg = small_kg(2)
+    train_only = {tuple(x) for x in kg.triples("train").tolist()}
+    dm = KGDataModule(kg, eval_batch_size=100, filter_triples=kg.triples("train"))
+    for b in dm.test_dataloader():
+        target = 2 if b["mode"] == "tail" else 0
+        expect = {(i, e) for i, e in brute_answers(train_only, b["triples"], b["mode"])
+                  if e != b["triples"][i, target].item()}
+        assert pairs(b["filter_row"], b["filter_col"]) == expect
+
+
+def test_setup_is_idempotent_and_lazy():
+    dm = KGDataModule(small_kg(), filter_negatives=True)
+    assert dm._filter_index is None
+    dm.setup("fit")
+    index, keys = dm.filter_index, dm.train_keys
+    dm.setup("fit")
+    dm.setup("test")
+    assert dm.filter_index is index and dm.train_keys is keys
+
+
+# ---- negative sampling ------------------------------------------------------------------
+
+def tiny_kg():
+    # (0, 0, ?) has true tails {0, 1}: the only valid tail negative is 2;
+    # (?, 0, 1) has true heads {0, 2}: the only valid head negative is 1
+    train = torch.tensor([[0, 0, 0], [0, 0, 1], [2, 0, 1]])
+    empty = torch.zeros(0, 3, dtype=torch.long)
+    return KnowledgeGraph({"train": train, "valid": empty, "test": empty}, 3, 1)
+
+
+def test_filtered_negatives_hand_case():
+    kg = tiny_kg()
+    dm = KGDataModule(kg, num_negatives=50, filter_negatives=True, max_filter_retries=200, seed=3)
+    neg = dm.sample_negatives(torch.tensor([[0, 0, 1]]), torch.tensor([False]))
+    assert neg.tolist() == [[2] * 50]
+    neg = dm.sample_negatives(torch.tensor([[2, 0, 1]]), torch.tensor([True]))
+    assert neg.tolist() == [[1] * 50]
+    unfiltered = KGDataModule(kg, num_negatives=50, seed=3)
+    raw = unfiltered.sample_negatives(torch.tensor([[0, 0, 1]]), torch.tensor([False]))
+    assert set(raw.flatten().tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("sampler,corruption", [("uniform", "tail"), ("uniform", "both"),
+                                                ("bernoulli", "tail")])
+def test_filtered_negatives_are_never_train_triples(sampler, corruption):
+    # Nations has 14 entities: many draws collide with true triples, and some queries
+    # have a single valid negative (e.g. 13 true heads), hence the generous retry bound
+    kg = load_kg("nations")
+    train = {tuple(x) for x in kg.triples("train").tolist()}
+    dm = KGDataModule(kg, batch_size=64, num_negatives=16, corruption=corruption,
+                      negative_sampler=sampler, filter_negatives=True, max_filter_retries=1000)
+    dm.setup("fit")
+    collisions = 0
+    for i, b in enumerate(dm.train_dataloader()):
+        if i == 4:
+            break
+        pos, neg = b["positive"], b["negatives"]
+        if b["mode"] == "mixed":
+            head = b["head_mask"]
+        else:
+            head = torch.full((pos.shape[0],), b["mode"] == "head")
+        for (h, r, t), row, is_head in zip(pos.tolist(), neg.tolist(), head.tolist()):
+            original = h if is_head else t
+            for e in row:
+                cand = (e, r, t) if is_head else (h, r, e)
+                assert cand not in train
+                assert e != original
+        # the same draws without the filter would collide: the test can fail
+        hm = head.unsqueeze(1)
+        raw = torch.randint(0, 14, neg.shape, generator=torch.Generator().manual_seed(i))
+        cands = torch.stack([torch.where(hm, raw, pos[:, :1]), pos[:, 1:2].expand_as(raw),
+                             torch.where(hm, pos[:, 2:], raw)], -1)
+        collisions += sum(tuple(c) in train for c in cands.reshape(-1, 3).tolist())
+    assert collisions > 0
+
+
+def test_negative_pool_and_shared_mode():
+    kg = small_kg()
+    pool = torch.tensor([2, 5, 7])
+    dm = KGDataModule(kg, batch_size=10, num_negatives=40, negative_pool=pool)
+    b = next(iter(dm.train_dataloader()))
+    assert b["negatives"].shape == (10, 40)
+    assert set(b["negatives"].unique().tolist()) == {2, 5, 7}
+    shared = KGDataModule(kg, batch_size=10, num_negatives=6, negative_mode="shared")
+    b = next(iter(shared.train_dataloader()))
+    assert b["negatives"].shape == (6,) and b["mode"] == "tail"
+    assert ((b["negatives"] >= 0) & (b["negatives"] < kg.num_entities)).all()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"negative_mode": "shared", "filter_negatives": True},
+    {"negative_mode": "shared", "negative_sampler": "bernoulli"},
+    {"corruption": "sideways"},
+    {"eval_sides": "head"},
+])
+def test_invalid_options(kwargs):
+    with pytest.raises(ValueError):
+        KGDataModule(small_kg(), **kwargs)
+
+
+def test_bernoulli_probability_hand_case():
+    t = torch.tensor([[0, 0, 1], [0, 0, 2], [0, 0, 3], [1, 1, 0], [2, 1, 0], [2, 1, 0]])
+    p = bernoulli_head_probability(t, 3)
+    # r0: one head, three tails -> tph 3, hpt 1; r1: tph 1, hpt 2; r2 unused
+    assert torch.allclose(p, torch.tensor([0.75, 1 / 3, 0.5]))
+
+
+def test_bernoulli_head_rate_matches_tph_over_tph_plus_hpt():
+    kg = load_kg("umls")
+    dm = KGDataModule(kg, negative_sampler="bernoulli", num_negatives=1, seed=11)
+    p = dm.head_probability
+    assert ((p > 0.2) & (p < 0.8)).sum() < p.numel()  # the rates really differ per relation
+    reps = 60
+    pos = kg.triples("train").repeat(reps, 1)
+    b = dm.make_batch(pos, "mixed")
+    assert b["mode"] == "mixed" and b["negatives"].shape == (pos.shape[0], 1)
+    r = pos[:, 1]
+    count = torch.bincount(r, minlength=kg.num_relations).double()
+    heads = torch.bincount(r, weights=b["head_mask"].double(), minlength=kg.num_relations)
+    seen = count > 0
+    rate = heads[seen] / count[seen]
+    expect = p[seen].double()
+    tol = 4 * torch.sqrt(expect * (1 - expect) / count[seen]) + 1e-9
+    assert ((rate - expect).abs() <= tol).all()
+
+
+# ---- training epochs --------------------------------------------------------------------
+
+def test_both_sides_each_triple_once_per_side():
+    kg = small_kg(3)
+    dm = KGDataModule(kg, batch_size=16, num_negatives=2, corruption="both")
+    batches = list(dm.train_dataloader())
+    n = kg.triples("train").shape[0]
+    assert len(batches) == len(dm.train_dataloader()) == 2 * math.ceil(n / 16)
+    assert [b["mode"] for b in batches[:4]] == ["tail", "head", "tail", "head"]
+    key = lambda t: sorted(map(tuple, t.tolist()))
+    for mode in ("tail", "head"):
+        seen = torch.cat([b["positive"] for b in batches if b["mode"] == mode])
+        assert key(seen) == key(kg.triples("train"))
+
+
+def flatten(batches):
+    return [torch.cat([b["positive"].flatten(), b["negatives"].flatten()]) for b in batches]
+
+
+def test_generator_state_round_trip():
+    kg = small_kg(4)
+    kw = dict(batch_size=20, num_negatives=5, corruption="both", filter_negatives=True)
+    a = KGDataModule(kg, seed=1, **kw)
+    list(a.train_dataloader())  # epoch 1
+    state = a.state_dict()
+    epoch2 = flatten(a.train_dataloader())
+    b = KGDataModule(kg, seed=99, **kw)
+    assert not all(torch.equal(x, y) for x, y in zip(flatten(b.train_dataloader()), epoch2))
+    b.load_state_dict(state)
+    assert all(torch.equal(x, y) for x, y in zip(flatten(b.train_dataloader()), epoch2))
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.current_epoch, batch["positive"].clone(), batch["negatives"].clone()))
+        return (self.w * batch["negatives"].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(module, dm, epochs, ckpt=None, tmp=None):
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False,
+                         limit_val_batches=0, default_root_dir=tmp)
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+    return trainer
+
+
+def test_lightning_resume_draws_the_same_batches(tmp_path):
+    kg = small_kg(5)
+    kw = dict(batch_size=32, num_negatives=4, negative_sampler="bernoulli")
+    straight = Recorder()
+    fit(straight, KGDataModule(kg, seed=7, **kw), 2, tmp=tmp_path)
+    first = Recorder()
+    trainer = fit(first, KGDataModule(kg, seed=7, **kw), 1, tmp=tmp_path)
+    ckpt = tmp_path / "epoch1.ckpt"
+    trainer.save_checkpoint(ckpt)
+    resumed = Recorder()
+    fit(resumed, KGDataModule(kg, seed=12345, **kw), 2, ckpt=str(ckpt), tmp=tmp_path)
+    want = [(p, n) for e, p, n in straight.seen if e == 1]
+    got = [(p, n) for e, p, n in resumed.seen if e == 1]
+    assert len(got) == len(want) > 0
+    assert all(torch.equal(p, q) and torch.equal(n, m) for (p, n), (q, m) in zip(got, want))
