@@ -266,7 +266,7 @@ def test_pyg_fb15k237_offline_no_triple_lost(tmp_path, no_download):
     assert kg.triples("train").tolist() == [[0, 0, 1], [1, 1, 2], [2, 0, 0]]
     assert kg.entity_names == ["/m/a", "/m/b", "/m/c"]
     # same ids as our own named loader (both use first appearance)
-    ours = load_triples_folder(src)
+    ours = load_kg(src, fmt="triples")
     assert all(torch.equal(ours.triples(s), kg.triples(s)) for s in ("train", "valid", "test"))
     # the user's folder is untouched; PyG worked in the cache
     assert sorted(p.name for p in src.rglob("*")) == before
@@ -294,7 +294,7 @@ def test_pyg_wordnet18rr_names_and_relation_ids(tmp_path, no_download):
         "valid": "001 _also_see 002\n",
         "test": "003 _hypernym 002\n",
     }).parent
-    kg = load_pyg(src, "WordNet18RR", cache_dir=tmp_path / "cache")
+    kg = load_kg(src, fmt="pyg_wn18rr", cache_dir=tmp_path / "cache")
     assert kg.num_relations == 11
     assert kg.relation_names[3] == "_hypernym" and kg.relation_names[0] == "_also_see"
     # every file triple maps back to its names through the reconstructed vocab

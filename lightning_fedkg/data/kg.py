@@ -37,6 +37,8 @@ SPLITS: tuple[str, ...] = ("train", "valid", "test")
 BUNDLED_DATASETS: tuple[str, ...] = ("umls", "nations", "kinship")
 BUNDLED_ROOT = Path(__file__).resolve().parent / "bundled"
 PYG_DATASETS: tuple[str, ...] = ("FB15k_237", "WordNet18RR")
+#: spellings used by ``config.DataConfig.format``
+FORMAT_ALIASES = {"triples": "named", "pyg_fb15k237": "FB15k_237", "pyg_wn18rr": "WordNet18RR"}
 
 
 class KGFormatError(ValueError):
@@ -533,8 +535,10 @@ def load_kg(name_or_path: str | Path, fmt: str = "auto", **kwargs) -> KnowledgeG
 
     ``fmt``: ``"auto"`` (OpenKE if ``entity2id.txt`` exists, else named triples),
     ``"named"``, ``"openke"``, ``"FB15k_237"`` or ``"WordNet18RR"`` (through
-    :func:`load_pyg`; ``kwargs`` go to it, e.g. ``cache_dir``).
+    :func:`load_pyg`; ``kwargs`` go to it, e.g. ``cache_dir``). The config spellings
+    ``"triples"``, ``"pyg_fb15k237"``, ``"pyg_wn18rr"`` are accepted as aliases.
     """
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
     if isinstance(name_or_path, str) and name_or_path.lower() in BUNDLED_DATASETS:
         folder = BUNDLED_ROOT / name_or_path.lower()
         kg = _from_named_files({s: folder / f"{s}.txt" for s in SPLITS}, name_or_path.lower())
