@@ -98,6 +98,12 @@ def test_eval_batches_equal_bruteforce_filter():
     assert [b["mode"] for b in tails_only.test_dataloader()] == ["tail"]
 
 
+def test_empty_split_gives_no_batches():
+    kg = tiny_kg()  # empty valid / test
+    dm = KGDataModule(kg)
+    assert len(dm.val_dataloader()) == 0 and list(dm.val_dataloader()) == []
+
+
 def test_explicit_filter_triples_replace_the_default():
     kg = small_kg(2)
     train_only = {tuple(x) for x in kg.triples("train").tolist()}
@@ -113,10 +119,10 @@ def test_setup_is_idempotent_and_lazy():
     dm = KGDataModule(small_kg(), filter_negatives=True)
     assert dm._filter_index is None
     dm.setup("fit")
-    index, keys = dm.filter_index, dm.train_keys
+    index, train_index = dm.filter_index, dm.train_index
     dm.setup("fit")
     dm.setup("test")
-    assert dm.filter_index is index and dm.train_keys is keys
+    assert dm.filter_index is index and dm.train_index is train_index
 
 
 # ---- negative sampling ------------------------------------------------------------------

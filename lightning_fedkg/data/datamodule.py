@@ -174,6 +174,8 @@ class _EvalBatches(IterableDataset):
         return math.ceil(self.triples.shape[0] / self.batch_size) * len(self.sides)
 
     def __iter__(self) -> Iterator[dict]:
+        if self.triples.shape[0] == 0:  # torch.split would yield one empty chunk
+            return
         for mode in self.sides:
             for chunk in torch.split(self.triples, self.batch_size):
                 row, col = self.index.filter_pairs(chunk, mode)
@@ -257,7 +259,7 @@ class KGDataModule(LightningDataModule):
         self.negative_pool = negative_pool
         self.generator = torch.Generator().manual_seed(self.seed)
         self._filter_index: FilterIndex | None = None
-        self._train_keys: Tensor | None = None
+        self._train_index: FilterIndex | None = None
         self._head_prob: Tensor | None = None
 
     # ---- sizes -------------------------------------------------------------------------
@@ -294,12 +296,12 @@ class KGDataModule(LightningDataModule):
         return self._filter_index
 
     @property
-    def train_keys(self) -> Tensor:
-        """Sorted keys of the train triples (membership tests for negative filtering)."""
-        if self._train_keys is None:
-            self._train_keys = torch.unique(
-                triple_keys(self.kg.triples("train"), self.num_entities, self.num_relations))
-        return self._train_keys
+    def train_index(self) -> FilterIndex:
+        """CSR index of the train triples (what ``filter_negatives`` rejects)."""
+        if self._train_index is None:
+            self._train_index = FilterIndex(self.kg.triples("train"), self.num_entities,
+                                            self.num_relations)
+        return self._train_index
 
     @property
     def head_probability(self) -> Tensor:
@@ -312,7 +314,7 @@ class KGDataModule(LightningDataModule):
         """Build the indexes the stage needs (once; later calls do nothing)."""
         if stage in (None, "fit"):
             if self.filter_negatives:
-                _ = self.train_keys
+                _ = self.train_index
             if self.negative_sampler == "bernoulli":
                 _ = self.head_probability
         if stage in (None, "fit", "validate", "test"):
@@ -326,24 +328,36 @@ class KGDataModule(LightningDataModule):
         idx = torch.randint(0, self.negative_pool.numel(), shape, generator=self.generator)
         return self.negative_pool[idx]
 
-    def _is_train_triple(self, positive: Tensor, negatives: Tensor, head_mask: Tensor) -> Tensor:
-        hm = head_mask.unsqueeze(1)
-        h = torch.where(hm, negatives, positive[:, :1])
-        t = torch.where(hm, positive[:, 2:], negatives)
-        r = positive[:, 1:2].expand_as(negatives)
-        keys = (h * self.num_relations + r) * self.num_entities + t
-        return sorted_contains(self.train_keys, keys)
+    def _forbidden_keys(self, positive: Tensor, head_mask: Tensor) -> Tensor:
+        """Sorted keys ``row * N + entity`` of the entities that would turn row's negative
+        into a train triple (true heads of ``(?, r, t)`` / true tails of ``(h, r, ?)``)."""
+        rows_t = (~head_mask).nonzero().flatten()
+        rows_h = head_mask.nonzero().flatten()
+        rt, ct = self.train_index.tail_answers(positive[rows_t, 0], positive[rows_t, 1])
+        rh, ch = self.train_index.head_answers(positive[rows_h, 1], positive[rows_h, 2])
+        n = self.num_entities
+        return torch.cat([rows_t[rt] * n + ct, rows_h[rh] * n + ch]).sort().values
 
     def sample_negatives(self, positive: Tensor, head_mask: Tensor) -> Tensor:
-        """``LongTensor[B, n]`` of per-triple negatives (filtered if ``filter_negatives``)."""
+        """``LongTensor[B, n]`` of per-triple negatives (filtered if ``filter_negatives``).
+
+        Filtering tests every negative against the batch's forbidden (row, entity) keys — a
+        small sorted set gathered from the train CSR index, much faster to search than all
+        train triples — then redraws only the rejected positions, at most
+        ``max_filter_retries`` times.
+        """
         neg = self._draw((positive.shape[0], self.num_negatives))
-        if self.filter_negatives and neg.numel():
-            for _ in range(self.max_filter_retries):
-                bad = self._is_train_triple(positive, neg, head_mask)
-                num_bad = int(bad.sum())
-                if num_bad == 0:
-                    break
-                neg[bad] = self._draw((num_bad,))
+        if not (self.filter_negatives and neg.numel()):
+            return neg
+        forbidden = self._forbidden_keys(positive, head_mask)
+        flat = neg.view(-1)
+        rows = torch.arange(positive.shape[0]).repeat_interleave(self.num_negatives)
+        bad = sorted_contains(forbidden, rows * self.num_entities + flat).nonzero().flatten()
+        for _ in range(self.max_filter_retries):
+            if bad.numel() == 0:
+                break
+            flat[bad] = self._draw((bad.numel(),))
+            bad = bad[sorted_contains(forbidden, rows[bad] * self.num_entities + flat[bad])]
         return neg
 
     def make_batch(self, positive: Tensor, mode: str) -> dict:
