@@ -151,6 +151,20 @@ def test_rotate_zero_phase_is_sum_of_complex_moduli():
     assert torch.isfinite(m.entity_emb.grad).all()
 
 
+def test_rotate_modulus_gradient_matches_autograd_oracle():
+    from lightning_fedkg.models.kge import _ComplexModulus
+
+    torch.manual_seed(2)
+    re, im = torch.randn(5, 3, dtype=torch.double), torch.randn(5, 3, dtype=torch.double)
+    assert torch.autograd.gradcheck(_ComplexModulus.apply, (re.requires_grad_(), im.requires_grad_()))
+    # at the origin the subgradient 0 is used: d|z|/dre = re/|z| elsewhere, here 0 and 0.6
+    z_re = torch.tensor([0.0, 3.0], requires_grad=True)
+    z_im = torch.tensor([0.0, 4.0], requires_grad=True)
+    _ComplexModulus.apply(z_re, z_im).sum().backward()
+    assert z_re.grad.tolist() == pytest.approx([0.0, 0.6])
+    assert z_im.grad.tolist() == pytest.approx([0.0, 0.8])
+
+
 # ---------------------------------------------------------------- regularisation hooks
 def test_regularization_hand_values():
     dm = _set(MODELS["distmult"](3, 1, 2), entity_emb=E2, relation_emb=[[2.0, 3.0]])

@@ -521,6 +521,26 @@ class TransD(_TranslationalModel):
         return loss
 
 
+class _ComplexModulus(torch.autograd.Function):
+    """``|re + i im|`` via ``torch.hypot`` with gradient 0 at the origin.
+
+    ``hypot``'s own gradient is NaN at 0 (reached when a rotated head equals the tail);
+    a norm over stacked ``(re, im)`` pairs avoids that but is ~2x slower.
+    """
+
+    @staticmethod
+    def forward(ctx, re: Tensor, im: Tensor) -> Tensor:
+        out = torch.hypot(re, im)
+        ctx.save_for_backward(re, im, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        re, im, out = ctx.saved_tensors
+        scale = torch.where(out > 0, grad / out, torch.zeros_like(out))
+        return scale * re, scale * im
+
+
 class RotatE(_DistanceModel):
     """RotatE: Sun, Deng, Nie, Tang, "RotatE: Knowledge Graph Embedding by Relational
     Rotation in Complex Space", ICLR 2019.
@@ -547,11 +567,7 @@ class RotatE(_DistanceModel):
 
     def _distance(self, x: Tensor, y: Tensor) -> Tensor:
         d_re, d_im = (x - y).chunk(2, dim=-1)
-        if not torch.is_grad_enabled():
-            # 2.5x faster than the stacked norm (evaluation); its gradient would be NaN at 0
-            return torch.hypot(d_re, d_im).sum(-1)
-        # vector_norm over the (re, im) pair has gradient 0 at 0
-        return torch.linalg.vector_norm(torch.stack([d_re, d_im], dim=-1), dim=-1).sum(-1)
+        return _ComplexModulus.apply(d_re, d_im).sum(-1)
 
     def forward(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         return self.gamma - self._distance(self._rotate(self.entity_emb[h], r), self.entity_emb[t])
