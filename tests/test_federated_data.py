@@ -13,7 +13,6 @@ from lightning_fedkg.data import (
     load_federated,
     load_federated_folder,
     load_fedlu_folder,
-    load_kg,
     partition_by_relation,
     resample_split,
 )
