@@ -37,7 +37,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_fedkg.config import ExperimentConfig
+from lightning_fedkg.config import ConfigError, ExperimentConfig
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     BEST,
@@ -345,18 +345,36 @@ class FederatedRun:
             self.channel.load_state_dict(state["channel"])
 
     def fingerprint(self) -> dict:
-        """Settings a resumed run must share with the checkpoint it resumes."""
-        c = self.cfg
-        return {
-            "strategy": c.federated.strategy,
-            "data": [c.data.name, c.data.format, c.data.num_clients, c.data.partition_seed],
-            "model": [c.model.name, c.model.dim],
-            "seed": c.seed,
-        }
+        """Settings a resumed run must share with the checkpoint it resumes.
+
+        Everything that changes what a round computes; a resumed run may only change the
+        round budget (``federated.rounds``, ``federated.patience``), the ``trainer``
+        section (device, progress bar) and the run's name/output folder.
+        """
+        cfg = asdict(self.cfg)
+        for key in ("name", "out_dir", "trainer"):
+            cfg.pop(key)
+        for key in ("rounds", "patience"):
+            cfg["federated"].pop(key)
+        return cfg
 
     def log_server(self, metrics: dict, round: int) -> None:
         if self.server_logger is not None:
             self.server_logger.log_metrics(metrics, step=round)
+
+
+def _differences(saved: dict, current: dict, prefix: str = "") -> str:
+    """``key: saved -> current`` for every leaf that differs (for the resume error)."""
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = _differences(a, b, f"{prefix}{key}.")
+            if inner:
+                out.append(inner)
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return ", ".join(out)
 
 
 def _metrics_payload(run: FederatedRun, avg: dict, per_client: list[dict], last_round: int,
@@ -401,8 +419,9 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     if resume and last_path.is_file():
         ckpt = load_checkpoint(last_path)
         if ckpt.get("version") != CHECKPOINT_VERSION or ckpt["fingerprint"] != run.fingerprint():
-            raise ValueError(
-                f"{last_path} was written by a different setup ({ckpt.get('fingerprint')}); "
+            raise ConfigError(
+                f"{last_path} was written with different settings: "
+                f"{_differences(ckpt.get('fingerprint') or {}, run.fingerprint())}; "
                 "use another run directory or resume=False"
             )
         run.load_state(ckpt["state"])
