@@ -173,3 +173,23 @@ def test_partial_participation_trains_only_selected_clients(single_threaded):
         changed = not torch.equal(c.module.model.relation_emb, before[k])
         assert changed == (k in selected)
     assert {r.receiver for r in run.channel.records(name="download")} == {f"client_{selected[0]}"}
+
+
+def test_finished_run_dir_reruns_to_the_same_result_and_checkpoint_evaluates(runs, single_threaded):
+    from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
+
+    metrics, run_dir = runs["fede"]
+    log_before = (run_dir / "channel_log.jsonl").read_text()
+    again = run_federated(umls_config("fede"), run_dir)  # resumes after the last round: test only
+    assert again == metrics
+    assert (run_dir / "channel_log.jsonl").read_text() == log_before
+    evaluated = evaluate_federated_checkpoint(umls_config("fede"), run_dir / "checkpoints" / "best.pt")
+    assert evaluated["test"] == metrics["test"] and evaluated["clients"] == metrics["clients"]
+
+
+def test_resume_refuses_a_changed_setting(runs):
+    from lightning_fedkg.config import ConfigError
+
+    _, run_dir = runs["single"]
+    with pytest.raises(ConfigError, match="train.lr"):
+        run_federated(umls_config("single", **{"train.lr": 0.5}), run_dir)
