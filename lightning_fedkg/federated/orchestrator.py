@@ -29,7 +29,7 @@ import logging
 import math
 import warnings
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -425,9 +425,10 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
                 "use another run directory or resume=False"
             )
         run.load_state(ckpt["state"])
-        stopper = EarlyStopping(**ckpt["early_stopping"])
+        # The patience may be changed on resume; the counters carry over.
+        stopper = EarlyStopping(**{**ckpt["early_stopping"], "patience": fc.patience})
         history = list(ckpt["history"])
-        last_round, stopped = int(ckpt["round"]), bool(ckpt["stopped"])
+        last_round, stopped = int(ckpt["round"]), stopper.should_stop
         restore_rng(ckpt["rng"])
         log.info("resuming %s after round %d", run_dir, last_round)
 
@@ -440,7 +441,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
             if stopped:
                 break
             run.train_round(r)
-            server_log = {"comm/bytes": float(run.channel.bytes_per_round().get(r, 0))}
+            server_log = {}
             if r % fc.eval_every == 0 or r == fc.rounds:
                 avg, _ = run.evaluate("val", r)
                 history.append({"round": r, "mrr": avg["mrr"]})
@@ -448,9 +449,9 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
                     save_atomic({"version": CHECKPOINT_VERSION, "round": r, **run.model_state()}, best_path)
                 stopped = stopper.should_stop
                 server_log.update({"val/mrr": avg["mrr"], "val/hits@10": avg["hits@10"]})
-                # Evaluation downloads of this round count too.
-                server_log["comm/bytes"] = float(run.channel.bytes_per_round().get(r, 0))
                 bar.set_postfix(val_mrr=f"{avg['mrr']:.4f}", best=f"{stopper.best_metric:.4f}@{stopper.best_round}")
+            # This round's traffic, evaluation downloads included.
+            server_log["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
             server_log["comm/bytes_total"] = float(run.channel.total_bytes)
             run.log_server(server_log, r)
             last_round = r
