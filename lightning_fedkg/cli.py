@@ -27,7 +27,11 @@ TABLE_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
 
 
 def format_metrics_table(metrics: dict) -> str:
-    """A readable table of a ``metrics.json`` dict (per-client rows when federated)."""
+    """A readable table of a ``metrics.json`` dict (FedE-Table-3 style when federated)."""
+    if "clients" in metrics:
+        from lightning_fedkg.federated.orchestrator import format_table
+
+        return format_table(metrics)
     header = f"{'':<10}" + "".join(f"{k:>10}" for k in TABLE_KEYS)
     lines = [header, "-" * len(header)]
 
@@ -38,12 +42,7 @@ def format_metrics_table(metrics: dict) -> str:
             cells.append(f"{v:>10.1f}" if k == "mr" and v is not None else f"{v:>10.4f}" if v is not None else f"{'-':>10}")
         return f"{label:<10}" + "".join(cells)
 
-    for i, client in enumerate(metrics.get("clients", [])):
-        lines.append(row(f"client {i}", client))
-    lines.append(row("test" if "clients" not in metrics else "weighted", metrics["test"]))
-    for extra in ("fusion",):
-        if extra in metrics:
-            lines.append(row(extra, metrics[extra]["test"]))
+    lines.append(row("test", metrics["test"]))
     return "\n".join(lines)
 
 

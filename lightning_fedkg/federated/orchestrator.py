@@ -483,7 +483,6 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
         run.server_logger.save()
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     run.channel.to_jsonl(run_dir / "channel_log.jsonl")
-    print(format_table(metrics))
     return metrics
 
 
