@@ -1,0 +1,20 @@
+"""The README's Python API example runs as printed (with fewer epochs)."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_python_api_example_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (example,) = [b for b in blocks if "KGEModule(" in b]
+    assert "max_epochs=20" in example
+    code = example.replace("max_epochs=20", "max_epochs=2").replace(
+        'precision="32-true")', 'precision="32-true", logger=False, enable_checkpointing=False, enable_progress_bar=False)'
+    )
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)
+    metrics = namespace["module"].last_metrics["test"]
+    assert set(metrics) >= {"mrr", "hits@10"} and 0.0 < metrics["mrr"] <= 1.0
+    assert "mrr" in capsys.readouterr().out
