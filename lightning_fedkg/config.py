@@ -101,6 +101,15 @@ class FederatedConfig:
     FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
     row (rows none of them hold keep their value); ``all_holders`` reproduces the official
     FedE code, where unsampled holders contribute the current server row, a damped update.
+
+    ``fusion`` (``strategy: fede`` only) adds FedE's model fusion (Chen et al., IJCKG 2021,
+    §2.2.3) after the run: a Single model per client is trained in ``<run_dir>/fusion_single``
+    and a 2→1 layer over the two models' scores is fit on each client's validation triples
+    (:mod:`lightning_fedkg.federated.fusion_runner`). ``fusion_epochs``, ``fusion_lr``,
+    ``fusion_margin`` (β) and ``fusion_negatives`` (tail negatives per validation triple) are
+    that layer's Adam epochs, learning rate, ranking margin and negatives (FedE: 500, 0.01,
+    10, 256). None of the fusion keys changes what a round computes, so a finished run may be
+    resumed with them changed.
     """
 
     strategy: Literal["none", "single", "entire", "fede", "fedr"] = "none"
@@ -110,6 +119,10 @@ class FederatedConfig:
     eval_every: int = 5
     patience: int = 15
     fusion: bool = False
+    fusion_epochs: int = 500
+    fusion_lr: float = 0.01
+    fusion_margin: float = 10.0
+    fusion_negatives: int = 256
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
 
 

@@ -197,10 +197,14 @@ def format_table(metrics: dict) -> str:
     """A FedE-Table-3-style table: one row per client and the triple-weighted average.
 
     Columns: client, #test (test triples), MRR, H@1, H@5, H@10 (MR and H@3 stay in
-    ``metrics.json``).
+    ``metrics.json``). With a ``fusion`` block (FedE model fusion, tail-only test) three
+    more triple-weighted rows follow: ``single (fusion input)``, ``fede (fusion input)``
+    and ``fusion``.
     """
     cols = (("MRR", "mrr"), ("H@1", "hits@1"), ("H@5", "hits@5"), ("H@10", "hits@10"))
-    header = f"{'client':<10}{'#test':>8}" + "".join(f"{c:>9}" for c, _ in cols)
+    fusion = metrics.get("fusion")
+    width = 23 if fusion else 10
+    header = f"{'client':<{width}}{'#test':>8}" + "".join(f"{c:>9}" for c, _ in cols)
     lines = []
     if "strategy" in metrics:
         lines.append(
@@ -210,7 +214,7 @@ def format_table(metrics: dict) -> str:
     lines += [header, "-" * len(header)]
 
     def row(label: str, n: Any, m: dict) -> str:
-        return f"{label:<10}{n!s:>8}" + "".join(f"{float(m[k]):>9.4f}" for _, k in cols)
+        return f"{label:<{width}}{n!s:>8}" + "".join(f"{float(m[k]):>9.4f}" for _, k in cols)
 
     clients = metrics.get("clients", [])
     for k, m in enumerate(clients):
@@ -218,6 +222,11 @@ def format_table(metrics: dict) -> str:
     total = sum(int(m.get("triples", 0)) for m in clients)
     lines.append("-" * len(header))
     lines.append(row("weighted", total or "", metrics["test"]))
+    if fusion:
+        lines.append("model fusion (FedE §2.2.3; tail-only test, fit on valid):")
+        for label, block in (("single (fusion input)", fusion["single"]),
+                             ("fede (fusion input)", fusion["federated"]), ("fusion", fusion)):
+            lines.append(row(label, sum(int(m["triples"]) for m in block["clients"]), block["test"]))
     return "\n".join(lines)
 
 
@@ -349,12 +358,14 @@ class FederatedRun:
 
         Everything that changes what a round computes; a resumed run may only change the
         round budget (``federated.rounds``, ``federated.patience``), the ``trainer``
-        section (device, progress bar) and the run's name/output folder.
+        section (device, progress bar), the run's name/output folder and the model-fusion
+        keys (``federated.fusion*``, a post-processing step).
         """
         cfg = asdict(self.cfg)
         for key in ("name", "out_dir", "trainer"):
             cfg.pop(key)
-        for key in ("rounds", "patience"):
+        for key in ("rounds", "patience", "fusion", "fusion_epochs", "fusion_lr", "fusion_margin",
+                    "fusion_negatives"):
             cfg["federated"].pop(key)
         return cfg
 
@@ -403,11 +414,17 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     ``mrr, mr, hits@1, hits@3, hits@5, hits@10``, plus ``count``), ``clients`` (the same per
     client, plus ``count`` and ``triples``), ``rounds`` (rounds completed), ``best_round``,
     ``bytes_sent`` (Channel total, evaluation downloads included), ``strategy`` and
-    ``validation`` (``[{round, mrr}]`` at each evaluation).
+    ``validation`` (``[{round, mrr}]`` at each evaluation). With ``federated.fusion``
+    (FedE only) also ``fusion``: FedE's model fusion, see
+    :func:`~lightning_fedkg.federated.fusion_runner.run_fusion`.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     fc = cfg.federated
+    if fc.fusion:
+        from lightning_fedkg.federated.fusion_runner import check_fusion_config
+
+        check_fusion_config(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run = FederatedRun(cfg, run_dir)
     stopper = EarlyStopping(patience=fc.patience)
@@ -481,6 +498,10 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     run.log_server({f"test/{k}": v for k, v in avg.items()}, last_round)
     if run.server_logger is not None:
         run.server_logger.save()
+    if fc.fusion:
+        from lightning_fedkg.federated.fusion_runner import run_fusion
+
+        metrics["fusion"] = run_fusion(cfg, run, run_dir)
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     run.channel.to_jsonl(run_dir / "channel_log.jsonl")
     return metrics

@@ -1,0 +1,223 @@
+"""``federated.fusion: true``: FedE's model fusion as its own result row.
+
+FedE (Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting", IJCKG 2021,
+§2.2.3, Eq. 5–6) finishes federated training with a per-client *model fusion*: the
+client's **Single** model (trained on its own KG alone) and its **federated** model (the
+aggregated entity rows of the best round plus the client's own relations) score the same
+client-local ids, and a 2→1 linear layer over the two scores is fit on the client's
+validation triples. This module runs that step after :func:`~.orchestrator.run_federated`
+has tested a FedE run at its best round:
+
+1. :func:`obtain_single_run` trains the Single models with the same config but
+   ``federated.strategy=single`` in ``<run_dir>/fusion_single`` by calling ``run_federated``
+   (so it is resumable and early-stopped like any run), or reuses a finished one there;
+2. per client, :func:`fuse_client` fits :class:`~lightning_fedkg.models.fusion.ScoreFusion`
+   on the validation triples (generator seeded from ``cfg.seed`` and the client) and ranks
+   the test triples with FedE's protocol: tail-only, the client's filter over its
+   train ∪ valid ∪ test, its candidate set, ties from ``cfg.train.ties``;
+3. :func:`run_fusion` returns the ``metrics.json`` block: the fused result and, under the
+   same tail-only protocol, the two inputs (``single`` and ``federated``), each as a
+   triple-weighted average (``test``) and per client (``clients``).
+
+The inputs are ranked through :func:`~lightning_fedkg.models.fusion.evaluate_fusion` with
+the fixed weights (1, 0) and (0, 1): the fused score is then exactly the input's score, so
+the three rows differ only in the scores, never in the protocol. Since the layer is fit on
+validation triples, only test numbers are reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import torch
+
+from lightning_fedkg.config import ConfigError, ExperimentConfig
+from lightning_fedkg.federated.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint
+from lightning_fedkg.federated.orchestrator import (
+    METRIC_KEYS,
+    Client,
+    FederatedRun,
+    derive_seed,
+    run_federated,
+    weighted_average,
+)
+from lightning_fedkg.models.fusion import ScoreFusion, evaluate_fusion, fit_fusion
+
+__all__ = [
+    "SINGLE_DIR",
+    "check_fusion_config",
+    "single_config",
+    "restore_run",
+    "obtain_single_run",
+    "fuse_client",
+    "run_fusion",
+]
+
+log = logging.getLogger("lightning_fedkg")
+
+#: Sub-directory of the FedE run directory that holds the Single run fusion uses.
+SINGLE_DIR = "fusion_single"
+
+
+def check_fusion_config(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` unless ``cfg`` can run model fusion (``strategy: fede``)."""
+    fc = cfg.federated
+    if not fc.fusion:
+        return
+    if fc.strategy != "fede":
+        raise ConfigError(
+            f"federated.fusion=true needs federated.strategy=fede (FedE §2.2.3 fuses a FedE "
+            f"model with a Single one), got strategy={fc.strategy!r}; set federated.fusion=false"
+        )
+    if fc.fusion_epochs < 0 or fc.fusion_negatives < 1 or fc.fusion_lr <= 0:
+        raise ConfigError(
+            "federated.fusion_epochs must be >= 0, fusion_negatives >= 1 and fusion_lr > 0, got "
+            f"{fc.fusion_epochs}, {fc.fusion_negatives}, {fc.fusion_lr}"
+        )
+
+
+def single_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with ``federated.strategy=single`` and fusion off: the Single run fusion needs."""
+    single = copy.deepcopy(cfg)
+    single.name = f"{cfg.name}_{SINGLE_DIR}"
+    single.federated.strategy = "single"
+    single.federated.fusion = False
+    return single
+
+
+def restore_run(cfg: ExperimentConfig, ckpt_path: str | Path) -> FederatedRun:
+    """The parties of ``cfg`` with the weights of a ``best.pt``/``last.pt`` checkpoint.
+
+    Every client's module then holds what it is tested with: the strategy's
+    ``prepare_evaluation`` runs for each client (for FedE: the aggregated rows through the
+    run's own, fresh Channel). Nothing is written to disk.
+    """
+    run = FederatedRun(cfg, run_dir=None)
+    ckpt = load_checkpoint(ckpt_path)
+    run.load_state(ckpt.get("state", ckpt), weights_only=True)
+    round_ = int(ckpt.get("round", 0))
+    for k, client in enumerate(run.clients):
+        run.strategy.prepare_evaluation(k, client, round_, name="test_download")
+    return run
+
+
+def _finished(last: dict, cfg: ExperimentConfig) -> bool:
+    """Whether the run that wrote ``last.pt`` stopped early or used up its rounds."""
+    return bool(last.get("stopped")) or int(last["round"]) >= cfg.federated.rounds
+
+
+def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRun:
+    """The Single models fusion needs, from ``<run_dir>/fusion_single``, restored at their best.
+
+    ``cfg`` is the FedE config. A finished Single run there (``checkpoints/best.pt`` present
+    and ``last.pt`` absent, early-stopped or at ``federated.rounds``) is reused; otherwise
+    ``run_federated`` trains it or resumes it. A reused run whose ``last.pt`` was written
+    with other settings is refused, as ``run_federated`` refuses to resume one.
+    """
+    scfg = single_config(cfg)
+    single_dir = Path(run_dir) / SINGLE_DIR
+    best, last_path = single_dir / CHECKPOINT_DIR / BEST, single_dir / CHECKPOINT_DIR / LAST
+    last = load_checkpoint(last_path) if last_path.is_file() else None
+    if best.is_file() and (last is None or _finished(last, scfg)):
+        run = restore_run(scfg, best)
+        if last is not None and last.get("fingerprint") != run.fingerprint():
+            raise ConfigError(
+                f"{last_path} was written with other settings than this run's Single "
+                f"counterpart; delete {single_dir} to retrain it"
+            )
+        log.info("model fusion: reusing the Single run in %s", single_dir)
+        return run
+    log.info("model fusion: training the Single models in %s", single_dir)
+    run_federated(scfg, single_dir)
+    return restore_run(scfg, best)
+
+
+def _client_entry(metrics: dict, triples: int) -> dict:
+    entry = {k: float(metrics[k]) for k in METRIC_KEYS}
+    entry["count"] = int(metrics["count"])
+    entry["triples"] = int(triples)
+    return entry
+
+
+def fuse_client(fed: Client, single: Client, cfg: ExperimentConfig) -> dict:
+    """Fit and test the fusion of one client's Single and federated models.
+
+    ``fed`` and ``single`` are the same client (same local ids) of the FedE and Single runs,
+    each module holding the model it is tested with. The fusion layer is fit on the
+    client's validation triples with a generator seeded from ``(cfg.seed, client name)``;
+    the test is tail-only with the client's filter (train ∪ valid ∪ test) and candidates.
+
+    Returns ``{"fusion": entry, "single": entry, "federated": entry}``, each entry the
+    metric keys plus ``count`` and ``triples``; the fusion entry also has ``weights``
+    ``[w_single, w_federated]`` and ``bias``.
+    """
+    kg = fed.kg
+    test = kg.triples("test")
+    if (single.kg.num_entities, single.kg.num_relations) != (kg.num_entities, kg.num_relations) or not (
+        torch.equal(single.kg.triples("test"), test) and torch.equal(single.kg.triples("valid"), kg.triples("valid"))
+    ):
+        raise RuntimeError(f"{fed.name}: the Single and federated clients hold different KGs")
+    fed_model = fed.module.model
+    device = next(fed_model.parameters()).device
+    single_model = single.module.model.to(device)
+    fc = cfg.federated
+    valid = kg.triples("valid")
+    if valid.shape[0] > 0:
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, fed.name, "fusion"))
+        fusion = fit_fusion(
+            single_model, fed_model, valid, kg.num_entities,
+            num_negatives=fc.fusion_negatives, margin=fc.fusion_margin, lr=fc.fusion_lr,
+            epochs=fc.fusion_epochs, generator=generator,
+        )
+    else:  # nothing to fit on: the fused model is the federated one
+        log.warning("model fusion: %s has no validation triples; using the federated model", fed.name)
+        fusion = ScoreFusion.from_weights(0.0, 1.0).to(device)
+    filter_index = fed.datamodule.filter_index  # the client's train ∪ valid ∪ test answers
+
+    def evaluate(layer: ScoreFusion) -> dict:
+        metrics = evaluate_fusion(
+            layer.to(device), single_model, fed_model, test, filter_index.tail_answers,
+            ties=cfg.train.ties, chunk_size=cfg.train.eval_batch_size,
+            candidate_mask=fed.module.eval_candidate_mask,
+        )
+        return _client_entry(metrics, test.shape[0])
+
+    out = {
+        "fusion": evaluate(fusion),
+        "single": evaluate(ScoreFusion.from_weights(1.0, 0.0)),
+        "federated": evaluate(ScoreFusion.from_weights(0.0, 1.0)),
+    }
+    out["fusion"]["weights"] = [float(w) for w in fusion.weight.detach().cpu()]
+    out["fusion"]["bias"] = float(fusion.bias.detach().cpu())
+    return out
+
+
+def _summary(per_client: list[dict]) -> dict:
+    """``{"test": triple-weighted average (+ count), "clients": per_client}``."""
+    test = weighted_average(per_client, [m["triples"] for m in per_client])
+    test["count"] = int(sum(m["count"] for m in per_client))
+    return {"test": test, "clients": per_client}
+
+
+def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path) -> dict:
+    """FedE model fusion (§2.2.3) for every client of a finished, tested FedE run.
+
+    ``fed_run`` must hold the state the run was tested with (``run_federated`` calls this
+    right after its test at the best round, so every client module has the aggregated rows
+    of that round and its own relations). The Single run comes from
+    :func:`obtain_single_run`.
+
+    Returns the ``metrics.json`` ``"fusion"`` block: ``test`` and ``clients`` of the fused
+    models, and ``single`` / ``federated`` (each ``{"test", "clients"}``) for its two inputs
+    under the same tail-only protocol.
+    """
+    check_fusion_config(cfg)
+    single_run = obtain_single_run(cfg, run_dir)
+    results = [fuse_client(fed, single, cfg) for fed, single in zip(fed_run.clients, single_run.clients)]
+    block = _summary([r["fusion"] for r in results])
+    block["single"] = _summary([r["single"] for r in results])
+    block["federated"] = _summary([r["federated"] for r in results])
+    block["single_run_dir"] = SINGLE_DIR
+    return block
