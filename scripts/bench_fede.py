@@ -22,8 +22,8 @@ inflates a short bounded measurement; with ``--rounds 2`` or more the summary al
 the mean over rounds 2..R. The bytes of a bounded round are those of a full round (FedE's
 traffic does not depend on how many batches a client trains).
 
-    python scripts/bench_fede.py --rounds 1                               # per_triple
-    python scripts/bench_fede.py --rounds 1 --negative-mode shared
+    python scripts/bench_fede.py --rounds 1                               # the config's shared negatives
+    python scripts/bench_fede.py --rounds 1 --negative-mode per_triple    # the papers' sampling
     python scripts/bench_fede.py --rounds 1 --dim 32 --max-batches-per-epoch 5 --threads 1
     python scripts/bench_fede.py --rounds 3 --eval-every 3 model.gamma=12 train.lr=0.0005
 """
