@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Literal, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -24,6 +24,7 @@ __all__ = [
     "ExperimentConfig",
     "load_config",
     "save_config",
+    "config_from_yaml_text",
 ]
 
 
