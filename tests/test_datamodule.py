@@ -194,8 +194,25 @@ def test_negative_pool_and_shared_mode():
     assert ((b["negatives"] >= 0) & (b["negatives"] < kg.num_entities)).all()
 
 
+@pytest.mark.parametrize("corruption", ["tail", "head"])
+def test_filtered_shared_negatives_mask_equals_bruteforce(corruption):
+    kg = small_kg(seed=3, num_entities=8, num_relations=2)
+    dm = KGDataModule(kg, batch_size=16, num_negatives=8, negative_mode="shared",
+                      filter_negatives=True, corruption=corruption, seed=1)
+    train = {tuple(t) for t in kg.triples("train").tolist()}
+    masked = 0
+    for b in dm.train_dataloader():
+        neg, mask = b["negatives"], b["negative_mask"]
+        assert mask.shape == (b["positive"].shape[0], neg.numel())
+        for i, (h, r, t) in enumerate(b["positive"].tolist()):
+            for j, e in enumerate(neg.tolist()):
+                candidate = (h, r, e) if corruption == "tail" else (e, r, t)
+                assert bool(mask[i, j]) == (candidate not in train)
+        masked += int((~mask).sum())
+    assert masked > 0  # the case is dense enough that some negatives are true triples
+
+
 @pytest.mark.parametrize("kwargs", [
-    {"negative_mode": "shared", "filter_negatives": True},
     {"negative_mode": "shared", "negative_sampler": "bernoulli"},
     {"corruption": "sideways"},
     {"eval_sides": "head"},

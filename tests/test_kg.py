@@ -19,18 +19,7 @@ from lightning_fedkg.data import (
 )
 from lightning_fedkg.data.kg import names_to_ids, read_named_triples
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared/data not present")
-
-
-@pytest.fixture
-def one_thread():
-    """Real-data loads are many mid-sized tensor ops; on an oversubscribed CPU (tests
-    running beside other jobs) intra-op threads mostly wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from conftest import SHARED_DATA, needs_shared
 
 
 def write_split_files(folder: Path, splits: dict[str, str], ext: str = ".txt") -> Path:

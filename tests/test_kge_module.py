@@ -54,6 +54,24 @@ def test_uniform_and_margin_loss_hand_values():
     assert kge_loss(POS, NEG, "margin", margin=1.0).item() == pytest.approx(1.25, abs=1e-7)
 
 
+@pytest.mark.parametrize("loss", ["self_adversarial", "uniform", "margin"])
+def test_negative_mask_equals_dropping_the_masked_negatives(loss):
+    torch.manual_seed(0)
+    pos, neg = torch.randn(4), torch.randn(4, 5)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 0, 0, 1]], dtype=torch.bool)
+    masked = kge_loss(pos, neg, loss, 0.7, 2.0, negative_mask=mask)
+    if loss == "margin":
+        hinges = [torch.relu(2.0 - pos[i] + neg[i][mask[i]]) for i in range(4)]
+        expected = torch.cat(hinges).mean()
+    else:
+        # Row by row on its valid negatives only, then the usual batch means.
+        rows = [kge_loss(pos[i : i + 1], neg[i : i + 1][:, mask[i]], loss, 0.7) for i in range(4)]
+        expected = torch.stack(rows).mean()
+    assert masked.item() == pytest.approx(expected.item(), abs=1e-6)
+    all_valid = kge_loss(pos, neg, loss, 0.7, 2.0, negative_mask=torch.ones(4, 5, dtype=torch.bool))
+    assert all_valid.item() == pytest.approx(kge_loss(pos, neg, loss, 0.7, 2.0).item(), abs=1e-6)
+
+
 def test_self_adversarial_weights_carry_no_gradient():
     neg = NEG.clone().requires_grad_(True)
     kge_loss(POS, neg, "self_adversarial").backward()

@@ -196,7 +196,8 @@ class KGDataModule(LightningDataModule):
             probability ``tph / (tph + hpt)`` of corrupting the head; TransH, Wang et al.
             2014). Bernoulli batches have ``mode="mixed"`` and a ``head_mask``.
         negative_mode: ``"per_triple"`` or ``"shared"`` (one negative set per batch; not
-            combinable with ``bernoulli`` or ``filter_negatives``).
+            combinable with ``bernoulli``; with ``filter_negatives`` the batch carries a
+            ``"negative_mask"`` ``[B, n]`` instead of redrawing).
         filter_negatives: resample negatives that form a known train triple (vectorized,
             at most ``max_filter_retries`` rounds; survivors of the last round are kept).
         eval_batch_size: queries per evaluation batch.
@@ -234,9 +235,9 @@ class KGDataModule(LightningDataModule):
                                       ("eval_sides", eval_sides, EVAL_SIDES)):
             if value not in allowed:
                 raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
-        if negative_mode == "shared" and (negative_sampler == "bernoulli" or filter_negatives):
+        if negative_mode == "shared" and negative_sampler == "bernoulli":
             raise ValueError("negative_mode='shared' draws one set per batch; it cannot be "
-                             "combined with the Bernoulli sampler or filter_negatives")
+                             "combined with the Bernoulli sampler")
         if batch_size < 1 or eval_batch_size < 1 or num_negatives < 0:
             raise ValueError("batch sizes must be >= 1 and num_negatives >= 0")
         self.kg = kg
@@ -360,6 +361,14 @@ class KGDataModule(LightningDataModule):
             bad = bad[sorted_contains(forbidden, rows[bad] * self.num_entities + flat[bad])]
         return neg
 
+    def shared_negative_mask(self, positive: Tensor, head_mask: Tensor, negatives: Tensor) -> Tensor:
+        """``BoolTensor[B, n]``: False where shared negative ``j`` would turn row ``i`` into a
+        train triple. One shared set cannot be redrawn per row, so known positives are
+        masked out of that row's loss instead (``kge_loss(negative_mask=...)``)."""
+        forbidden = self._forbidden_keys(positive, head_mask)
+        rows = torch.arange(positive.shape[0]).unsqueeze(1)
+        return ~sorted_contains(forbidden, rows * self.num_entities + negatives.unsqueeze(0))
+
     def make_batch(self, positive: Tensor, mode: str) -> dict:
         """One training batch for ``positive`` triples; ``mode`` is tail, head or mixed."""
         b = positive.shape[0]
@@ -371,6 +380,8 @@ class KGDataModule(LightningDataModule):
             head_mask = torch.full((b,), mode == "head", dtype=torch.bool)
         if self.negative_mode == "shared":
             batch["negatives"] = self._draw((self.num_negatives,))
+            if self.filter_negatives:
+                batch["negative_mask"] = self.shared_negative_mask(positive, head_mask, batch["negatives"])
         else:
             batch["negatives"] = self.sample_negatives(positive, head_mask)
         return batch

@@ -25,6 +25,7 @@ def kge_loss(
     loss: str = "self_adversarial",
     adversarial_temperature: float = 1.0,
     margin: float = 1.0,
+    negative_mask: Tensor | None = None,
 ) -> Tensor:
     """Negative-sampling loss from scores (higher = more plausible).
 
@@ -41,16 +42,35 @@ def kge_loss(
               (the OpenKE / TransE-paper margin ranking loss).
         adversarial_temperature: ``α``.
         margin: margin of ``"margin"``.
+        negative_mask: optional ``BoolTensor[B, n]``, False where a negative is a known true
+            triple (filtered shared negatives): such entries get no weight, and every
+            average over negatives runs over the valid entries only. A row with no valid
+            negative contributes no negative term.
     """
-    if loss == "margin":
-        return F.relu(margin - positive_scores.unsqueeze(1) + negative_scores).mean()
+    if negative_mask is None:
+        if loss == "margin":
+            return F.relu(margin - positive_scores.unsqueeze(1) + negative_scores).mean()
+        valid = None
+    else:
+        valid = negative_mask.to(negative_scores.dtype)
+        if loss == "margin":
+            hinge = F.relu(margin - positive_scores.unsqueeze(1) + negative_scores)
+            return (hinge * valid).sum() / valid.sum().clamp(min=1)
     positive_term = -F.logsigmoid(positive_scores)
     log_not_negative = F.logsigmoid(-negative_scores)
     if loss == "self_adversarial":
-        weights = torch.softmax(adversarial_temperature * negative_scores.detach(), dim=1)
+        logits = adversarial_temperature * negative_scores.detach()
+        if valid is not None:
+            logits = logits.masked_fill(~negative_mask, float("-inf"))
+        weights = torch.softmax(logits, dim=1)
+        if valid is not None:
+            weights = torch.nan_to_num(weights)  # rows without any valid negative
         negative_term = -(weights * log_not_negative).sum(dim=1)
     elif loss == "uniform":
-        negative_term = -log_not_negative.mean(dim=1)
+        if valid is None:
+            negative_term = -log_not_negative.mean(dim=1)
+        else:
+            negative_term = -(valid * log_not_negative).sum(dim=1) / valid.sum(dim=1).clamp(min=1)
     else:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     return 0.5 * (positive_term.mean() + negative_term.mean())
@@ -157,7 +177,10 @@ class KGEModule(L.LightningModule):
         positive = batch["positive"]
         positive_scores = self.model(positive[:, 0], positive[:, 1], positive[:, 2])
         hp = self.hparams
-        loss = kge_loss(positive_scores, self.negative_scores(batch), hp.loss, hp.adversarial_temperature, hp.margin)
+        loss = kge_loss(
+            positive_scores, self.negative_scores(batch), hp.loss, hp.adversarial_temperature, hp.margin,
+            negative_mask=batch.get("negative_mask"),
+        )
         if hp.regularization > 0:
             loss = loss + hp.regularization * self.model.regularization_loss()
         return loss
