@@ -144,12 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Only our logger gets a handler: Lightning already prints its own messages.
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    log.addHandler(handler)
+    # Only our logger gets a handler (once): Lightning already prints its own messages.
+    if not any(getattr(h, "_fedkg_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._fedkg_cli = True
+        log.addHandler(handler)
     log.setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    log.propagate = False
     quiet_known_warnings()
     try:
         return args.func(args)
