@@ -60,9 +60,12 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int) -
     )
 
 
-def select_metrics(metrics: dict) -> dict:
-    """The metric keys that ``metrics.json`` reports, as plain floats."""
-    return {k: float(metrics[k]) for k in METRIC_KEYS}
+def format_test_result(metrics: dict) -> dict:
+    """``{"test": {...}}`` as ``metrics.json`` reports it: the metric keys as plain floats
+    and the number of ranked queries as ``count``."""
+    selected = {k: float(metrics[k]) for k in METRIC_KEYS}
+    selected["count"] = int(metrics["count"])
+    return {"test": selected}
 
 
 def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
@@ -104,8 +107,7 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     best = checkpoint.best_model_path or None
     trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
-    result = {"test": select_metrics(module.last_metrics["test"])}
-    result["test"]["count"] = int(module.last_metrics["test"]["count"])
+    result = format_test_result(module.last_metrics["test"])
     (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -124,6 +126,4 @@ def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dic
         enable_model_summary=False,
     )
     trainer.test(module, datamodule=datamodule, verbose=False)
-    result = {"test": select_metrics(module.last_metrics["test"])}
-    result["test"]["count"] = int(module.last_metrics["test"]["count"])
-    return result
+    return format_test_result(module.last_metrics["test"])

@@ -50,6 +50,7 @@ from lightning_fedkg.federated.checkpoint import (
 )
 from lightning_fedkg.federated.strategies import build_strategy
 from lightning_fedkg.federated.strategies.base import Strategy, client_name
+from lightning_fedkg.training import METRIC_KEYS, build_datamodule, build_module
 
 __all__ = [
     "METRIC_KEYS",
@@ -65,7 +66,6 @@ __all__ = [
 
 log = logging.getLogger("lightning_fedkg")
 
-METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
 CHECKPOINT_VERSION = 1
 
 
@@ -267,8 +267,6 @@ class FederatedRun:
         )
 
     def _make_client(self, index: int, name: str, kg) -> Client:
-        from lightning_fedkg.training import build_datamodule, build_module
-
         cfg = self.cfg
         # Each party's init depends only on (seed, name), not on how many were built before.
         with torch.random.fork_rng(devices=[]):

@@ -264,6 +264,14 @@ class KGEModel(nn.Module):
         return self.entity_emb[ents], self.relation_emb[triples[:, 1]]
 
 
+def _relation_dim(dim: int, relation_dim: int | None) -> int:
+    """Relation-space width of TransR/TransD: ``relation_dim`` or, by default, ``dim``."""
+    rdim = dim if relation_dim is None else int(relation_dim)
+    if rdim < 1:
+        raise ValueError(f"relation_dim must be positive, got {relation_dim}")
+    return rdim
+
+
 def gather_rows(table: Tensor, ids: Tensor) -> Tensor:
     """``table[ids]`` for an index tensor of any shape.
 
@@ -416,9 +424,7 @@ class TransR(_TranslationalModel):
 
     def __init__(self, num_entities: int, num_relations: int, dim: int, gamma: float = 10.0,
                  epsilon: float = 2.0, p_norm: float = 1.0, relation_dim: int | None = None):
-        rdim = dim if relation_dim is None else int(relation_dim)
-        if rdim < 1:
-            raise ValueError(f"relation_dim must be positive, got {relation_dim}")
+        rdim = _relation_dim(dim, relation_dim)
         super().__init__(num_entities, num_relations, dim, gamma, epsilon, p_norm=p_norm,
                          relation_width=rdim, extra_tables={"relation_matrix": rdim * dim})
 
@@ -484,9 +490,7 @@ class TransD(_TranslationalModel):
 
     def __init__(self, num_entities: int, num_relations: int, dim: int, gamma: float = 10.0,
                  epsilon: float = 2.0, p_norm: float = 1.0, relation_dim: int | None = None):
-        rdim = dim if relation_dim is None else int(relation_dim)
-        if rdim < 1:
-            raise ValueError(f"relation_dim must be positive, got {relation_dim}")
+        rdim = _relation_dim(dim, relation_dim)
         super().__init__(num_entities, num_relations, dim, gamma, epsilon, p_norm=p_norm,
                          relation_width=rdim,
                          extra_tables={"entity_proj": dim, "relation_proj": rdim})
