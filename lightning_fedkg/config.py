@@ -7,15 +7,19 @@ An unknown key anywhere is an error that lists the valid keys of that section.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Dict, Literal, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+log = logging.getLogger("lightning_fedkg")
+
 __all__ = [
     "ConfigError",
+    "FedEConfig",
     "DataConfig",
     "ModelConfig",
     "TrainConfig",
@@ -92,39 +96,79 @@ class TrainerConfig:
 
 
 @dataclass
-class FederatedConfig:
-    """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
+class FedEConfig:
+    """``federated.fede``: FedE's model fusion (Chen et al., IJCKG 2021, §2.2.3).
 
-    ``rounds`` bounds the run; ``local_epochs`` is E, ``fraction`` is F (clients sampled
-    per round), evaluation every ``eval_every`` rounds with early stopping after
-    ``patience`` evaluations without improvement of the triple-weighted validation MRR.
-    ``aggregation`` decides what clients that were not sampled in a round contribute to
-    FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
-    row (rows none of them hold keep their value); ``all_holders`` reproduces the official
-    FedE code, where unsampled holders contribute the current server row, a damped update.
-
-    ``fusion`` (``strategy: fede`` only) adds FedE's model fusion (Chen et al., IJCKG 2021,
-    §2.2.3) after the run: a Single model per client is trained in ``<run_dir>/fusion_single``
-    and a 2→1 layer over the two models' scores is fit on each client's validation triples
-    (:mod:`lightning_fedkg.federated.fusion_runner`). ``fusion_epochs``, ``fusion_lr``,
-    ``fusion_margin`` (β) and ``fusion_negatives`` (tail negatives per validation triple) are
-    that layer's Adam epochs, learning rate, ranking margin and negatives (FedE: 500, 0.01,
-    10, 256). None of the fusion keys changes what a round computes, so a finished run may be
-    resumed with them changed.
+    ``fusion`` adds, after the run, a Single model per client (trained in
+    ``<run_dir>/fusion_single``) and a 2→1 layer over the two models' scores fit on each
+    client's validation triples (:mod:`lightning_fedkg.federated.fusion_runner`);
+    ``fusion_epochs``, ``fusion_lr``, ``fusion_margin`` (β) and ``fusion_negatives`` are that
+    layer's Adam epochs, learning rate, ranking margin and tail negatives per validation
+    triple (FedE: 500, 0.01, 10, 256). None of these changes what a round computes, so a
+    finished run may be resumed with them changed.
     """
 
-    strategy: Literal["none", "single", "entire", "fede", "fedr"] = "none"
-    rounds: int = 100
-    local_epochs: int = 3
-    fraction: float = 1.0
-    eval_every: int = 5
-    patience: int = 15
     fusion: bool = False
     fusion_epochs: int = 500
     fusion_lr: float = 0.01
     fusion_margin: float = 10.0
     fusion_negatives: int = 256
+
+
+@dataclass
+class FederatedConfig:
+    """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
+
+    ``strategy`` is a registered name (``single``, ``entire``, ``fede``, ``fedr``) or an
+    import path ``package.module:Class`` of a user's :class:`~lightning_fedkg.federated.
+    strategies.base.Strategy`; ``task`` likewise names a
+    :class:`~lightning_fedkg.federated.tasks.Task` (default ``link_prediction``).
+    ``rounds`` bounds the run; ``local_epochs`` is E, ``fraction`` is F (clients sampled
+    per round), evaluation every ``eval_every`` rounds with early stopping after
+    ``patience`` evaluations without improvement of the triple-weighted validation MRR.
+    ``aggregation`` decides what clients that were not sampled in a round contribute to
+    FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
+    row (rows none of them holds keep their value); ``all_holders`` reproduces the official
+    FedE code, where unsampled holders contribute the current server row, a damped update.
+
+    Failures: a client that raises (or answers after ``client_timeout`` seconds) is
+    recorded as failed; the round goes on when at least ``min_clients`` of the selected
+    clients answered (all of them, if fewer were selected), else it is retried up to
+    ``max_retries`` times before the run stops with an error.
+
+    ``federation_key``: the clients' secret for the keyed hashes of names in alignment
+    (round 0); empty derives one from the seed, fine for in-process simulation.
+    ``record_payloads`` keeps every serialized message under ``<run_dir>/payloads/`` (for
+    tests and privacy audits; large). ``parties`` holds per-party overrides of the
+    ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
+    Method settings live in the method's section (``fede``).
+    """
+
+    strategy: str = "none"
+    task: str = "link_prediction"
+    rounds: int = 100
+    local_epochs: int = 3
+    fraction: float = 1.0
+    eval_every: int = 5
+    patience: int = 15
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
+    min_clients: int = 1
+    max_retries: int = 2
+    client_timeout: Optional[float] = None
+    record_payloads: bool = False
+    federation_key: str = ""
+    parties: Dict[str, Any] = field(default_factory=dict)
+    fede: FedEConfig = field(default_factory=FedEConfig)
+
+
+#: Flat keys of the first config layout → their place in the method's section.
+LEGACY_KEYS = {
+    "federated.fusion": "federated.fede.fusion",
+    "federated.fusion_epochs": "federated.fede.fusion_epochs",
+    "federated.fusion_lr": "federated.fede.fusion_lr",
+    "federated.fusion_margin": "federated.fede.fusion_margin",
+    "federated.fusion_negatives": "federated.fede.fusion_negatives",
+}
 
 
 @dataclass
@@ -151,7 +195,21 @@ def _valid_keys(schema: DictConfig, dotted: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
+def _upgrade_legacy(layer: DictConfig, source: str) -> DictConfig:
+    """Move keys of the first layout (:data:`LEGACY_KEYS`) to their current place."""
+    for old, new in LEGACY_KEYS.items():
+        value = OmegaConf.select(layer, old, default=None)
+        if value is None:
+            continue
+        section, key = old.rsplit(".", 1)
+        del layer[section][key]
+        OmegaConf.update(layer, new, value, force_add=True)
+        log.warning("%s: '%s' is now '%s'", source, old, new)
+    return layer
+
+
 def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    layer = _upgrade_legacy(layer, source)
     try:
         return OmegaConf.merge(schema, layer)
     except (ConfigKeyError, ConfigAttributeError) as err:

@@ -1,9 +1,21 @@
-"""The one path by which payloads move between federated parties, with a traffic log.
+"""The one path by which messages move between federated parties, with a traffic log.
 
 Every party is a plain string (``"server"``, ``"client_3"``, ...), so server-client and
 peer-to-peer protocols (FKGE handshakes, pairwise secure-aggregation masks) use the same
-``send``. The log is what tests read to prove that something *never* crossed (triples,
-FedE relation embeddings, unmasked uploads) and what communication-cost numbers come from.
+``send``. A :class:`Channel` is the in-process *transport*: it serializes every message to
+bytes (:mod:`.message`, safetensors) and hands the receiver a freshly decoded copy, so no
+party ever shares storage with another or unpickles another's bytes. A transport for other
+processes (Flower) replaces the delivery, not the log.
+
+The log is what tests read to prove that something *never* crossed (triples, FedE relation
+embeddings, unmasked uploads) and what communication-cost numbers come from:
+
+* ``bytes``: the tensors' raw bytes (FedE's measure; ``metrics.json``'s ``bytes_sent``);
+* ``wire_bytes``: the serialized size, header and metadata included.
+
+With :meth:`open_log` each record is appended to ``channel_log.jsonl`` as the transfer
+happens; with ``record_payloads`` the serialized bytes are kept under ``payloads/`` (for
+tests and privacy audits, never on by default).
 """
 
 from __future__ import annotations
@@ -11,16 +23,21 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import IO, Iterable, Mapping
 
 from torch import Tensor
 
+from lightning_fedkg.federated.message import Message, decode, encode, tensor_bytes
+
 __all__ = ["Channel", "Record", "payload_bytes"]
+
+#: Kept for callers of the first API: the raw tensor bytes of a payload.
+payload_bytes = tensor_bytes
 
 
 @dataclass(frozen=True)
 class Record:
-    """One logged transfer: who sent what to whom in which round, and its size in bytes."""
+    """One logged transfer: who sent what to whom in which round, and its size."""
 
     round: int
     sender: str
@@ -29,52 +46,94 @@ class Record:
     shapes: dict[str, list[int]]
     dtypes: dict[str, str]
     bytes: int
-
-
-def payload_bytes(payload: Mapping[str, Tensor]) -> int:
-    """Size of a payload on the wire: the raw bytes of its tensors (no framing overhead)."""
-    return sum(t.numel() * t.element_size() for t in payload.values())
+    wire_bytes: int = 0
+    metrics: tuple[str, ...] = ()
+    config: tuple[str, ...] = ()
 
 
 class Channel:
-    """Moves ``dict[str, Tensor]`` payloads between named parties and records each transfer.
-
-    ``send`` returns *detached clones*, so the receiver can never mutate or backpropagate
-    into the sender's tensors: what arrives is a copy, as over a network.
-    """
+    """Moves :class:`~.message.Message` objects (or plain ``{str: Tensor}`` payloads)
+    between named parties through their serialized bytes, and records each transfer."""
 
     def __init__(self) -> None:
         self._records: list[Record] = []
+        self._log: IO[str] | None = None
+        self._payload_dir: Path | None = None
 
+    # ------------------------------------------------------------------ files
+    def open_log(self, path: str | Path, payload_dir: str | Path | None = None) -> None:
+        """Write the records so far to ``path`` and append every later one as it happens.
+
+        Rewriting on open drops any transfer logged after the last saved state (a round
+        cut short by a crash), so a resumed run's log equals an uninterrupted run's.
+        ``payload_dir``: also store each transfer's serialized bytes there.
+        """
+        self.close()
+        self._log = open(path, "w")
+        for r in self._records:
+            self._write(r)
+        if payload_dir is not None:
+            self._payload_dir = Path(payload_dir)
+            self._payload_dir.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _write(self, record: Record) -> None:
+        assert self._log is not None
+        self._log.write(json.dumps(asdict(record)) + "\n")
+        self._log.flush()
+
+    # ------------------------------------------------------------------ sending
     def send(
-        self, sender: str, receiver: str, name: str, payload: Mapping[str, Tensor], round: int
-    ) -> dict[str, Tensor]:
+        self,
+        sender: str,
+        receiver: str,
+        name: str,
+        payload: Message | Mapping[str, Tensor],
+        round: int,
+    ) -> Message | dict[str, Tensor]:
         """Deliver ``payload`` from ``sender`` to ``receiver``; log it under ``name``/``round``.
 
-        Returns the receiver's copy (detached clones of every tensor). Raises ``TypeError``
-        for anything that is not a string-keyed mapping of tensors, so no Python object can
-        slip across unlogged.
+        Returns what the receiver decodes from the bytes: a :class:`Message` for a message,
+        a ``{str: Tensor}`` dict for a plain payload. Raises ``TypeError`` for anything
+        else, so no Python object can slip across unlogged.
         """
         if sender == receiver:
             raise ValueError(f"a party cannot send to itself ({sender!r})")
-        for key, value in payload.items():
-            if not isinstance(key, str) or not isinstance(value, Tensor):
-                raise TypeError(
-                    f"payload {name!r} must map str to Tensor; key {key!r} holds {type(value).__name__}"
-                )
-        delivered = {k: v.detach().clone() for k, v in payload.items()}
-        self._records.append(
-            Record(
-                round=int(round),
-                sender=sender,
-                receiver=receiver,
-                name=name,
-                shapes={k: list(v.shape) for k, v in delivered.items()},
-                dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in delivered.items()},
-                bytes=payload_bytes(delivered),
-            )
+        plain = not isinstance(payload, Message)
+        if plain:
+            if not isinstance(payload, Mapping):
+                raise TypeError(f"payload {name!r} must be a Message or a str->Tensor mapping")
+            for key, value in payload.items():
+                if not isinstance(key, str) or not isinstance(value, Tensor):
+                    raise TypeError(
+                        f"payload {name!r} must map str to Tensor; key {key!r} holds {type(value).__name__}"
+                    )
+            payload = Message(arrays=dict(payload))
+        data = encode(payload)
+        delivered = decode(data)
+        record = Record(
+            round=int(round),
+            sender=sender,
+            receiver=receiver,
+            name=name,
+            shapes={k: list(v.shape) for k, v in delivered.arrays.items()},
+            dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in delivered.arrays.items()},
+            bytes=tensor_bytes(delivered.arrays),
+            wire_bytes=len(data),
+            metrics=tuple(sorted(delivered.metrics)),
+            config=tuple(sorted(delivered.config)),
         )
-        return delivered
+        self._records.append(record)
+        if self._log is not None:
+            self._write(record)
+        if self._payload_dir is not None:
+            fname = f"r{int(round):04d}_{len(self._records):06d}_{sender}_to_{receiver}_{name}.safetensors"
+            (self._payload_dir / fname).write_bytes(data)
+        return delivered.arrays if plain else delivered
 
     def broadcast(
         self,
@@ -95,6 +154,7 @@ class Channel:
             for r in receivers
         }
 
+    # ------------------------------------------------------------------ reading the log
     def records(
         self,
         round: int | None = None,
@@ -113,7 +173,7 @@ class Channel:
         ]
 
     def bytes_per_round(self) -> dict[int, int]:
-        """Total bytes sent in each round that saw traffic, ordered by round."""
+        """Total tensor bytes sent in each round that saw traffic, ordered by round."""
         totals: dict[int, int] = {}
         for r in sorted(self._records, key=lambda rec: rec.round):
             totals[r.round] = totals.get(r.round, 0) + r.bytes
@@ -121,8 +181,13 @@ class Channel:
 
     @property
     def total_bytes(self) -> int:
-        """Bytes sent over the whole run."""
+        """Tensor bytes sent over the whole run."""
         return sum(r.bytes for r in self._records)
+
+    @property
+    def total_wire_bytes(self) -> int:
+        """Serialized bytes sent over the whole run."""
+        return sum(r.wire_bytes for r in self._records)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -139,5 +204,7 @@ class Channel:
 
     def load_state_dict(self, state: dict) -> None:
         """Replace the log with one saved by :meth:`state_dict`."""
-        self._records = [Record(**r) for r in state["records"]]
-
+        self._records = [
+            Record(**{**r, "metrics": tuple(r.get("metrics", ())), "config": tuple(r.get("config", ()))})
+            for r in state["records"]
+        ]

@@ -1,19 +1,29 @@
-"""Atomic round checkpoints and RNG capture for resumable federated runs.
+"""Per-party round checkpoints committed by a manifest, and RNG capture.
 
-A federated run writes ``run_dir/checkpoints/last.pt`` after every completed round and
-``best.pt`` whenever the validation score improves. Files are written to a temporary name
-and moved into place with ``os.replace``, which is atomic on POSIX and Windows: a run killed
-mid-write leaves the previous checkpoint intact, never a truncated one.
+Layout under ``run_dir/checkpoints/``::
 
-The files hold plain Python containers of tensors, ints, strings and RNG states (Python's
-``random`` state is a tuple, NumPy's holds an array), so they are read with
-``weights_only=False``. Only load checkpoints you wrote yourself.
+    <party>/round_0007.pt     each party's state (server, client_0, ..., runner) of round 7
+    round_0007.json           the manifest: written last, it commits round 7
+    <party>/best.pt, best.json   the state of the best validation round, same scheme
+
+Every file is written to a temporary name and moved into place with ``os.replace``
+(atomic on POSIX and Windows). A round counts only once its manifest exists, so a crash
+between two party files never leaves a mixed round: the previous manifest still names a
+complete set. The last two committed rounds are kept, so a corrupt file of the newest round
+can be skipped by deleting that round's manifest.
+
+Files hold plain containers of tensors and RNG states (Python's ``random`` state is a tuple,
+NumPy's holds an array), read with ``weights_only=False``: only load checkpoints you wrote.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +32,33 @@ import torch
 
 __all__ = [
     "CHECKPOINT_DIR",
-    "LAST",
-    "BEST",
+    "CheckpointError",
     "save_atomic",
     "load_checkpoint",
+    "commit_round",
+    "latest_manifest",
+    "read_manifest",
+    "load_party",
+    "resolve_manifest",
     "capture_rng",
     "restore_rng",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
-LAST = "last.pt"
-BEST = "best.pt"
+_ROUND = re.compile(r"round_(\d+)\.json$")
+KEEP_ROUNDS = 2
 
 
-def save_atomic(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``path`` via a temporary file and ``os.replace`` (all or nothing)."""
-    path = Path(path)
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated or corrupt; the message names it."""
+
+
+def _replace_atomic(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -51,9 +67,102 @@ def save_atomic(obj: Any, path: str | Path) -> None:
             tmp.unlink()
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by :func:`save_atomic`."""
-    return torch.load(Path(path), map_location=map_location, weights_only=False)
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` via a temporary file and ``os.replace`` (all or nothing)."""
+    _replace_atomic(Path(path), lambda f: torch.save(obj, f))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """Read a file written by :func:`save_atomic`; :class:`CheckpointError` names a bad file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError) as err:
+        raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({type(err).__name__}: {err})") from None
+
+
+def commit_round(ckpt_dir: str | Path, tag: str, parts: dict[str, Any], meta: dict) -> Path:
+    """Write every party's state as ``<party>/<tag>.pt``, then the manifest ``<tag>.json``.
+
+    ``tag`` is ``round_0007`` or ``best``. Older ``round_*`` sets beyond the last
+    :data:`KEEP_ROUNDS` are deleted after the commit. Returns the manifest path.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    files = {}
+    for party, state in parts.items():
+        save_atomic(state, ckpt_dir / party / f"{tag}.pt")
+        files[party] = f"{party}/{tag}.pt"
+    manifest = ckpt_dir / f"{tag}.json"
+    text = json.dumps({**meta, "files": files}, indent=1).encode()
+    _replace_atomic(manifest, lambda f: f.write(text))
+    if tag.startswith("round_"):
+        _prune(ckpt_dir)
+    return manifest
+
+
+def _committed_rounds(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    found = [(int(m.group(1)), p) for p in ckpt_dir.glob("round_*.json") if (m := _ROUND.search(p.name))]
+    return sorted(found)
+
+
+def _prune(ckpt_dir: Path) -> None:
+    for _, manifest in _committed_rounds(ckpt_dir)[:-KEEP_ROUNDS]:
+        tag = manifest.stem
+        manifest.unlink()
+        for f in ckpt_dir.glob(f"*/{tag}.pt"):
+            f.unlink()
+
+
+def latest_manifest(ckpt_dir: str | Path) -> Path | None:
+    """The newest committed ``round_*.json``, or None."""
+    rounds = _committed_rounds(Path(ckpt_dir))
+    return rounds[-1][1] if rounds else None
+
+
+def read_manifest(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"checkpoint manifest {path} is unreadable ({err})") from None
+
+
+def load_party(manifest_path: str | Path, manifest: dict, party: str) -> Any:
+    """One party's state from a committed set; a bad file names the manifest to delete."""
+    manifest_path = Path(manifest_path)
+    if party not in manifest["files"]:
+        raise CheckpointError(f"{manifest_path} has no state for party {party!r}")
+    path = manifest_path.parent / manifest["files"][party]
+    try:
+        return load_checkpoint(path)
+    except CheckpointError as err:
+        hint = ""
+        if manifest_path.name.startswith("round_"):
+            earlier = [p for _, p in _committed_rounds(manifest_path.parent) if p != manifest_path]
+            if earlier:
+                hint = (f"; to resume from the previous round instead, delete {manifest_path} "
+                        f"(then {earlier[-1].name} is the newest)")
+        raise CheckpointError(f"{err}{hint}") from None
+
+
+def resolve_manifest(path: str | Path) -> Path:
+    """A manifest from what a user may pass: a manifest, a run or checkpoints folder
+    (its best state), or the former ``best.pt`` / ``last.pt`` names."""
+    path = Path(path)
+    if path.suffix == ".json" and path.is_file():
+        return path
+    if path.is_dir():
+        ckpt = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+        if (ckpt / "best.json").is_file():
+            return ckpt / "best.json"
+    if path.name in ("best.pt", "last.pt"):
+        ckpt = path.parent
+        found = ckpt / "best.json" if path.name == "best.pt" else latest_manifest(ckpt)
+        if found is not None and found.is_file():
+            return found
+    raise CheckpointError(f"no federated checkpoint at {path} (expected a checkpoints/*.json manifest)")
 
 
 def capture_rng() -> dict:

@@ -34,22 +34,24 @@ from pathlib import Path
 import torch
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig
-from lightning_fedkg.federated.checkpoint import BEST, CHECKPOINT_DIR, LAST, load_checkpoint
+from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest, read_manifest
 from lightning_fedkg.federated.orchestrator import (
-    METRIC_KEYS,
-    Client,
     FederatedRun,
-    derive_seed,
+    fingerprint,
+    restore_finished_run,
     run_federated,
-    weighted_average,
 )
+from lightning_fedkg.federated.party import Party
+from lightning_fedkg.federated.phases import PHASES, Phase, PhaseContext
+from lightning_fedkg.federated.tasks import client_entry, weighted_average
 from lightning_fedkg.models.fusion import ScoreFusion, evaluate_fusion, fit_fusion
+from lightning_fedkg.seeding import derive_seed
 
 __all__ = [
     "SINGLE_DIR",
+    "FusionPhase",
     "check_fusion_config",
     "single_config",
-    "restore_run",
     "obtain_single_run",
     "fuse_client",
     "run_fusion",
@@ -63,17 +65,17 @@ SINGLE_DIR = "fusion_single"
 
 def check_fusion_config(cfg: ExperimentConfig) -> None:
     """Raise :class:`ConfigError` unless ``cfg`` can run model fusion (``strategy: fede``)."""
-    fc = cfg.federated
+    fc = cfg.federated.fede
     if not fc.fusion:
         return
-    if fc.strategy != "fede":
+    if cfg.federated.strategy != "fede":
         raise ConfigError(
-            f"federated.fusion=true needs federated.strategy=fede (FedE §2.2.3 fuses a FedE "
-            f"model with a Single one), got strategy={fc.strategy!r}; set federated.fusion=false"
+            f"federated.fede.fusion=true needs federated.strategy=fede (FedE §2.2.3 fuses a FedE "
+            f"model with a Single one), got strategy={cfg.federated.strategy!r}; set federated.fede.fusion=false"
         )
     if fc.fusion_epochs < 0 or fc.fusion_negatives < 1 or fc.fusion_lr <= 0:
         raise ConfigError(
-            "federated.fusion_epochs must be >= 0, fusion_negatives >= 1 and fusion_lr > 0, got "
+            "federated.fede.fusion_epochs must be >= 0, fusion_negatives >= 1 and fusion_lr > 0, got "
             f"{fc.fusion_epochs}, {fc.fusion_negatives}, {fc.fusion_lr}"
         )
 
@@ -83,65 +85,40 @@ def single_config(cfg: ExperimentConfig) -> ExperimentConfig:
     single = copy.deepcopy(cfg)
     single.name = f"{cfg.name}_{SINGLE_DIR}"
     single.federated.strategy = "single"
-    single.federated.fusion = False
+    single.federated.fede.fusion = False
     return single
-
-
-def restore_run(cfg: ExperimentConfig, ckpt_path: str | Path) -> FederatedRun:
-    """The parties of ``cfg`` with the weights of a ``best.pt``/``last.pt`` checkpoint.
-
-    Every client's module then holds what it is tested with: the strategy's
-    ``prepare_evaluation`` runs for each client (for FedE: the aggregated rows through the
-    run's own, fresh Channel). Nothing is written to disk.
-    """
-    run = FederatedRun(cfg, run_dir=None)
-    ckpt = load_checkpoint(ckpt_path)
-    run.load_state(ckpt.get("state", ckpt), weights_only=True)
-    round_ = int(ckpt.get("round", 0))
-    for k, client in enumerate(run.clients):
-        run.strategy.prepare_evaluation(k, client, round_, name="test_download")
-    return run
-
-
-def _finished(last: dict, cfg: ExperimentConfig) -> bool:
-    """Whether the run that wrote ``last.pt`` stopped early or used up its rounds."""
-    return bool(last.get("stopped")) or int(last["round"]) >= cfg.federated.rounds
 
 
 def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRun:
     """The Single models fusion needs, from ``<run_dir>/fusion_single``, restored at their best.
 
-    ``cfg`` is the FedE config. A finished Single run there (``checkpoints/best.pt`` present
-    and ``last.pt`` absent, early-stopped or at ``federated.rounds``) is reused; otherwise
-    ``run_federated`` trains it or resumes it. A reused run whose ``last.pt`` was written
-    with other settings is refused, as ``run_federated`` refuses to resume one.
+    ``cfg`` is the FedE config. A finished Single run there (its newest committed round
+    early-stopped or at ``federated.rounds``) is reused; otherwise ``run_federated`` trains
+    it or resumes it. A reused run written with other settings is refused, as
+    ``run_federated`` refuses to resume one.
     """
     scfg = single_config(cfg)
     single_dir = Path(run_dir) / SINGLE_DIR
-    best, last_path = single_dir / CHECKPOINT_DIR / BEST, single_dir / CHECKPOINT_DIR / LAST
-    last = load_checkpoint(last_path) if last_path.is_file() else None
-    if best.is_file() and (last is None or _finished(last, scfg)):
-        run = restore_run(scfg, best)
-        if last is not None and last.get("fingerprint") != run.fingerprint():
+    ckpt = single_dir / CHECKPOINT_DIR
+    last_path = latest_manifest(ckpt)
+    last = read_manifest(last_path) if last_path else None
+    if last is not None and (ckpt / "best.json").is_file() and (
+        last.get("stopped") or int(last["round"]) >= scfg.federated.rounds
+    ):
+        if last.get("fingerprint") != fingerprint(scfg):
             raise ConfigError(
                 f"{last_path} was written with other settings than this run's Single "
                 f"counterpart; delete {single_dir} to retrain it"
             )
         log.info("model fusion: reusing the Single run in %s", single_dir)
-        return run
-    log.info("model fusion: training the Single models in %s", single_dir)
-    run_federated(scfg, single_dir)
-    return restore_run(scfg, best)
+    else:
+        log.info("model fusion: training the Single models in %s", single_dir)
+        run_federated(scfg, single_dir)
+    run, _ = restore_finished_run(scfg, ckpt / "best.json")
+    return run
 
 
-def _client_entry(metrics: dict, triples: int) -> dict:
-    entry = {k: float(metrics[k]) for k in METRIC_KEYS}
-    entry["count"] = int(metrics["count"])
-    entry["triples"] = int(triples)
-    return entry
-
-
-def fuse_client(fed: Client, single: Client, cfg: ExperimentConfig) -> dict:
+def fuse_client(fed: Party, single: Party, cfg: ExperimentConfig) -> dict:
     """Fit and test the fusion of one client's Single and federated models.
 
     ``fed`` and ``single`` are the same client (same local ids) of the FedE and Single runs,
@@ -162,7 +139,7 @@ def fuse_client(fed: Client, single: Client, cfg: ExperimentConfig) -> dict:
     fed_model = fed.module.model
     device = next(fed_model.parameters()).device
     single_model = single.module.model.to(device)
-    fc = cfg.federated
+    fc = cfg.federated.fede
     valid = kg.triples("valid")
     if valid.shape[0] > 0:
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, fed.name, "fusion"))
@@ -182,7 +159,7 @@ def fuse_client(fed: Client, single: Client, cfg: ExperimentConfig) -> dict:
             ties=cfg.train.ties, chunk_size=cfg.train.eval_batch_size,
             candidate_mask=fed.module.eval_candidate_mask,
         )
-        return _client_entry(metrics, test.shape[0])
+        return client_entry(metrics, test.shape[0])
 
     out = {
         "fusion": evaluate(fusion),
@@ -196,7 +173,7 @@ def fuse_client(fed: Client, single: Client, cfg: ExperimentConfig) -> dict:
 
 def _summary(per_client: list[dict]) -> dict:
     """``{"test": triple-weighted average (+ count), "clients": per_client}``."""
-    test = weighted_average(per_client, [m["triples"] for m in per_client])
+    test = weighted_average(per_client)
     test["count"] = int(sum(m["count"] for m in per_client))
     return {"test": test, "clients": per_client}
 
@@ -221,3 +198,18 @@ def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path
     block["federated"] = _summary([r["federated"] for r in results])
     block["single_run_dir"] = SINGLE_DIR
     return block
+
+
+@PHASES.register()
+class FusionPhase(Phase):
+    """FedE's model fusion as a phase (``federated.fede.fusion``): block ``"fusion"``."""
+
+    name = "fusion"
+
+    def settings(self, cfg) -> dict:
+        from dataclasses import asdict
+
+        return asdict(cfg.federated.fede)
+
+    def run(self, ctx: PhaseContext) -> dict:
+        return run_fusion(ctx.cfg, ctx.run, ctx.run_dir)

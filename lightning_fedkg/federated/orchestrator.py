@@ -1,157 +1,93 @@
-"""The federated round loop: persistent clients, a Strategy, a Channel, checkpoints.
+"""The round runner: parties, a strategy's two halves, a transport, checkpoints, phases.
 
-Every client is a plain :class:`~lightning_fedkg.models.kge_module.KGEModule` with its own
-:class:`~lightning_fedkg.data.datamodule.KGDataModule` and its own persistent
-``lightning.Trainer`` (counters persist on a reused Trainer, so Trainers are never shared;
-each ``fit`` raises ``fit_loop.max_epochs`` by E, LIBRARIES §2b). The loop itself knows
-nothing about any method::
+:class:`FederatedRun` builds one :class:`~.party.Party` per client (module, datamodule,
+persistent Trainer, TensorBoard writer), a client half per party and the server half, all
+joined by a :class:`~.channel.Channel`. :func:`run_federated` drives it::
 
+    round 0: alignment (keyed hashes of names, see .alignment)
     for round r = 1..R:
-        S = strategy.select_clients(r)
-        strategy.distribute(r, S, learners)        # downloads, through the Channel
-        learners[k].fit(E) for k in S
-        strategy.collect(r, S, learners)           # uploads + server aggregation
-        every eval_every rounds (and at R): validate every client, early stopping on the
-            triple-weighted mean validation MRR, best state → checkpoints/best.pt
-        checkpoints/last.pt (atomic)
-    reload best state; test every client; metrics.json, channel_log.jsonl
+        selected = server.select_clients(r)
+        for stage in server.stages:            # ("train",) for FedE
+            messages = server.configure_<stage>(r, selected)
+            replies  = client.on_<stage>(message) for each, through the Channel
+            server.aggregate_<stage>(r, replies, failures)
+        every eval_every rounds (and at R): configure_evaluate → clients evaluate →
+            aggregate_evaluate; early stopping on the task's weighted monitor
+        commit the round's per-party checkpoints (manifest last)
+    reload the best state; test; phases (FedE fusion); metrics.json
 
+A client that raises, or answers after ``federated.client_timeout``, is a *failure*: the
+stage goes on when ``federated.min_clients`` answered, else the round is retried.
 Evaluation follows FedE's protocol (Chen et al., IJCKG 2021, §3.1; REFERENCE §2.5): each
-client ranks among its own entities with its own filter; the dataset number is the mean
-over clients weighted by their number of evaluation triples; patience counts evaluations.
+client ranks among its own entities with its own filter; the federation-wide number is
+the mean over clients weighted by their evaluation triples; patience counts evaluations.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import warnings
-import zlib
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig
+from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
-    BEST,
     CHECKPOINT_DIR,
-    LAST,
+    CheckpointError,
     capture_rng,
-    load_checkpoint,
+    commit_round,
+    latest_manifest,
+    load_party,
+    read_manifest,
+    resolve_manifest,
     restore_rng,
-    save_atomic,
 )
-from lightning_fedkg.federated.strategies import build_strategy
-from lightning_fedkg.federated.strategies.base import Strategy, client_name
-from lightning_fedkg.training import METRIC_KEYS, build_datamodule, build_module
+from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.party import Party, RoundWriter, build_party
+from lightning_fedkg.federated.phases import PhaseContext, run_phases
+from lightning_fedkg.federated.strategies.base import SERVER, STRATEGIES, ServerContext, client_name
+from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average
+from lightning_fedkg.seeding import derive_seed
 
 __all__ = [
     "METRIC_KEYS",
-    "Client",
     "EarlyStopping",
     "FederatedRun",
+    "RoundFailed",
     "run_federated",
     "evaluate_federated_checkpoint",
+    "restore_finished_run",
     "format_table",
     "load_federated_kg",
     "weighted_average",
+    "derive_seed",
 ]
 
 log = logging.getLogger("lightning_fedkg")
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+RUNNER = "runner"
+
+#: Channel names of each stage's two directions (FedE's traffic keeps its first names).
+WIRE_NAMES = {
+    "align": ("align_request", "align"),
+    "train": ("download", "upload"),
+    ("evaluate", "val"): ("eval_download", "eval_result"),
+    ("evaluate", "test"): ("test_download", "test_result"),
+}
 
 
-def derive_seed(base: int, name: str, purpose: str) -> int:
-    """A per-party, per-purpose seed that does not depend on construction order."""
-    return (int(base) * 1_000_003 + zlib.crc32(f"{purpose}:{name}".encode())) % (2**31 - 1)
+class RoundFailed(RuntimeError):
+    """Too few clients answered a round, even after the retries."""
 
 
-@contextlib.contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's per-fit chatter (device banners, single-process loader hints).
-
-    A federated run calls ``fit``/``validate`` thousands of times; these messages would
-    repeat on every call and say nothing the run does not already know.
-    """
-    names = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
-             "lightning.fabric.utilities.seed")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
-            warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-            warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
-# ---------------------------------------------------------------------------- clients
-@dataclass(eq=False)
-class Client:
-    """One party that trains and/or evaluates: module + datamodule + its own Trainer.
-
-    ``index`` is its position in the federation and ``name`` its Channel party name.
-    """
-
-    index: int
-    name: str
-    kg: Any
-    module: Any
-    datamodule: Any
-    trainer: L.Trainer
-
-    def fit(self, epochs: int) -> None:
-        """Train ``epochs`` more epochs on the local train split (no validation inside)."""
-        self.trainer.fit_loop.max_epochs = self.trainer.current_epoch + int(epochs)
-        with _quiet_lightning():
-            self.trainer.fit(self.module, train_dataloaders=self.datamodule.train_dataloader())
-
-    def evaluate(self, split: str) -> dict:
-        """Filtered link prediction on ``"val"`` or ``"test"``; the module's metric dict."""
-        with _quiet_lightning():
-            if split == "val":
-                self.trainer.validate(self.module, dataloaders=self.datamodule.val_dataloader(), verbose=False)
-            elif split == "test":
-                self.trainer.test(self.module, dataloaders=self.datamodule.test_dataloader(), verbose=False)
-            else:
-                raise ValueError(f"split must be 'val' or 'test', got {split!r}")
-        return dict(self.module.last_metrics[split])
-
-    def state_dict(self) -> dict:
-        """Module weights, persistent optimizer state (if any) and the datamodule's sampler state."""
-        persistent = not self.module.hparams.reset_optimizer
-        return {
-            "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-            "optimizer": self.module.optimizer_state_dict() if persistent else None,
-            "datamodule": self.datamodule.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` in place (the same Parameter objects keep living)."""
-        self.module.load_state_dict(state["module"])
-        if weights_only:
-            return
-        if state.get("optimizer") is not None:
-            self.module.load_optimizer_state_dict(state["optimizer"])
-        self.datamodule.load_state_dict(state["datamodule"])
-
-
-# ---------------------------------------------------------------------------- early stopping
 @dataclass
 class EarlyStopping:
     """Patience counted in evaluations (FedE's code), on a higher-is-better score."""
@@ -162,7 +98,10 @@ class EarlyStopping:
     bad_evaluations: int = 0
 
     def update(self, value: float, round: int) -> bool:
-        """Record an evaluation; True when it is a strict improvement (a new best)."""
+        """Record an evaluation; True when it is a strict improvement (a new best).
+
+        NaN is never an improvement (a diverged federation must not become the best state).
+        """
         if value > self.best_metric:
             self.best_metric, self.best_round, self.bad_evaluations = float(value), int(round), 0
             return True
@@ -174,7 +113,6 @@ class EarlyStopping:
         return self.bad_evaluations >= self.patience
 
 
-# ---------------------------------------------------------------------------- helpers
 def load_federated_kg(cfg: ExperimentConfig):
     """The :class:`~lightning_fedkg.data.federated.FederatedKG` that ``cfg.data`` describes."""
     from lightning_fedkg.data import load_federated, load_kg, partition_by_relation
@@ -185,191 +123,177 @@ def load_federated_kg(cfg: ExperimentConfig):
     return partition_by_relation(load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
 
 
-def weighted_average(per_client: list[dict], weights: list[int], keys=METRIC_KEYS) -> dict:
-    """``Σ_k w_k m_k / Σ_k w_k`` per metric; clients with weight 0 are skipped."""
-    total = sum(w for w in weights if w > 0)
-    if total == 0:
-        return {k: math.nan for k in keys}
-    return {k: sum(w * float(m[k]) for m, w in zip(per_client, weights) if w > 0) / total for k in keys}
+def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
+    """The names a client aligns by: its vocabulary, or (unnamed test KGs) the loader's ids."""
+    entities = kg.entity_names or [f"entity:{int(g)}" for g in fkg.entity_index[k]]
+    relations = kg.relation_names or [f"relation:{int(g)}" for g in fkg.relation_index[k]]
+    return {"entity": list(entities), "relation": list(relations)}
 
 
-def format_table(metrics: dict) -> str:
-    """A FedE-Table-3-style table: one row per client and the triple-weighted average.
-
-    Columns: client, #test (test triples), MRR, H@1, H@5, H@10 (MR and H@3 stay in
-    ``metrics.json``). With a ``fusion`` block (FedE model fusion, tail-only test) three
-    more triple-weighted rows follow: ``single (fusion input)``, ``fede (fusion input)``
-    and ``fusion``.
-    """
-    cols = (("MRR", "mrr"), ("H@1", "hits@1"), ("H@5", "hits@5"), ("H@10", "hits@10"))
-    fusion = metrics.get("fusion")
-    width = 23 if fusion else 10
-    header = f"{'client':<{width}}{'#test':>8}" + "".join(f"{c:>9}" for c, _ in cols)
-    lines = []
-    if "strategy" in metrics:
-        lines.append(
-            f"strategy={metrics['strategy']}  rounds={metrics.get('rounds')}  "
-            f"best_round={metrics.get('best_round')}  bytes_sent={metrics.get('bytes_sent')}"
-        )
-    lines += [header, "-" * len(header)]
-
-    def row(label: str, n: Any, m: dict) -> str:
-        return f"{label:<{width}}{n!s:>8}" + "".join(f"{float(m[k]):>9.4f}" for _, k in cols)
-
-    clients = metrics.get("clients", [])
-    for k, m in enumerate(clients):
-        lines.append(row(str(k), m.get("triples", m.get("count", "")), m))
-    total = sum(int(m.get("triples", 0)) for m in clients)
-    lines.append("-" * len(header))
-    lines.append(row("weighted", total or "", metrics["test"]))
-    if fusion:
-        lines.append("model fusion (FedE §2.2.3; tail-only test, fit on valid):")
-        for label, block in (("single (fusion input)", fusion["single"]),
-                             ("fede (fusion input)", fusion["federated"]), ("fusion", fusion)):
-            lines.append(row(label, sum(int(m["triples"]) for m in block["clients"]), block["test"]))
-    return "\n".join(lines)
+def fingerprint(cfg: ExperimentConfig) -> dict:
+    """Settings a resumed run must share with the checkpoint it resumes: everything that
+    changes what a round computes. Free to change: the round budget (``federated.rounds``,
+    ``patience``), the run's name and folder, the device count and progress bar, and the
+    post-processing ``federated.fede`` section."""
+    d = asdict(cfg)
+    for key in ("name", "out_dir"):
+        d.pop(key)
+    d["trainer"] = {k: d["trainer"][k] for k in ("accelerator", "precision")}
+    for key in ("rounds", "patience", "fede", "record_payloads", "client_timeout", "max_retries"):
+        d["federated"].pop(key)
+    return d
 
 
-# ---------------------------------------------------------------------------- the run
 class FederatedRun:
-    """All parties of one federated experiment and the operations of the round loop.
+    """All parties of one federated experiment and the steps of the round loop.
 
-    :func:`run_federated` drives it; tests and notebooks can call the steps directly
-    (``train_round``, ``validate``, ``test``). With ``run_dir=None`` nothing is logged
-    to disk (used to evaluate a checkpoint).
+    :func:`run_federated` drives it; tests and notebooks call the steps directly
+    (:meth:`align`, :meth:`train_round`, :meth:`evaluate`). With ``run_dir=None`` nothing
+    is written (used to evaluate a checkpoint).
     """
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None) -> None:
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None, purge_step: int | None = None) -> None:
         fc = cfg.federated
         if fc.strategy == "none":
             raise ValueError("federated.strategy is 'none': use lightning_fedkg.training.run_kge")
-        if fc.rounds < 1 or fc.local_epochs < 1 or fc.eval_every < 1 or fc.patience < 1:
-            raise ValueError("federated.rounds, local_epochs, eval_every and patience must be >= 1")
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.strategy = STRATEGIES.get(fc.strategy)
+        self.task = TASKS.get(fc.task)()
         self.fkg = load_federated_kg(cfg)
         self.channel = Channel()
-        self.strategy: Strategy = build_strategy(fc.strategy)
-        self.clients = [self._make_client(k, client_name(k), kg) for k, kg in enumerate(self.fkg.clients)]
-        self.strategy.setup(
-            self.fkg, self.clients, cfg, channel=self.channel,
-            make_learner=lambda name, kg: self._make_client(-1, name, kg),
+        self._purge = purge_step
+        self.clients: list[Party] = [
+            self._make_party(client_name(k), kg, _item_names(kg, self.fkg, k)) for k, kg in enumerate(self.fkg.clients)
+        ]
+        self.client_halves = {p.name: self.strategy.Client(p, self.strategy) for p in self.clients}
+        in_process = self.strategy.in_process_only
+        ctx = ServerContext(
+            cfg, [p.name for p in self.clients], self.task,
+            fkg=self.fkg if in_process else None,
+            make_party=(lambda name, kg: self._make_party(name, kg, {})) if in_process else None,
         )
-        self.learners = self.strategy.learners(self.clients)
-        self.parties: dict[str, Client] = {}
-        for c in [*self.clients, *self.learners]:
-            self.parties.setdefault(c.name, c)
-        self.valid_triples = [kg.triples("valid").shape[0] for kg in self.fkg.clients]
-        self.test_triples = [kg.triples("test").shape[0] for kg in self.fkg.clients]
-        self.server_logger = (
-            TensorBoardLogger(self.run_dir, name="tb", version="server", default_hp_metric=False)
-            if self.run_dir is not None else None
-        )
+        self.server = self.strategy.Server(ctx, self.strategy)
+        self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None
+        self.failures: list[dict] = []
+        self.last_round = 0
 
-    def _make_client(self, index: int, name: str, kg) -> Client:
-        cfg = self.cfg
-        # Each party's init depends only on (seed, name), not on how many were built before.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.seed, name, "model"))
-            module = build_module(cfg, kg.num_entities, kg.num_relations)
-        datamodule = build_datamodule(kg, cfg, seed=derive_seed(cfg.seed, name, "data"))
-        batches = max(1, math.ceil(kg.triples("train").shape[0] / cfg.train.batch_size))
-        logger = (
-            TensorBoardLogger(self.run_dir, name="tb", version=name, default_hp_metric=False)
-            if self.run_dir is not None else False
-        )
-        with _quiet_lightning():
-            trainer = L.Trainer(
-                accelerator=cfg.trainer.accelerator,
-                devices=cfg.trainer.devices,
-                precision=cfg.trainer.precision,
-                logger=logger,
-                max_epochs=0,
-                log_every_n_steps=min(50, batches),
-                enable_progress_bar=False,
-                enable_checkpointing=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-            )
-        return Client(index=index, name=name, kg=kg, module=module, datamodule=datamodule, trainer=trainer)
+    def _make_party(self, name: str, kg, names) -> Party:
+        return build_party(self.cfg, self.task, name, kg, names, run_dir=self.run_dir, purge_step=self._purge)
 
-    # ------------------------------------------------------------------ round steps
-    def train_round(self, round: int) -> list[int]:
-        """Select, download, train E local epochs, upload, aggregate. Returns the selection."""
-        selected = self.strategy.select_clients(round)
-        self.strategy.distribute(round, selected, self.learners)
-        for k in selected:
-            self.learners[k].fit(self.cfg.federated.local_epochs)
-        self.strategy.collect(round, selected, self.learners)
-        return selected
+    # ------------------------------------------------------------------ who is who
+    @property
+    def parties(self) -> dict[str, Party]:
+        """Every party with weights: the clients, and a central one for in-process references."""
+        out = {p.name: p for p in self.clients}
+        central = getattr(self.server, "central", None)
+        if central is not None:
+            out[central.name] = central
+        return out
+
+    @property
+    def learners(self) -> list[Party]:
+        """The parties that train (the central party alone for *Entire*)."""
+        central = getattr(self.server, "central", None)
+        return [central] if central is not None else list(self.clients)
+
+    # ------------------------------------------------------------------ exchanges
+    def exchange(self, round: int, stage: str, messages: dict[str, Message], split: str | None = None):
+        """Send each message, let its client half answer, send the replies back.
+
+        Returns ``(replies, failures)``: ``{client: reply}`` of those that answered and
+        ``{client: reason}`` of those that raised or timed out. Empty messages are handed
+        over without touching the transport (nothing crosses).
+        """
+        down, up = WIRE_NAMES.get((stage, split) if split else stage, (f"{stage}_request", stage))
+        timeout = self.cfg.federated.client_timeout
+        replies, failures = {}, {}
+        for name, message in messages.items():
+            received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
+            start = time.perf_counter()
+            try:
+                reply = self.client_halves[name].handle(stage, received, round)
+            except Exception as err:  # a failing client must not take the federation down
+                failures[name] = f"{type(err).__name__}: {err}"
+                log.warning("round %d, %s: %s failed: %s", round, stage, name, failures[name])
+                continue
+            if timeout is not None and time.perf_counter() - start > timeout:
+                failures[name] = f"timeout after {time.perf_counter() - start:.1f} s"
+                log.warning("round %d, %s: %s %s", round, stage, name, failures[name])
+                continue
+            reply = reply if reply is not None else Message()
+            replies[name] = reply if reply.is_empty() else self.channel.send(name, SERVER, up, reply, round)
+        for name, reason in failures.items():
+            self.failures.append({"round": int(round), "stage": stage, "party": name, "error": reason})
+        return replies, failures
+
+    def align(self) -> None:
+        """Round 0: the server learns the holders of each item from keyed hashes."""
+        messages = self.server.configure_align()
+        if messages:
+            replies, failures = self.exchange(0, "align", messages)
+            self.server.aggregate_align(replies, failures)
+
+    def train_round(self, round: int) -> list[str]:
+        """Select, run every stage of the round, retry when too few answer. Returns the selection."""
+        fc = self.cfg.federated
+        selected = self.server.select_clients(round)
+        needed = min(fc.min_clients, len(selected))
+        for attempt in range(fc.max_retries + 1):
+            ok = True
+            for stage in self.server.stages:
+                messages = getattr(self.server, f"configure_{stage}")(round, selected)
+                replies, failures = self.exchange(round, stage, messages)
+                if len(replies) < needed:
+                    ok = False
+                    break
+                getattr(self.server, f"aggregate_{stage}")(round, replies, failures)
+            if ok:
+                self.last_round = round
+                return selected
+            log.warning("round %d: %d of %d clients answered (federated.min_clients=%d); retry %d of %d",
+                        round, len(replies), len(selected), fc.min_clients, attempt + 1, fc.max_retries)
+        raise RoundFailed(f"round {round}: fewer than federated.min_clients={fc.min_clients} clients answered "
+                          f"after {fc.max_retries} retries; failures: {self.failures[-len(selected):]}")
+
+    def load_evaluation_state(self, round: int, split: str = "test") -> None:
+        """Put into every client's module what it is evaluated with (FedE: the aggregated
+        rows), through the Channel, without evaluating."""
+        down = WIRE_NAMES[("evaluate", split)][0]
+        for name, message in self.server.configure_evaluate(round, split).items():
+            received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
+            self.client_halves[name].receive(received.arrays)
 
     def evaluate(self, split: str, round: int) -> tuple[dict, list[dict]]:
-        """Evaluate every client on ``split`` with what the strategy provides.
-
-        Returns ``(triple-weighted average, per-client metrics)``; per-client dicts carry
-        the metric keys plus ``count`` (ranked queries) and ``triples`` (evaluation triples).
-        """
-        name = "eval_download" if split == "val" else "test_download"
-        triples = self.valid_triples if split == "val" else self.test_triples
-        per_client = []
-        for k, client in enumerate(self.clients):
-            self.strategy.prepare_evaluation(k, client, round, name=name)
-            m = client.evaluate(split)
-            entry = {key: float(m[key]) for key in METRIC_KEYS}
-            entry["count"] = int(m["count"])
-            entry["triples"] = int(triples[k])
-            per_client.append(entry)
-        return weighted_average(per_client, triples), per_client
+        """Every client evaluates ``split``; returns the server's ``(weighted average, per-client)``."""
+        messages = self.server.configure_evaluate(round, split)
+        replies, failures = self.exchange(round, "evaluate", messages, split=split)
+        return self.server.aggregate_evaluate(round, split, replies, failures)
 
     # ------------------------------------------------------------------ state
-    def model_state(self) -> dict:
-        """What evaluation needs: strategy/server state and every party's weights."""
-        return {
-            "strategy": self.strategy.state_dict(),
-            "parties": {
-                n: {"module": {k: v.detach().cpu().clone() for k, v in c.module.state_dict().items()}}
-                for n, c in self.parties.items()
-            },
-        }
+    def party_states(self, weights_only: bool = False) -> dict[str, Any]:
+        """``{party: state}`` for a checkpoint: the server half and every client."""
+        if weights_only:
+            clients = {p.name: {"module": p.state_dict()["module"]} for p in self.clients}
+        else:
+            clients = {p.name: p.state_dict() for p in self.clients}
+        return {SERVER: self.server.state_dict(), **clients}
 
-    def full_state(self) -> dict:
-        """:meth:`model_state` plus optimizer and sampler states and the Channel log."""
-        return {
-            "strategy": self.strategy.state_dict(),
-            "parties": {n: c.state_dict() for n, c in self.parties.items()},
-            "channel": self.channel.state_dict(),
-        }
+    def load_party_states(self, load, weights_only: bool = False) -> None:
+        """Restore from ``load(party) -> state`` (reads one file per party)."""
+        self.server.load_state_dict(load(SERVER))
+        for p in self.clients:
+            p.load_state_dict(load(p.name), weights_only=weights_only)
 
-    def load_state(self, state: dict, weights_only: bool = False) -> None:
-        """Restore :meth:`model_state` or :meth:`full_state` output."""
-        self.strategy.load_state_dict(state["strategy"])
-        missing = set(self.parties) - set(state["parties"])
-        if missing:
-            raise KeyError(f"checkpoint lacks parties {sorted(missing)}")
-        for n, c in self.parties.items():
-            c.load_state_dict(state["parties"][n], weights_only=weights_only)
-        if not weights_only and "channel" in state:
-            self.channel.load_state_dict(state["channel"])
+    def log_server(self, scalars: dict, round: int) -> None:
+        if self.writer is not None:
+            self.writer.log(scalars, round)
 
-    def fingerprint(self) -> dict:
-        """Settings a resumed run must share with the checkpoint it resumes.
-
-        Everything that changes what a round computes; a resumed run may only change the
-        round budget (``federated.rounds``, ``federated.patience``), the ``trainer``
-        section (device, progress bar), the run's name/output folder and the model-fusion
-        keys (``federated.fusion*``, a post-processing step).
-        """
-        cfg = asdict(self.cfg)
-        for key in ("name", "out_dir", "trainer"):
-            cfg.pop(key)
-        for key in ("rounds", "patience", "fusion", "fusion_epochs", "fusion_lr", "fusion_margin",
-                    "fusion_negatives"):
-            cfg["federated"].pop(key)
-        return cfg
-
-    def log_server(self, metrics: dict, round: int) -> None:
-        if self.server_logger is not None:
-            self.server_logger.log_metrics(metrics, step=round)
+    def close(self) -> None:
+        self.channel.close()
+        for w in [self.writer, *(p.writer for p in self.parties.values())]:
+            if w is not None:
+                w.close()
 
 
 def _differences(saved: dict, current: dict, prefix: str = "") -> str:
@@ -386,66 +310,62 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> str:
     return ", ".join(out)
 
 
-def _metrics_payload(run: FederatedRun, avg: dict, per_client: list[dict], last_round: int,
-                     stopper: EarlyStopping, history: list[dict]) -> dict:
+def _summary(avg: dict, per_client: list[dict]) -> dict:
     test = dict(avg)
-    test["count"] = int(sum(m["count"] for m in per_client))
-    return {
-        "test": test,
-        "clients": per_client,
-        "rounds": int(last_round),
-        "best_round": int(stopper.best_round),
-        "bytes_sent": int(run.channel.total_bytes),
-        "strategy": run.cfg.federated.strategy,
-        "validation": history,
-    }
+    test["count"] = int(sum(m.get("count", 0) for m in per_client))
+    return test
 
 
 def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
-    """Run the federated experiment ``cfg`` in ``run_dir``; resume it if a checkpoint exists.
+    """Run the federated experiment ``cfg`` in ``run_dir``; resume it from its last committed round.
 
-    Writes ``checkpoints/last.pt`` after every round, ``checkpoints/best.pt`` at each new
-    best validation score, TensorBoard sub-runs ``tb/client_k`` and ``tb/server``, and at
-    the end ``metrics.json`` and ``channel_log.jsonl``.
+    Writes per-party checkpoints every round (``checkpoints/``), the best validation state,
+    TensorBoard sub-runs ``tb/<party>`` with the round as step, ``channel_log.jsonl`` as
+    transfers happen (and ``payloads/`` with ``federated.record_payloads``), and at the end
+    ``metrics.json``.
 
     Returns the ``metrics.json`` dict: ``test`` (triple-weighted mean over clients of
     ``mrr, mr, hits@1, hits@3, hits@5, hits@10``, plus ``count``), ``clients`` (the same per
-    client, plus ``count`` and ``triples``), ``rounds`` (rounds completed), ``best_round``,
-    ``bytes_sent`` (Channel total, evaluation downloads included), ``strategy`` and
-    ``validation`` (``[{round, mrr}]`` at each evaluation). With ``federated.fusion``
-    (FedE only) also ``fusion``: FedE's model fusion, see
-    :func:`~lightning_fedkg.federated.fusion_runner.run_fusion`.
+    client, plus ``count``, ``triples`` and ``name``), ``rounds`` (rounds completed),
+    ``best_round``, ``bytes_sent`` (tensor bytes of rounds >= 1, evaluation downloads
+    included), ``alignment_bytes`` (round 0), ``wire_bytes`` (serialized, all rounds),
+    ``strategy``, ``validation`` (``[{round, mrr}]``), ``failures`` (``[{round, stage, party,
+    error}]``) and one block per phase (FedE's ``fusion``).
     """
     run_dir = Path(run_dir)
     fc = cfg.federated
-    if fc.fusion:
-        from lightning_fedkg.federated.fusion_runner import check_fusion_config
-
-        check_fusion_config(cfg)
+    if fc.fede.fusion and fc.strategy != "fede":
+        raise ConfigError(f"federated.fede.fusion=true needs federated.strategy=fede, got {fc.strategy!r}")
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    run = FederatedRun(cfg, run_dir)
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    manifest_path = latest_manifest(ckpt_dir) if resume else None
+    manifest = read_manifest(manifest_path) if manifest_path else None
+    if manifest is not None and (manifest.get("version") != CHECKPOINT_VERSION or manifest["fingerprint"] != fingerprint(cfg)):
+        raise ConfigError(
+            f"{manifest_path} was written with different settings: "
+            f"{_differences(manifest.get('fingerprint') or {}, fingerprint(cfg))}; use another run directory"
+        )
+    last_round = int(manifest["round"]) if manifest else 0
+    run = FederatedRun(cfg, run_dir, purge_step=last_round + 1 if manifest else None)
     stopper = EarlyStopping(patience=fc.patience)
     history: list[dict] = []
-    last_round, stopped = 0, False
-
-    ckpt_dir = run_dir / CHECKPOINT_DIR
-    last_path, best_path = ckpt_dir / LAST, ckpt_dir / BEST
-    if resume and last_path.is_file():
-        ckpt = load_checkpoint(last_path)
-        if ckpt.get("version") != CHECKPOINT_VERSION or ckpt["fingerprint"] != run.fingerprint():
-            raise ConfigError(
-                f"{last_path} was written with different settings: "
-                f"{_differences(ckpt.get('fingerprint') or {}, run.fingerprint())}; "
-                "use another run directory or resume=False"
-            )
-        run.load_state(ckpt["state"])
+    stopped = False
+    if manifest is not None:
+        runner = load_party(manifest_path, manifest, RUNNER)
+        run.load_party_states(lambda party: load_party(manifest_path, manifest, party))
+        run.channel.load_state_dict(runner["channel"])
+        run.failures = list(runner["failures"])
         # The patience may be changed on resume; the counters carry over.
-        stopper = EarlyStopping(**{**ckpt["early_stopping"], "patience": fc.patience})
-        history = list(ckpt["history"])
-        last_round, stopped = int(ckpt["round"]), stopper.should_stop
-        restore_rng(ckpt["rng"])
+        stopper = EarlyStopping(**{**runner["early_stopping"], "patience": fc.patience})
+        history = list(runner["history"])
+        stopped = stopper.should_stop
+        restore_rng(runner["rng"])
+        run.last_round = last_round
         log.info("resuming %s after round %d", run_dir, last_round)
+    run.channel.open_log(run_dir / "channel_log.jsonl", run_dir / "payloads" if fc.record_payloads else None)
+    if manifest is None:
+        run.align()
 
     from tqdm import tqdm
 
@@ -456,65 +376,138 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
             if stopped:
                 break
             run.train_round(r)
-            server_log = {}
+            scalars = {}
             if r % fc.eval_every == 0 or r == fc.rounds:
                 avg, _ = run.evaluate("val", r)
-                history.append({"round": r, "mrr": avg["mrr"]})
-                if stopper.update(avg["mrr"], r):
-                    save_atomic({"version": CHECKPOINT_VERSION, "round": r, **run.model_state()}, best_path)
+                monitor = avg[run.task.monitor]
+                history.append({"round": r, run.task.monitor: monitor})
+                if stopper.update(monitor, r):
+                    commit_round(ckpt_dir, "best", run.party_states(weights_only=True),
+                                 {"version": CHECKPOINT_VERSION, "round": r})
                 stopped = stopper.should_stop
-                server_log.update({"val/mrr": avg["mrr"], "val/hits@10": avg["hits@10"]})
-                bar.set_postfix(val_mrr=f"{avg['mrr']:.4f}", best=f"{stopper.best_metric:.4f}@{stopper.best_round}")
-            # This round's traffic, evaluation downloads included.
-            server_log["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
-            server_log["comm/bytes_total"] = float(run.channel.total_bytes)
-            run.log_server(server_log, r)
+                scalars.update({f"val/{k}": v for k, v in avg.items()})
+                bar.set_postfix(val=f"{monitor:.4f}", best=f"{stopper.best_metric:.4f}@{stopper.best_round}")
+            scalars["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
+            scalars["comm/bytes_total"] = float(run.channel.total_bytes)
+            run.log_server(scalars, r)
             last_round = r
-            save_atomic(
-                {
-                    "version": CHECKPOINT_VERSION,
-                    "round": r,
-                    "stopped": stopped,
-                    "fingerprint": run.fingerprint(),
-                    "state": run.full_state(),
-                    "early_stopping": asdict(stopper),
-                    "history": history,
-                    "rng": capture_rng(),
-                },
-                last_path,
-            )
+            runner_state = {
+                "early_stopping": asdict(stopper),
+                "history": history,
+                "rng": capture_rng(),
+                "channel": run.channel.state_dict(),
+                "failures": run.failures,
+            }
+            commit_round(ckpt_dir, f"round_{r:04d}", {**run.party_states(), RUNNER: runner_state},
+                         {"version": CHECKPOINT_VERSION, "round": r, "stopped": stopped,
+                          "fingerprint": fingerprint(cfg)})
             bar.update(1)
     finally:
         bar.close()
 
+    best_path = ckpt_dir / "best.json"
     if not best_path.is_file():
+        run.close()
         raise RuntimeError(f"{best_path} is missing: no evaluation has completed")
-    best = load_checkpoint(best_path)
-    run.load_state(best, weights_only=True)
+    best = read_manifest(best_path)
+    run.load_party_states(lambda party: load_party(best_path, best, party), weights_only=True)
+    run.last_round = last_round
     avg, per_client = run.evaluate("test", last_round)
-    metrics = _metrics_payload(run, avg, per_client, last_round, stopper, history)
-    run.log_server({f"test/{k}": v for k, v in avg.items()}, last_round)
-    if run.server_logger is not None:
-        run.server_logger.save()
-    if fc.fusion:
-        from lightning_fedkg.federated.fusion_runner import run_fusion
-
-        metrics["fusion"] = run_fusion(cfg, run, run_dir)
+    records = run.channel.records()
+    metrics = {
+        "test": _summary(avg, per_client),
+        "clients": per_client,
+        "rounds": int(last_round),
+        "best_round": int(stopper.best_round),
+        "bytes_sent": int(sum(r.bytes for r in records if r.round >= 1)),
+        "alignment_bytes": int(sum(r.bytes for r in records if r.round == 0)),
+        "wire_bytes": int(run.channel.total_wire_bytes),
+        "strategy": fc.strategy,
+        "validation": history,
+        "failures": run.failures,
+    }
+    run.log_server({**{f"test/{k}": v for k, v in avg.items()},
+                    "comm/bytes_total": float(run.channel.total_bytes)}, last_round)
+    metrics.update(run_phases(run.strategy.phases(cfg), PhaseContext(cfg, run, run_dir, run.writer)))
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    run.channel.to_jsonl(run_dir / "channel_log.jsonl")
+    run.close()
     return metrics
 
 
-def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dict:
-    """Test every client with a saved ``best.pt`` or ``last.pt`` of a run of ``cfg``.
+def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[FederatedRun, int]:
+    """The parties of ``cfg`` with the weights of a committed checkpoint (a manifest, a run
+    folder's best state, or the former ``best.pt``/``last.pt`` names). Writes nothing.
+    Returns ``(run, round)``."""
+    manifest_path = resolve_manifest(ckpt)
+    manifest = read_manifest(manifest_path)
+    run = FederatedRun(cfg, run_dir=None)
+    run.load_party_states(lambda party: load_party(manifest_path, manifest, party), weights_only=True)
+    run.last_round = int(manifest.get("round", 0))
+    run.load_evaluation_state(run.last_round)
+    return run, run.last_round
 
-    Returns ``{"test", "clients"}`` as in ``metrics.json`` (nothing is written).
+
+def load_run_from(run_dir: str | Path) -> tuple[ExperimentConfig, FederatedRun]:
+    """``--from RUN_DIR``: a finished run's config and its parties at the best state.
+
+    The source folder is only read, never written (commands such as unlearn or audit write
+    into their own ``--out``).
+    """
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = config_from_yaml_text(config_path.read_text())
+    run, _ = restore_finished_run(cfg, run_dir)
+    return cfg, run
+
+
+def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dict:
+    """Test every client with a committed checkpoint of a run of ``cfg``.
+
+    Returns ``{"test", "clients", "strategy", "round"}`` as in ``metrics.json`` (nothing is written).
     """
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    run = FederatedRun(cfg, run_dir=None)
-    ckpt = load_checkpoint(ckpt_path)
-    run.load_state(ckpt.get("state", ckpt), weights_only=True)
-    avg, per_client = run.evaluate("test", int(ckpt.get("round", 0)))
-    test = dict(avg)
-    test["count"] = int(sum(m["count"] for m in per_client))
-    return {"test": test, "clients": per_client, "strategy": cfg.federated.strategy}
+    run, round_ = restore_finished_run(cfg, ckpt_path)
+    avg, per_client = run.evaluate("test", round_)
+    return {"test": _summary(avg, per_client), "clients": per_client, "strategy": cfg.federated.strategy,
+            "round": round_}
+
+
+def format_table(metrics: dict) -> str:
+    """A FedE-Table-3-style table: one row per client and the triple-weighted average.
+
+    Columns: client, #test (test triples), MRR, H@1, H@5, H@10 (MR and H@3 stay in
+    ``metrics.json``). With a ``fusion`` block (FedE model fusion, tail-only test) three
+    more triple-weighted rows follow: ``single (fusion input)``, ``fede (fusion input)``
+    and ``fusion``. The header names only the run facts present in ``metrics``.
+    """
+    cols = (("MRR", "mrr"), ("H@1", "hits@1"), ("H@5", "hits@5"), ("H@10", "hits@10"))
+    fusion = metrics.get("fusion")
+    width = 23 if fusion else 10
+    header = f"{'client':<{width}}{'#test':>8}" + "".join(f"{c:>9}" for c, _ in cols)
+    lines = []
+    facts = [f"{k}={metrics[k]}" for k in ("strategy", "rounds", "best_round", "bytes_sent", "round")
+             if metrics.get(k) is not None]
+    if facts:
+        lines.append("  ".join(facts))
+    lines += [header, "-" * len(header)]
+
+    def row(label: str, n: Any, m: dict) -> str:
+        return f"{label:<{width}}{n!s:>8}" + "".join(f"{float(m[k]):>9.4f}" for _, k in cols)
+
+    clients = metrics.get("clients", [])
+    for k, m in enumerate(clients):
+        if "failed" in m:
+            lines.append(f"{str(k):<{width}}  failed: {m['failed']}")
+        else:
+            lines.append(row(str(k), m.get("triples", m.get("count", "")), m))
+    total = sum(int(m.get("triples", 0)) for m in clients)
+    lines.append("-" * len(header))
+    lines.append(row("weighted", total or "", metrics["test"]))
+    if fusion:
+        lines.append("model fusion (FedE §2.2.3; tail-only test, fit on valid):")
+        for label, block in (("single (fusion input)", fusion["single"]),
+                             ("fede (fusion input)", fusion["federated"]), ("fusion", fusion)):
+            lines.append(row(label, sum(int(m["triples"]) for m in block["clients"]), block["test"]))
+    return "\n".join(lines)

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_fedkg.models.shareable import InitSpec, SharedGroup
+
 __all__ = [
     "KGEModel",
     "TransE",
@@ -114,6 +116,22 @@ class KGEModel(nn.Module):
         with torch.no_grad():
             for param in self.parameters(recurse=False):
                 param.uniform_(-self.embedding_range, self.embedding_range)
+
+    def init_spec(self, name: str) -> InitSpec:
+        """How :meth:`reset_parameters` draws one row of table ``name`` (as data)."""
+        return InitSpec("uniform", (-self.embedding_range, self.embedding_range))
+
+    def shareable_groups(self) -> dict[str, SharedGroup]:
+        """``{"entity": every entity_* table, "relation": every relation_* table}``, row-indexed."""
+        params = dict(self.named_parameters(recurse=False))
+
+        def group(names: list[str], index: str) -> SharedGroup:
+            return SharedGroup({n: params[n] for n in names}, index, {n: self.init_spec(n) for n in names})
+
+        return {
+            "entity": group(self.entity_parameter_names(), "entity"),
+            "relation": group(self.relation_parameter_names(), "relation"),
+        }
 
     def entity_parameter_names(self) -> list[str]:
         """Names of the per-entity tables (first dim ``N``), ``entity_emb`` first."""
@@ -437,6 +455,11 @@ class TransR(_TranslationalModel):
         with torch.no_grad():
             eye = torch.eye(self.relation_dim, self.dim, dtype=self.relation_matrix.dtype)
             self.relation_matrix.copy_(eye.reshape(1, -1).expand_as(self.relation_matrix))
+
+    def init_spec(self, name: str) -> InitSpec:
+        if name == "relation_matrix":
+            return InitSpec("eye", (self.relation_dim, self.dim))
+        return super().init_spec(name)
 
     def _matrix(self, r: Tensor) -> Tensor:
         return self.relation_matrix[r].view(-1, self.relation_dim, self.dim)

@@ -144,6 +144,10 @@ class KGEModule(L.LightningModule):
         self._last_stage: str | None = None
         self._optimizer: torch.optim.Optimizer | None = None
 
+    def shareable_groups(self) -> dict:
+        """The model's declared groups (``"entity"``, ``"relation"``); see :mod:`.shareable`."""
+        return self.model.shareable_groups()
+
     # ------------------------------------------------------------------ training
     def negative_scores(self, batch: dict) -> Tensor:
         """``[B, n]`` scores of the batch's negatives according to ``batch["mode"]``."""

@@ -1,61 +1,59 @@
-"""The Strategy interface: everything method-specific in a federated run lives behind it.
+"""Strategies as two halves that only exchange messages.
 
-The orchestrator (``federated/orchestrator.py``) only loops over rounds; a strategy says
-which clients train, what the server sends them, what they send back and how the server
-combines it. Per round the orchestrator calls::
+A federated method is a :class:`Strategy`: a pair of classes, a :class:`ServerHalf`
+(client selection, aggregation, server state) and a :class:`ClientHalf` (what one client
+does with what it receives, what it sends back, how it prepares for evaluation). Each half
+touches only its own party's objects; everything between them is a
+:class:`~lightning_fedkg.federated.message.Message` that a transport moves as bytes. The
+server half is shaped like Flower's ``Strategy`` (``configure_train`` / ``aggregate_train``
+/ ``configure_evaluate`` / ``aggregate_evaluate``), so a Flower deployment is a transport,
+not a rewrite.
 
-    selected = strategy.select_clients(round)
-    strategy.distribute(round, selected, learners)   # default: download(k) → Channel → merge
-    ...each selected learner fits E local epochs...
-    strategy.collect(round, selected, learners)      # default: upload → Channel → aggregate
-    # every eval_every rounds, for every client k:
-    strategy.prepare_evaluation(k, clients[k], round); clients[k] validates
+A round is a sequence of *stages* (:attr:`ServerHalf.stages`, default ``("train",)``). For
+stage ``s`` the runner calls ``server.configure_<s>(round, selected)`` → one message per
+client → ``client.on_<s>(message, round)`` → one reply each → ``server.aggregate_<s>(round,
+replies, failures)``. Secure aggregation, for instance, adds ``("keys", "masked", "recover")``.
+Before round 1 an ``align`` stage (round 0) lets the server learn, from keyed hashes only,
+which clients hold which items (:mod:`..alignment`).
 
-The fine-grained hooks (``download``, ``merge``, ``upload``, ``aggregate``) cover the
-server-client methods (FedE, FedR, FedLU's avatar table, secure aggregation's masked
-uploads). ``distribute``/``collect`` are the coarse extension points for protocols that do
-not fit "server sends, clients answer" — FKGE's peer-to-peer handshakes send
-``client_i → client_j`` through the same :class:`~lightning_fedkg.federated.channel.Channel`.
-A strategy may train other parties than the evaluating clients (``learners``), which is how
-the centralised *Entire* reference trains one model on the union graph.
-
-A *client* here is any object with ``index`` (int), ``name`` (``"client_k"``) and
-``module`` (a LightningModule with a ``model`` attribute, e.g.
-:class:`~lightning_fedkg.models.kge_module.KGEModule`); the orchestrator's
-:class:`~lightning_fedkg.federated.orchestrator.Client` adds the datamodule and Trainer.
+Parties are addressed by name (``"client_0"``); the server never holds a client object.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from lightning_fedkg.federated.channel import Channel
+from lightning_fedkg.federated.alignment import federation_key, hash_names
+from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.tasks import weighted_average
+from lightning_fedkg.registry import Registry
+from lightning_fedkg.seeding import derive_seed
 
 if TYPE_CHECKING:
     from lightning_fedkg.config import ExperimentConfig
 
 __all__ = [
     "SERVER",
+    "ServerContext",
+    "ServerHalf",
+    "ClientHalf",
     "Strategy",
+    "STRATEGIES",
     "client_name",
     "num_selected",
-    "parameters_by_prefix",
-    "read_parameters",
-    "write_parameters",
 ]
 
-#: The party name of the central server in Channel records.
+#: The party name of the central server on the transport.
 SERVER = "server"
-
-Payload = dict[str, Tensor]
 
 
 def client_name(k: int) -> str:
-    """The Channel party name of client ``k``."""
+    """The transport name of client ``k``."""
     return f"client_{k}"
 
 
@@ -66,146 +64,182 @@ def num_selected(fraction: float, num_clients: int) -> int:
     return min(num_clients, max(1, math.floor(fraction * num_clients + 0.5)))
 
 
-def parameters_by_prefix(model: nn.Module, prefix: str) -> dict[str, nn.Parameter]:
-    """The model's own (non-nested) parameters whose names start with ``prefix``.
+@dataclass
+class ServerContext:
+    """What a server half is built with.
 
-    The KGE parameter contract (``models/kge.py``): per-entity tables are named
-    ``entity_*`` and per-relation tables ``relation_*``, first dimension = number of rows.
-    """
-    return {n: p for n, p in model.named_parameters(recurse=False) if n.startswith(prefix)}
-
-
-def read_parameters(model: nn.Module, names: Sequence[str]) -> Payload:
-    """Detached views of the named parameters (the Channel copies them on send)."""
-    params = dict(model.named_parameters(recurse=False))
-    return {n: params[n].detach() for n in names}
-
-
-@torch.no_grad()
-def write_parameters(model: nn.Module, payload: Mapping[str, Tensor]) -> None:
-    """Copy ``payload`` into the model's parameters *in place*.
-
-    In-place keeps the ``Parameter`` objects, so an optimizer that persists across rounds
-    stays bound to them (LIBRARIES §2b). Shapes must match exactly.
-    """
-    params = dict(model.named_parameters(recurse=False))
-    for name, value in payload.items():
-        if name not in params:
-            raise KeyError(f"payload names unknown parameter {name!r}")
-        if params[name].shape != value.shape:
-            raise ValueError(
-                f"payload {name!r} has shape {tuple(value.shape)}, parameter has {tuple(params[name].shape)}"
-            )
-        params[name].copy_(value)
-
-
-class Strategy:
-    """Base class of federated settings; the defaults implement a silent, isolated run.
-
-    Subclasses override the hooks they need. Server-side state (union tables, index
-    maps, the client-selection generator) must be returned by :meth:`state_dict` so that
-    a run resumed from a checkpoint continues identically.
+    ``fkg`` and ``make_party`` exist only in-process and only for centralised references
+    (:class:`~.entire.Entire`); a real server half must not use them.
     """
 
-    #: The ``federated.strategy`` config value this class implements.
-    name: str = "base"
+    cfg: "ExperimentConfig"
+    clients: list[str]
+    task: Any
+    fkg: Any = None
+    make_party: Callable[[str, Any], Any] | None = None
 
-    def __init__(self) -> None:
-        self.channel: Channel = Channel()
-        self.generator = torch.Generator()
-        self.fraction: float = 1.0
-        self.num_learners: int = 0
 
-    # ------------------------------------------------------------------ setup
-    def setup(
-        self,
-        fkg: Any,
-        clients: Sequence[Any],
-        cfg: "ExperimentConfig",
-        *,
-        channel: Channel | None = None,
-        make_learner: Callable[[str, Any], Any] | None = None,
-    ) -> None:
-        """Build the server state before round 1.
+class ServerHalf:
+    """Server side of a strategy; the defaults select clients and exchange nothing else."""
 
-        Args:
-            fkg: the :class:`~lightning_fedkg.data.federated.FederatedKG` (index maps
-                ``entity_index``/``relation_index``, existence vectors, ``union()``).
-            clients: one client per KG of ``fkg``, in order; they are the parties evaluated.
-            cfg: the experiment config (``cfg.federated`` holds F, E, aggregation, ...).
-            channel: where every payload goes; a private one is created if omitted.
-            make_learner: ``(name, KnowledgeGraph) -> client`` factory for strategies that
-                train parties other than ``clients`` (Entire).
+    #: The exchange stages of one training round, in order.
+    stages: tuple[str, ...] = ("train",)
+
+    def __init__(self, ctx: ServerContext, strategy: type["Strategy"]) -> None:
+        self.cfg = ctx.cfg
+        self.clients = list(ctx.clients)
+        self.task = ctx.task
+        self.groups = strategy.groups
+        self.fraction = ctx.cfg.federated.fraction
+        self.generator = torch.Generator().manual_seed(derive_seed(ctx.cfg.seed, SERVER, "selection"))
+
+    # ---------------------------------------------------------------- round 0
+    def configure_align(self) -> dict[str, Message]:
+        """Alignment requests (round 0); none by default."""
+        return {}
+
+    def aggregate_align(self, replies: dict[str, Message], failures: dict[str, str]) -> None:
+        """Build the server state from the clients' alignment replies."""
+
+    # ---------------------------------------------------------------- training
+    def select_clients(self, round: int) -> list[str]:
+        """``max(round(F·C), 1)`` clients drawn without replacement (seeded, resumable)."""
+        m = num_selected(self.fraction, len(self.clients))
+        perm = torch.randperm(len(self.clients), generator=self.generator)
+        return [self.clients[i] for i in sorted(int(i) for i in perm[:m])]
+
+    def configure_train(self, round: int, selected: list[str]) -> dict[str, Message]:
+        """One message per selected client (default: an empty one, nothing crosses)."""
+        return {name: Message() for name in selected}
+
+    def aggregate_train(self, round: int, replies: dict[str, Message], failures: dict[str, str]) -> None:
+        """Combine the replies of the clients that answered into the server state."""
+
+    # ---------------------------------------------------------------- evaluation
+    def configure_evaluate(self, round: int, split: str) -> dict[str, Message]:
+        """Every client evaluates ``split`` with what it holds (default: nothing sent but the split)."""
+        return {name: Message(config={"split": split}) for name in self.clients}
+
+    def aggregate_evaluate(
+        self, round: int, split: str, replies: dict[str, Message], failures: dict[str, str]
+    ) -> tuple[dict, list[dict]]:
+        """``(weighted average, per-client entries in client order)`` from the reported metrics.
+
+        A client that failed gets ``{"name", "failed"}`` and no weight.
         """
-        if channel is not None:
-            self.channel = channel
-        self.fraction = cfg.federated.fraction
-        self.generator.manual_seed(int(cfg.seed) + 7919)
-        self.num_learners = len(self.learners(clients))
+        per_client = []
+        for name in self.clients:
+            if name in replies:
+                per_client.append({"name": name, **replies[name].metrics})
+            else:
+                per_client.append({"name": name, "failed": failures.get(name, "no reply"), "triples": 0})
+        avg = weighted_average(per_client, self.task.metric_keys)
+        return avg, per_client
 
-    def learners(self, clients: Sequence[Any]) -> list[Any]:
-        """The parties that train each round (indices of ``select_clients`` refer to them)."""
-        return list(clients)
-
-    # ------------------------------------------------------------------ per round
-    def select_clients(self, round: int, generator: torch.Generator | None = None) -> list[int]:
-        """Sorted indices of the learners that train in ``round``.
-
-        Default: ``max(round(F·C), 1)`` learners drawn uniformly without replacement from
-        the strategy's own seeded generator (part of :meth:`state_dict`), or from
-        ``generator`` when given.
-        """
-        g = generator if generator is not None else self.generator
-        m = num_selected(self.fraction, self.num_learners)
-        perm = torch.randperm(self.num_learners, generator=g)
-        return sorted(int(i) for i in perm[:m])
-
-    def download(self, k: int) -> Payload | None:
-        """Server → learner ``k`` payload at the start of a round (``None``: nothing to send)."""
-        return None
-
-    def merge(self, client: Any, payload: Payload) -> None:
-        """Learner-side: apply a received download to its own module."""
-
-    def upload(self, client: Any) -> Payload | None:
-        """Learner → server payload after local training (``None``: nothing to send)."""
-        return None
-
-    def aggregate(self, uploads: dict[int, Payload]) -> None:
-        """Server-side: combine ``{learner index: received upload}`` into the server state."""
-
-    def distribute(self, round: int, selected: Sequence[int], learners: Sequence[Any]) -> None:
-        """Move the round's downloads over the Channel and merge them (per selected learner)."""
-        for k in selected:
-            payload = self.download(k)
-            if payload is None:
-                continue
-            received = self.channel.send(SERVER, learners[k].name, "download", payload, round)
-            self.merge(learners[k], received)
-
-    def collect(self, round: int, selected: Sequence[int], learners: Sequence[Any]) -> None:
-        """Move the selected learners' uploads over the Channel, then :meth:`aggregate`."""
-        uploads: dict[int, Payload] = {}
-        for k in selected:
-            payload = self.upload(learners[k])
-            if payload is None:
-                continue
-            uploads[k] = self.channel.send(learners[k].name, SERVER, "upload", payload, round)
-        if uploads:
-            self.aggregate(uploads)
-
-    def prepare_evaluation(self, k: int, client: Any, round: int, name: str = "eval_download") -> None:
-        """Put into ``client.module`` what client ``k`` is evaluated with (default: its own state).
-
-        Anything a server contributes must travel through the Channel, logged in ``round``
-        under ``name`` (``eval_download`` for validation, ``test_download`` for the test).
-        """
-
-    # ------------------------------------------------------------------ state
+    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """Server state needed to resume; subclasses extend the dict."""
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
         self.generator.set_state(state["generator"])
+
+
+class ClientHalf:
+    """Client side of a strategy: acts on its own :class:`~..party.Party` only."""
+
+    def __init__(self, party: Any, strategy: type["Strategy"]) -> None:
+        self.party = party
+        self.cfg = party.cfg
+        self.groups = strategy.groups
+        self._key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
+
+    def handle(self, stage: str, message: Message, round: int) -> Message | None:
+        """Dispatch ``stage`` to ``on_<stage>``."""
+        handler = getattr(self, f"on_{stage}", None)
+        if handler is None:
+            raise NotImplementedError(f"{type(self).__name__} has no handler for stage {stage!r}")
+        return handler(message, round)
+
+    # ---------------------------------------------------------------- shared groups
+    def shared(self) -> dict:
+        """This method's declared groups of the party's module (``{name: SharedGroup}``)."""
+        groups = self.party.module.shareable_groups()
+        missing = [g for g in self.groups if g not in groups]
+        if missing:
+            raise KeyError(f"{self.party.name}: the module declares no shareable group {missing}; "
+                           f"it has {sorted(groups)}")
+        return {g: groups[g] for g in self.groups}
+
+    def receive(self, arrays: Mapping[str, Tensor]) -> None:
+        """Write received tensors into the groups that own them (in place)."""
+        if not arrays:
+            return
+        left = dict(arrays)
+        for group in self.shared().values():
+            mine = {n: left.pop(n) for n in list(left) if n in group.tensors}
+            group.write(mine)
+        if left:
+            raise KeyError(f"{self.party.name} received tensors outside its shared groups: {sorted(left)}")
+
+    def upload(self) -> dict[str, Tensor]:
+        """The current values of every shared group's tensors."""
+        out: dict[str, Tensor] = {}
+        for group in self.shared().values():
+            out.update(group.read())
+        return out
+
+    # ---------------------------------------------------------------- stages
+    def on_align(self, message: Message, round: int) -> Message:
+        """Keyed hashes of the names of every row index the shared groups use, plus their specs."""
+        groups = self.shared()
+        indexes = sorted({g.index for g in groups.values() if g.index is not None})
+        arrays = {f"{index}_digests": hash_names(self.party.names[index], self._key) for index in indexes}
+        return Message(arrays=arrays, config={"groups": {n: g.spec() for n, g in groups.items()}})
+
+    def on_train(self, message: Message, round: int) -> Message:
+        """Apply the download, train E local epochs, send back the shared groups."""
+        self.receive(message.arrays)
+        stats = self.party.fit(self.cfg.federated.local_epochs)
+        self.party.log({"train/loss": stats["loss"]}, round)
+        return Message(arrays=self.upload(), metrics=stats)
+
+    def on_evaluate(self, message: Message, round: int) -> Message:
+        """Apply what the server sent, evaluate the requested split, report the metrics."""
+        self.receive(message.arrays)
+        split = message.config["split"]
+        entry = self.party.evaluate(split)
+        self.party.log({f"{split}/{k}": v for k, v in entry.items() if k in self.party.task.metric_keys}, round)
+        return Message(metrics=entry)
+
+
+class Strategy:
+    """A federated method: which server and client halves, which groups they move.
+
+    Attributes:
+        name: the ``federated.strategy`` value.
+        Server, Client: the halves.
+        groups: names of the module's shareable groups this method exchanges.
+        in_process_only: True for centralised references that cannot be split into halves.
+        config_class: dataclass of the method's own ``federated.<name>`` section, or None.
+    """
+
+    name = "base"
+    Server: type[ServerHalf] = ServerHalf
+    Client: type[ClientHalf] = ClientHalf
+    groups: tuple[str, ...] = ()
+    in_process_only: bool = False
+    config_class: type | None = None
+
+    @classmethod
+    def phases(cls, cfg: "ExperimentConfig") -> list[str]:
+        """Post-training phases this method runs under ``cfg`` (names in :data:`~..phases.PHASES`)."""
+        return []
+
+
+def _load_builtin_strategies() -> None:
+    from lightning_fedkg.federated.strategies import entire, fede, fedr, single  # noqa: F401
+
+
+#: ``federated.strategy`` name → :class:`Strategy` subclass (or an import path in the config).
+STRATEGIES: Registry[Strategy] = Registry("federated strategy", base=Strategy, loader=_load_builtin_strategies)

@@ -3,14 +3,12 @@
 Zhang et al., "Efficient Federated Learning on Knowledge Graphs via Privacy-preserving
 Relation Embedding Aggregation", Findings of EMNLP 2022 (arXiv 2203.09553). The server
 keeps a union *relation* table and averages each relation over the clients that hold it,
-with the engine of FedE (:class:`~.fede.HolderMeanStrategy`); **entity embeddings never
-leave a client**.
+with the engine of FedE (:class:`~.fede.HolderMeanServer`) over the module's
+``"relation"`` group; **entity embeddings never leave a client**.
 
-What FedR additionally prescribes and this strategy does **not** implement yet:
-
-* relation alignment by *Private Set Union* — here the union relation table and index
-  maps come from the data layer, as if the union were already computed;
-* *Secure Aggregation* of the uploads — here the server sees every relation row in clear.
+Relation alignment uses keyed hashes (round 0, :mod:`..alignment`) where FedR prescribes a
+Private Set Union; the uploads are in clear where FedR prescribes Secure Aggregation (a
+later masked-upload stage).
 
 On relation-partitioned benchmarks (FedE's Fed-k, FedLU's R-k/C-k, FedCQA splits) the
 clients' relation sets are **disjoint**, so every relation has exactly one holder, the
@@ -21,21 +19,17 @@ with shared relations.
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from lightning_fedkg.federated.strategies.fede import HolderMeanStrategy
+from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, Strategy
+from lightning_fedkg.federated.strategies.fede import HolderMeanServer
 
 __all__ = ["FedR"]
 
 
-class FedR(HolderMeanStrategy):
-    """FedR: holder-mean of ``relation_*`` tables over ``relation_index``; entities stay local."""
+@STRATEGIES.register()
+class FedR(Strategy):
+    """FedR: holder-mean of the ``"relation"`` group; entities stay local."""
 
     name = "fedr"
-    prefix = "relation_"
-
-    def index_maps(self, fkg) -> list[Tensor]:
-        return list(fkg.relation_index)
-
-    def existence(self, fkg) -> Tensor:
-        return fkg.relation_existence()
+    Server = HolderMeanServer
+    Client = ClientHalf
+    groups = ("relation",)

@@ -2,20 +2,25 @@
 
 The lower reference of FedE, Chen et al., IJCKG 2021, §3.1. Every client trains in every
 round, whatever ``federated.fraction`` says: sampling only matters when something is shared.
+No array ever crosses; clients report only their evaluation metrics.
 """
 
 from __future__ import annotations
 
-from lightning_fedkg.federated.strategies.base import Strategy
+from lightning_fedkg.federated.strategies.base import STRATEGIES, ServerHalf, Strategy
 
 __all__ = ["Single"]
 
 
+class SingleServer(ServerHalf):
+    def select_clients(self, round: int) -> list[str]:
+        """Every client, every round (no draw from the selection generator)."""
+        return list(self.clients)
+
+
+@STRATEGIES.register()
 class Single(Strategy):
-    """Isolated training: all learners every round, no Channel traffic at all."""
+    """Isolated training: all clients every round, no arrays on the wire."""
 
     name = "single"
-
-    def select_clients(self, round: int, generator=None) -> list[int]:
-        """Every client, every round (no draw from the selection generator)."""
-        return list(range(self.num_learners))
+    Server = SingleServer

@@ -1,0 +1,184 @@
+"""A party's own objects: its KG, LightningModule, DataModule, persistent Trainer, logger.
+
+A :class:`Party` is what one organisation runs. Client halves of strategies
+(:mod:`.strategies.base`) act on their own party only; nothing here knows about other
+parties or the server. Each party keeps one ``lightning.Trainer`` for the whole run
+(counters persist on a reused Trainer, LIBRARIES §2b): every :meth:`Party.fit` raises
+``fit_loop.max_epochs`` by E. Per-round scalars go to the party's own TensorBoard
+sub-run with the *round* as step, so clients overlay round by round, a resumed run
+continues the same axis, and one event file serves the whole process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import lightning as L
+import torch
+
+from lightning_fedkg.seeding import derive_seed
+
+__all__ = ["Party", "build_party", "party_config", "quiet_lightning", "RoundWriter"]
+
+log = logging.getLogger("lightning_fedkg")
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's per-call chatter (device banners, single-process loader hints).
+
+    A federated run calls ``fit``/``validate`` thousands of times; these messages would
+    repeat on every call and say nothing the run does not already know.
+    """
+    names = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+             "lightning.fabric.utilities.seed")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for message in (".*does not have many workers.*", ".*no `val_dataloader`.*",
+                            ".*smaller than the logging interval.*", ".*LeafSpec.*",
+                            ".*`IterableDataset` has `__len__` defined.*"):
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+class RoundWriter:
+    """Per-round scalars of one party in ``<run_dir>/tb/<party>/``, step = round.
+
+    ``purge_step`` drops events a crashed run wrote after the round it is resumed from.
+    """
+
+    def __init__(self, run_dir: str | Path, party: str, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(Path(run_dir) / "tb" / party), purge_step=purge_step)
+
+    def log(self, scalars: dict[str, float], round: int) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, float(value), global_step=int(round))
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def party_config(cfg, name: str):
+    """``cfg`` with ``federated.parties[name]`` merged in (per-party model/train overrides)."""
+    overrides = (cfg.federated.parties or {}).get(name)
+    if not overrides:
+        return cfg
+    from omegaconf import OmegaConf
+
+    from lightning_fedkg.config import ConfigError
+
+    allowed = {"model", "train"}
+    bad = set(overrides) - allowed
+    if bad:
+        raise ConfigError(
+            f"federated.parties.{name}: only {sorted(allowed)} may differ per party, got {sorted(bad)}"
+        )
+    merged = OmegaConf.merge(OmegaConf.structured(copy.deepcopy(cfg)), {k: dict(v) for k, v in overrides.items()})
+    return OmegaConf.to_object(merged)
+
+
+class Party:
+    """One party's module + datamodule + Trainer, built by a :class:`~.tasks.Task`.
+
+    Attributes:
+        name: the party's address on the transport (``"client_0"``, ``"central"``).
+        kg: its :class:`~lightning_fedkg.data.kg.KnowledgeGraph` (local ids).
+        names: ``{"entity": [...], "relation": [...]}`` item names used for alignment.
+        cfg: its config (the experiment config with its per-party overrides).
+    """
+
+    def __init__(self, name: str, kg: Any, task: Any, cfg: Any, names: dict[str, list[str]],
+                 writer: RoundWriter | None = None) -> None:
+        self.name, self.kg, self.task, self.cfg, self.names = name, kg, task, cfg, names
+        # Each party's init depends only on (seed, name), not on how many were built before.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, name, "model"))
+            self.module = task.build_module(cfg, kg)
+        self.datamodule = task.build_datamodule(cfg, kg, seed=derive_seed(cfg.seed, name, "data"))
+        self.writer = writer
+        batches = max(1, math.ceil(kg.triples("train").shape[0] / cfg.train.batch_size))
+        with quiet_lightning():
+            self.trainer = L.Trainer(
+                accelerator=cfg.trainer.accelerator,
+                devices=cfg.trainer.devices,
+                precision=cfg.trainer.precision,
+                logger=False,
+                max_epochs=0,
+                log_every_n_steps=min(50, batches),
+                enable_progress_bar=False,
+                enable_checkpointing=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+            )
+
+    @property
+    def model(self):
+        return self.module.model
+
+    def fit(self, epochs: int) -> dict:
+        """Train ``epochs`` more epochs on the local train split; returns ``{"loss", "examples"}``."""
+        self.trainer.fit_loop.max_epochs = self.trainer.current_epoch + int(epochs)
+        with quiet_lightning():
+            self.trainer.fit(self.module, train_dataloaders=self.datamodule.train_dataloader())
+        loss = self.trainer.callback_metrics.get("train/loss_epoch")
+        return {"loss": float(loss) if loss is not None else math.nan,
+                "examples": int(self.kg.triples("train").shape[0])}
+
+    def run_evaluation(self, split: str) -> dict:
+        """The module's metric dict after validating/testing on ``"val"``/``"test"``."""
+        with quiet_lightning():
+            if split == "val":
+                self.trainer.validate(self.module, dataloaders=self.datamodule.val_dataloader(), verbose=False)
+            elif split == "test":
+                self.trainer.test(self.module, dataloaders=self.datamodule.test_dataloader(), verbose=False)
+            else:
+                raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        return dict(self.module.last_metrics[split])
+
+    def evaluate(self, split: str) -> dict:
+        """The task's per-party entry for ``split`` (metric keys, ``count``, ``triples``)."""
+        return self.task.evaluate(self, split)
+
+    def log(self, scalars: dict[str, float], round: int) -> None:
+        if self.writer is not None:
+            self.writer.log(scalars, round)
+
+    def state_dict(self) -> dict:
+        """Module weights, persistent optimizer state (if any) and the datamodule's sampler state."""
+        persistent = not self.module.hparams.get("reset_optimizer", True)
+        return {
+            "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
+            "optimizer": self.module.optimizer_state_dict() if persistent else None,
+            "datamodule": self.datamodule.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+        """Restore :meth:`state_dict` in place (the same Parameter objects keep living)."""
+        self.module.load_state_dict(state["module"])
+        if weights_only:
+            return
+        if state.get("optimizer") is not None:
+            self.module.load_optimizer_state_dict(state["optimizer"])
+        self.datamodule.load_state_dict(state["datamodule"])
+
+
+def build_party(cfg, task, name: str, kg, names: dict[str, list[str]], run_dir=None, purge_step=None) -> Party:
+    """A :class:`Party` for ``kg`` with ``name``'s per-party config and, with ``run_dir``, a writer."""
+    writer = RoundWriter(run_dir, name, purge_step) if run_dir is not None else None
+    return Party(name, kg, task, party_config(cfg, name), names, writer)

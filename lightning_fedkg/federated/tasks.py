@@ -1,0 +1,92 @@
+"""Tasks: what a party learns and how it is evaluated.
+
+A :class:`Task` says which LightningModule and DataModule a party builds, how it is
+evaluated on a split, which metrics it reports, which single number early stopping
+watches (:attr:`Task.monitor`) and how parties are weighted in the federation-wide average
+(:meth:`Task.weight`). :class:`LinkPrediction` is the default: filtered ranks among the
+party's own entities, weighted by evaluation triples (FedE, Chen et al., IJCKG 2021, §3.1).
+Tasks register in :data:`TASKS`; a config names one by ``federated.task`` (or an import path).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from lightning_fedkg.registry import Registry
+
+if TYPE_CHECKING:
+    from lightning_fedkg.config import ExperimentConfig
+
+__all__ = ["Task", "LinkPrediction", "TASKS", "METRIC_KEYS", "weighted_average", "client_entry"]
+
+METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
+
+
+class Task:
+    """Base class of tasks; subclasses implement every method."""
+
+    name = "task"
+    #: The metric early stopping maximises (after weighting).
+    monitor = "mrr"
+    #: Metric keys a party reports for a split.
+    metric_keys: tuple[str, ...] = ()
+
+    def build_module(self, cfg: "ExperimentConfig", kg: Any):
+        raise NotImplementedError
+
+    def build_datamodule(self, cfg: "ExperimentConfig", kg: Any, seed: int):
+        raise NotImplementedError
+
+    def evaluate(self, party: Any, split: str) -> dict:
+        """``{metric: float, "count": int, "weight": int}`` of ``party`` on ``split``."""
+        raise NotImplementedError
+
+    def weight(self, kg: Any, split: str) -> int:
+        raise NotImplementedError
+
+
+TASKS: Registry[Task] = Registry("task", base=Task)
+
+
+@TASKS.register()
+class LinkPrediction(Task):
+    """Filtered link prediction (MRR, MR, Hits@k) with a KGE module."""
+
+    name = "link_prediction"
+    metric_keys = METRIC_KEYS
+
+    def build_module(self, cfg, kg):
+        from lightning_fedkg.training import build_module
+
+        return build_module(cfg, kg.num_entities, kg.num_relations)
+
+    def build_datamodule(self, cfg, kg, seed):
+        from lightning_fedkg.training import build_datamodule
+
+        return build_datamodule(kg, cfg, seed=seed)
+
+    def evaluate(self, party, split):
+        metrics = party.run_evaluation(split)
+        return client_entry(metrics, self.weight(party.kg, split), self.metric_keys)
+
+    def weight(self, kg, split):
+        return int(kg.triples("valid" if split == "val" else split).shape[0])
+
+
+def client_entry(metrics: dict, triples: int, keys=METRIC_KEYS) -> dict:
+    """One party's ``metrics.json`` entry: the metric keys as floats, ``count``, ``triples``."""
+    entry = {k: float(metrics[k]) for k in keys}
+    entry["count"] = int(metrics.get("count", 0))
+    entry["triples"] = int(triples)
+    return entry
+
+
+def weighted_average(entries, keys=METRIC_KEYS, weight_key: str = "triples") -> dict:
+    """``Σ_k w_k m_k / Σ_k w_k`` per key over ``entries`` with ``w_k = entry[weight_key] > 0``
+    (parties with no evaluation triples, or that failed, carry no weight)."""
+    used = [e for e in entries if e.get(weight_key, 0) > 0]
+    total = sum(e[weight_key] for e in used)
+    if total == 0:
+        return {k: math.nan for k in keys}
+    return {k: sum(e[weight_key] * float(e[k]) for e in used) / total for k in keys}
