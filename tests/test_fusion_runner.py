@@ -1,4 +1,4 @@
-"""``federated.fusion: true``: FedE model fusion (Chen et al., IJCKG 2021, §2.2.3) after a run.
+"""``federated.fede.fusion: true``: FedE model fusion (Chen et al., IJCKG 2021, §2.2.3) after a run.
 
 One FedE run with fusion on the bundled UMLS KG in 3 clients (TransE, dim 32, 20 rounds) is
 shared by the tests (module-scoped fixture). The evaluation is FedE's: tail-only with
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.federated.checkpoint import BEST, CHECKPOINT_DIR, LAST
-from lightning_fedkg.federated.fusion_runner import SINGLE_DIR, obtain_single_run, restore_run
+from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest
+from lightning_fedkg.federated.fusion_runner import SINGLE_DIR, obtain_single_run
+from lightning_fedkg.federated.orchestrator import restore_finished_run
 from lightning_fedkg.federated.orchestrator import METRIC_KEYS, format_table, run_federated
 from lightning_fedkg.models.fusion import ScoreFusion, evaluate_fusion
 
@@ -41,8 +42,8 @@ def umls_config(strategy: str = "fede", **overrides):
         "federated.local_epochs": 1,
         "federated.eval_every": 5,
         "federated.patience": 5,
-        "federated.fusion": True,
-        "federated.fusion_epochs": 500,
+        "federated.fede.fusion": True,
+        "federated.fede.fusion_epochs": 500,
     }
     base.update(overrides)
     return load_config(None, [f"{k}={v}" for k, v in base.items()])
@@ -75,7 +76,7 @@ def test_metrics_hold_the_fusion_block_with_triple_weighted_averages(fused):
     # The Single run was trained in its own resumable, early-stopped sub-run.
     single_metrics = json.loads((run_dir / SINGLE_DIR / "metrics.json").read_text())
     assert single_metrics["strategy"] == "single"
-    assert (run_dir / SINGLE_DIR / CHECKPOINT_DIR / BEST).is_file()
+    assert (run_dir / SINGLE_DIR / CHECKPOINT_DIR / "best.json").is_file()
 
 
 def test_fusion_inputs_are_the_tested_fede_and_single_models(fused):
@@ -97,7 +98,7 @@ def test_forced_weights_reproduce_each_input_and_the_recorded_fusion(fused):
     # run's, and the recorded (weights, bias) the fused entry of metrics.json. Equality is
     # exact: identical scores give identical ranks, summed in the same batches.
     cfg, metrics, run_dir = fused
-    fed_run = restore_run(cfg, run_dir / CHECKPOINT_DIR / BEST)
+    fed_run, _ = restore_finished_run(cfg, run_dir / CHECKPOINT_DIR / "best.json")
     single_run = obtain_single_run(cfg, run_dir)  # reuses the finished Single run
     single_metrics = json.loads((run_dir / SINGLE_DIR / "metrics.json").read_text())
     for k, (fed, single) in enumerate(zip(fed_run.clients, single_run.clients)):
@@ -150,12 +151,12 @@ def test_rerun_reuses_the_single_run_and_repeats_the_fusion(fused):
     # reused as it is, and the seeded fit gives the same fusion block. Changing a fusion
     # hyperparameter does not block resuming (fusion keys are not in the fingerprint).
     cfg, metrics, run_dir = fused
-    single_last = run_dir / SINGLE_DIR / CHECKPOINT_DIR / LAST
+    single_last = latest_manifest(run_dir / SINGLE_DIR / CHECKPOINT_DIR)
     stamp = single_last.stat().st_mtime_ns
     again = run_federated(cfg, run_dir)
     assert again["fusion"] == metrics["fusion"]
     assert single_last.stat().st_mtime_ns == stamp
-    fewer = run_federated(umls_config(**{"federated.fusion_epochs": 10}), run_dir)
+    fewer = run_federated(umls_config(**{"federated.fede.fusion_epochs": 10}), run_dir)
     assert fewer["fusion"]["single"] == metrics["fusion"]["single"]
     assert fewer["fusion"]["clients"][0]["weights"] != metrics["fusion"]["clients"][0]["weights"]
     run_federated(cfg, run_dir)  # leave metrics.json as the fixture wrote it
@@ -164,6 +165,6 @@ def test_rerun_reuses_the_single_run_and_repeats_the_fusion(fused):
 @pytest.mark.parametrize("strategy", ["single", "entire", "fedr"])
 def test_fusion_needs_the_fede_strategy(strategy, tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(ConfigError, match="federated.fusion=true needs federated.strategy=fede"):
+    with pytest.raises(ConfigError, match="federated.fede.fusion=true needs federated.strategy=fede"):
         run_federated(umls_config(strategy), run_dir)
     assert not run_dir.exists()  # refused before anything was written

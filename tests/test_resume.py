@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 
-from lightning_fedkg.federated.checkpoint import load_checkpoint
+from lightning_fedkg.federated.checkpoint import latest_manifest, read_manifest
 
 ROUNDS = 6
 
@@ -51,10 +51,8 @@ def finish(proc: subprocess.Popen) -> None:
 
 
 def completed_round(run_dir: Path) -> int:
-    last = run_dir / "checkpoints" / "last.pt"
-    if not last.is_file():
-        return 0
-    return int(load_checkpoint(last)["round"])
+    last = latest_manifest(run_dir / "checkpoints")
+    return 0 if last is None else int(read_manifest(last)["round"])
 
 
 def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path):

@@ -177,6 +177,7 @@ class FederatedRun:
         self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None
         self.failures: list[dict] = []
         self.last_round = 0
+        self.aligned = False
 
     def _make_party(self, name: str, kg, names) -> Party:
         return build_party(self.cfg, self.task, name, kg, names, run_dir=self.run_dir, purge_step=self._purge)
@@ -233,10 +234,13 @@ class FederatedRun:
         if messages:
             replies, failures = self.exchange(0, "align", messages)
             self.server.aggregate_align(replies, failures)
+        self.aligned = True
 
     def train_round(self, round: int) -> list[str]:
         """Select, run every stage of the round, retry when too few answer. Returns the selection."""
         fc = self.cfg.federated
+        if not self.aligned:
+            self.align()
         selected = self.server.select_clients(round)
         needed = min(fc.min_clients, len(selected))
         for attempt in range(fc.max_retries + 1):
@@ -266,6 +270,8 @@ class FederatedRun:
 
     def evaluate(self, split: str, round: int) -> tuple[dict, list[dict]]:
         """Every client evaluates ``split``; returns the server's ``(weighted average, per-client)``."""
+        if not self.aligned:
+            self.align()
         messages = self.server.configure_evaluate(round, split)
         replies, failures = self.exchange(round, "evaluate", messages, split=split)
         return self.server.aggregate_evaluate(round, split, replies, failures)
@@ -284,6 +290,7 @@ class FederatedRun:
         self.server.load_state_dict(load(SERVER))
         for p in self.clients:
             p.load_state_dict(load(p.name), weights_only=weights_only)
+        self.aligned = True
 
     def log_server(self, scalars: dict, round: int) -> None:
         if self.writer is not None:
@@ -364,7 +371,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
         run.last_round = last_round
         log.info("resuming %s after round %d", run_dir, last_round)
     run.channel.open_log(run_dir / "channel_log.jsonl", run_dir / "payloads" if fc.record_payloads else None)
-    if manifest is None:
+    if not run.aligned:
         run.align()
 
     from tqdm import tqdm
