@@ -57,21 +57,27 @@ def quiet_lightning() -> Iterator[None]:
 class RoundWriter:
     """Per-round scalars of one party in ``<run_dir>/tb/<party>/``, step = round.
 
-    ``purge_step`` drops events a crashed run wrote after the round it is resumed from.
+    The event file is opened on the first scalar (a run that fails before logging leaves
+    none), and ``purge_step`` drops events a crashed run wrote after the round it resumes from.
     """
 
     def __init__(self, run_dir: str | Path, party: str, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(str(Path(run_dir) / "tb" / party), purge_step=purge_step)
+        self.logdir = str(Path(run_dir) / "tb" / party)
+        self.purge_step = purge_step
+        self.writer = None
 
     def log(self, scalars: dict[str, float], round: int) -> None:
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(self.logdir, purge_step=self.purge_step)
         for key, value in scalars.items():
             self.writer.add_scalar(key, float(value), global_step=int(round))
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def party_config(cfg, name: str):
