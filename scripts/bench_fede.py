@@ -102,6 +102,19 @@ def build_overrides(args: argparse.Namespace) -> list[str]:
     return over + list(args.overrides)
 
 
+def instrument_transport(run: FederatedRun, timings: dict) -> None:
+    """Wrap the transport's ``send`` to record the seconds spent serializing and decoding."""
+    original = run.channel.send
+
+    def timed_send(*args, **kwargs):
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        timings["send"].append(time.perf_counter() - start)
+        return out
+
+    run.channel.send = timed_send
+
+
 def instrument_fits(run: FederatedRun, timings: dict) -> None:
     """Wrap every learner's ``fit`` to record its wall-clock seconds and optimizer steps."""
     for learner in run.learners:
@@ -110,9 +123,10 @@ def instrument_fits(run: FederatedRun, timings: dict) -> None:
         def timed_fit(epochs, _learner=learner, _original=original):
             steps = _learner.trainer.global_step
             start = time.perf_counter()
-            _original(epochs)
+            out = _original(epochs)
             elapsed = time.perf_counter() - start
             timings[_learner.name].append((elapsed, _learner.trainer.global_step - steps))
+            return out
 
         learner.fit = timed_fit
 
@@ -167,7 +181,7 @@ def main(argv=None) -> dict:
         + ", ".join(
             f"{c.name} {c.kg.num_entities} ent / {c.kg.triples('train').shape[0]} train / "
             f"{t} test / {full_batches[c.name]} batches per epoch"
-            for c, t in zip(run.clients, run.test_triples)
+            for c, t in zip(run.clients, (c.kg.triples("test").shape[0] for c in run.clients))
         ),
         flush=True,
     )
@@ -180,6 +194,12 @@ def main(argv=None) -> dict:
 
     timings: dict[str, list] = defaultdict(list)
     instrument_fits(run, timings)
+    send_s: dict[str, list] = defaultdict(list)
+    instrument_transport(run, send_s)
+    start = time.perf_counter()
+    run.align()
+    print(f"alignment (round 0): {time.perf_counter() - start:.2f}s, "
+          f"{sum(r.bytes for r in run.channel.records(round=0))} bytes", flush=True)
 
     rounds = []
     header = (f"{'round':>5}{'train s':>10}{'eval s':>9}{'bytes':>12}  "
@@ -188,6 +208,7 @@ def main(argv=None) -> dict:
     for r in range(1, args.rounds + 1):
         for v in timings.values():
             v.clear()
+        send_s["send"].clear()
         start = time.perf_counter()
         selected = run.train_round(r)
         train_s = time.perf_counter() - start
@@ -195,11 +216,12 @@ def main(argv=None) -> dict:
         fit_s = sum(t for t, _ in fits.values())
         rec = {
             "round": r,
-            "selected": [int(k) for k in selected],
+            "selected": list(selected),
             "train_s": train_s,
             "fit_s": {name: t for name, (t, _) in fits.items()},
             "batches": {name: s for name, (_, s) in fits.items()},
             "outside_fit_s": train_s - fit_s,
+            "transport_s": sum(send_s["send"]),
         }
         if bounded:
             per_batch = {name: (t / s if s else math.nan) for name, (t, s) in fits.items()}
@@ -235,6 +257,7 @@ def main(argv=None) -> dict:
             )
             print(f"      * extrapolated; measured {train_s:.2f}s for the bounded round ({detail}; "
                   f"{rec['outside_fit_s']:.2f}s outside fit)", flush=True)
+        print(f"      transport (serialize + decode + log): {rec['transport_s']:.3f}s this round", flush=True)
 
     evals = [rec["eval_s"] for rec in rounds if "eval_s" in rec]
     train_key = "train_s_extrapolated" if bounded else "train_s"
@@ -260,6 +283,7 @@ def main(argv=None) -> dict:
             sum(rec[train_key] for rec in rounds[1:]) / (len(rounds) - 1) if len(rounds) > 1 else None
         ),
         "mean_eval_s": sum(evals) / len(evals) if evals else None,
+        "mean_transport_s_per_round": sum(rec["transport_s"] for rec in rounds) / len(rounds),
         "evaluations": len(evals),
         "peak_rss_mib": peak_rss_mib(),
         "total_bytes": int(run.channel.total_bytes),
@@ -279,6 +303,7 @@ def main(argv=None) -> dict:
     if evals:
         print(f"  seconds per full filtered test evaluation of all clients: {summary['mean_eval_s']:.1f} "
               f"({len(evals)} evaluation(s))")
+    print(f"  transport (serialize + decode + log) per round: {summary['mean_transport_s_per_round']:.3f}s")
     print(f"  peak RSS: {summary['peak_rss_mib']:.0f} MiB")
     print(f"  bytes: {summary['total_bytes']} total ({fmt_bytes(summary['total_bytes'])}), "
           f"{summary['mean_bytes_train_per_round']:.0f} per round without evaluation downloads")
