@@ -193,6 +193,25 @@ def test_validation_mrr_equals_brute_force(model_name):
     assert module.evaluation_results("val") == got
 
 
+def test_diverged_model_ranks_last_not_first():
+    """A NaN entity table (a diverged client) must report MRR near 0, not 1."""
+    triples, n, r = random_kg(3, n=200, m=300)
+    queries = triples[:30]
+    module = KGEModule("transe", num_entities=n, num_relations=r, dim=8)
+    with torch.no_grad():
+        module.model.entity_emb.fill_(float("nan"))
+    trainer().validate(module, dataloaders=loader(eval_batches(queries, triples)), verbose=False)
+    # every target ranks behind all of its unfiltered competitors: rank = n - #other true answers
+    true_set = set(map(tuple, triples.tolist()))
+    expected = []
+    for h, r_, t in queries.tolist():
+        expected.append(1 / (n - sum((h, r_, e) in true_set for e in range(n) if e != t)))
+        expected.append(1 / (n - sum((e, r_, t) in true_set for e in range(n) if e != h)))
+    got = module.last_metrics["val"]
+    assert got["mrr"] == pytest.approx(sum(expected) / len(expected), rel=1e-6)
+    assert got["mrr"] < 0.01 and got["hits@10"] == 0.0
+
+
 def test_evaluation_ranks_in_fp32_under_bf16_autocast():
     triples, n, r = random_kg(2)
     torch.manual_seed(0)
