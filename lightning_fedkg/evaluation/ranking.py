@@ -140,6 +140,19 @@ class RankingMetric(Metric):
         return out
 
 
+def empty_metrics(hits_at: tuple[int, ...] = HITS_AT) -> dict[str, float | int]:
+    """The metrics of zero ranked queries as plain numbers: NaN values and ``count`` 0.
+
+    The same dict :func:`metrics_to_floats` makes of an un-updated :class:`RankingMetric`,
+    without the warning torchmetrics gives for computing one. A weighted average over
+    clients that weights by ``count`` (or by evaluation triples) skips it.
+    """
+    out: dict[str, float | int] = {"mrr": math.nan, "mr": math.nan}
+    out.update({f"hits@{k}": math.nan for k in hits_at})
+    out["count"] = 0
+    return out
+
+
 def metrics_to_floats(metrics: dict[str, Tensor]) -> dict[str, float | int]:
     """Turn :meth:`RankingMetric.compute` output into plain Python numbers (``count`` → int)."""
     return {k: (int(v) if k == "count" else float(v)) for k, v in metrics.items()}
