@@ -72,7 +72,9 @@ class TrainConfig:
     loss: Literal["self_adversarial", "uniform", "margin"] = "self_adversarial"
     adversarial_temperature: float = 1.0
     regularization: float = 0.0
-    reset_optimizer: bool = False
+    # A fresh Adam at every fit(), i.e. every federated round (FedE's code); KGEModule's
+    # default too. A single-KG run fits once, so there it changes nothing.
+    reset_optimizer: bool = True
     max_epochs: int = 100
     eval_every: int = 10
     patience: int = 15
