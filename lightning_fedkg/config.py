@@ -29,6 +29,7 @@ __all__ = [
     "load_config",
     "save_config",
     "config_from_yaml_text",
+    "validate_model_and_train",
 ]
 
 
@@ -52,19 +53,42 @@ class DataConfig:
     partition_seed: int = 12345
 
 
+#: ModelConfig fields that are keyword options of particular models (None = model default).
+MODEL_OPTION_KEYS = ("p_norm", "relation_dim", "orthogonality_margin")
+
+
 @dataclass
 class ModelConfig:
-    """The KGE score function (REFERENCE §1.1 parameterisation)."""
+    """The KGE score function (REFERENCE §1.1 parameterisation).
 
-    name: Literal["transe", "transh", "transr", "transd", "distmult", "complex", "rotate"] = "transe"
+    ``name`` is a registered model (``transe``, ``transh``, ``transr``, ``transd``,
+    ``distmult``, ``complex``, ``rotate``; see ``lightning_fedkg.models.MODELS``) or an import
+    path ``package.module:Class`` of a ``KGEModel`` subclass. ``p_norm`` (Trans*),
+    ``relation_dim`` (TransR/TransD) and ``orthogonality_margin`` (TransH) are model options:
+    None keeps the model's own default, and setting one the model does not take is an error.
+    """
+
+    name: str = "transe"
     dim: int = 128
     gamma: float = 10.0
     epsilon: float = 2.0
+    p_norm: Optional[float] = None
+    relation_dim: Optional[int] = None
+    orthogonality_margin: Optional[float] = None
+
+    def options(self) -> dict:
+        """The model options that are set (not None), as keyword arguments of the model."""
+        return {k: getattr(self, k) for k in MODEL_OPTION_KEYS if getattr(self, k) is not None}
 
 
 @dataclass
 class TrainConfig:
-    """Optimisation, negative sampling and evaluation protocol of one learner."""
+    """Optimisation, negative sampling and evaluation protocol of one learner.
+
+    ``loss`` is ``self_adversarial``, ``uniform`` or ``margin`` (the margin ranking loss,
+    with ``margin``). ``eval_chunk_size`` bounds how many evaluation queries are scored at
+    once (None: a whole ``eval_batch_size`` batch).
+    """
 
     lr: float = 1e-3
     batch_size: int = 512
@@ -73,16 +97,20 @@ class TrainConfig:
     negative_sampler: Literal["uniform", "bernoulli"] = "uniform"
     filter_negatives: bool = False
     corruption: Literal["tail", "head", "both"] = "both"
-    loss: Literal["self_adversarial", "uniform", "margin"] = "self_adversarial"
+    loss: str = "self_adversarial"
     adversarial_temperature: float = 1.0
+    margin: float = 1.0
     regularization: float = 0.0
-    reset_optimizer: bool = False
+    # A fresh Adam at every fit(), i.e. every federated round (FedE's code); KGEModule's
+    # default too. A single-KG run fits once, so there it changes nothing.
+    reset_optimizer: bool = True
     max_epochs: int = 100
     eval_every: int = 10
     patience: int = 15
     eval_batch_size: int = 256
     eval_sides: Literal["tail", "both"] = "both"
     ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
+    eval_chunk_size: Optional[int] = None
 
 
 @dataclass
@@ -239,7 +267,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
     if overrides:
         cfg = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
-    return OmegaConf.to_object(cfg)
+    return validate_model_and_train(OmegaConf.to_object(cfg))
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
@@ -250,4 +278,33 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
 def config_from_yaml_text(text: str) -> ExperimentConfig:
     """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
     cfg = _merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(text), "config.yaml")
-    return OmegaConf.to_object(cfg)
+    return validate_model_and_train(OmegaConf.to_object(cfg))
+
+
+def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Check the names and options of ``cfg.model`` / ``cfg.train`` against what exists.
+
+    ``model.name`` must be a registered KGE model (or an import path to one), ``train.loss``
+    a known loss, and every model option that is set must be one the model takes. Raises
+    :class:`ConfigError` listing the valid choices; returns ``cfg`` unchanged.
+    """
+    # The registries live with the models (torch); importing them here, not at module
+    # level, keeps `import lightning_fedkg.config` light.
+    from lightning_fedkg.models.kge import MODELS, model_options
+    from lightning_fedkg.models.kge_module import LOSSES
+    from lightning_fedkg.registry import RegistryError
+
+    try:
+        model_cls = MODELS.get(cfg.model.name)
+    except RegistryError as err:
+        raise ConfigError(f"model.name: {err}") from None
+    if cfg.train.loss not in LOSSES:
+        raise ConfigError(f"train.loss: unknown loss {cfg.train.loss!r}; valid: {', '.join(LOSSES)}")
+    accepted = model_options(model_cls)
+    for key in cfg.model.options():
+        if accepted is not None and key not in accepted:
+            raise ConfigError(
+                f"model.{key}: KGE model {cfg.model.name!r} does not take {key} "
+                f"(its options: {', '.join(accepted) or 'none'}); remove it or set it to null"
+            )
+    return cfg

@@ -54,9 +54,12 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int) -
         lr=t.lr,
         loss=t.loss,
         adversarial_temperature=t.adversarial_temperature,
+        margin=t.margin,
         regularization=t.regularization,
         ties=t.ties,
         reset_optimizer=t.reset_optimizer,
+        eval_chunk_size=t.eval_chunk_size,
+        model_kwargs=m.options(),
     )
 
 

@@ -193,6 +193,60 @@ def test_validation_mrr_equals_brute_force(model_name):
     assert module.evaluation_results("val") == got
 
 
+def test_diverged_model_ranks_last_not_first():
+    """A NaN entity table (a diverged client) must report MRR near 0, not 1."""
+    triples, n, r = random_kg(3, n=200, m=300)
+    queries = triples[:30]
+    module = KGEModule("transe", num_entities=n, num_relations=r, dim=8)
+    with torch.no_grad():
+        module.model.entity_emb.fill_(float("nan"))
+    trainer().validate(module, dataloaders=loader(eval_batches(queries, triples)), verbose=False)
+    # every target ranks behind all of its unfiltered competitors: rank = n - #other true answers
+    true_set = set(map(tuple, triples.tolist()))
+    expected = []
+    for h, r_, t in queries.tolist():
+        expected.append(1 / (n - sum((h, r_, e) in true_set for e in range(n) if e != t)))
+        expected.append(1 / (n - sum((e, r_, t) in true_set for e in range(n) if e != h)))
+    got = module.last_metrics["val"]
+    assert got["mrr"] == pytest.approx(sum(expected) / len(expected), rel=1e-6)
+    assert got["mrr"] < 0.01 and got["hits@10"] == 0.0
+
+
+def test_split_emptied_by_the_input_policy_records_count_zero(tmp_path):
+    """valid only mentions an entity unseen in train, so loading drops it all: evaluating it
+    must record count 0 with NaN metrics (Lightning skips an empty loop, hooks and all)."""
+    from lightning_fedkg.data import KGDataModule, load_kg
+
+    (tmp_path / "train.txt").write_text("a\tr\tb\nb\tr\tc\nc\ts\ta\n")
+    (tmp_path / "valid.txt").write_text("x\tr\ta\nb\ts\tx\n")
+    (tmp_path / "test.txt").write_text("a\tr\tc\n")
+    kg = load_kg(tmp_path)
+    assert kg.triples("valid").shape == (0, 3) and kg.removed["valid"]["unseen"] == 2
+    dm = KGDataModule(kg, eval_batch_size=4)
+    module = KGEModule("transe", num_entities=kg.num_entities, num_relations=kg.num_relations, dim=4)
+    t = trainer()
+    t.validate(module, datamodule=dm, verbose=False)
+    val = module.evaluation_results("val")
+    assert val["count"] == 0
+    assert all(math.isnan(val[k]) for k in ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10"))
+    assert set(val) == {"mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10", "count"}
+    # the non-empty test split on the same (reused) Trainer still gives real numbers
+    t.test(module, datamodule=dm, verbose=False)
+    test = module.evaluation_results()
+    assert test["count"] == 2 and 1.0 <= test["mr"] <= 3.0
+    # and a later validation is recorded afresh, not left over from test
+    module.last_metrics.pop("val")
+    t.validate(module, datamodule=dm, verbose=False)
+    assert module.evaluation_results()["count"] == 0
+
+
+def test_empty_batch_ranks_nothing():
+    module = KGEModule("transe", num_entities=5, num_relations=2, dim=4, eval_chunk_size=2)
+    empty = torch.zeros(0, dtype=torch.long)
+    batch = {"triples": torch.zeros(0, 3, dtype=torch.long), "mode": "tail", "filter_row": empty, "filter_col": empty}
+    assert module.rank_batch(batch).shape == (0,)
+
+
 def test_evaluation_ranks_in_fp32_under_bf16_autocast():
     triples, n, r = random_kg(2)
     torch.manual_seed(0)

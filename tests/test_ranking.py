@@ -9,11 +9,16 @@ from lightning_fedkg.evaluation.ranking import TIE_MODES, RankingMetric, filtere
 
 
 def brute_force_rank(scores, target, filtered, ties, allowed=None):
-    """Rank of one query by listing its competitors explicitly."""
+    """Rank of one query by listing its competitors explicitly.
+
+    NaN policy: a NaN target ranks behind every competitor; a NaN competitor scores -inf."""
     competitors = [
         e for e in range(len(scores))
         if e != target and e not in filtered and (allowed is None or allowed[e])
     ]
+    if math.isnan(scores[target]):
+        return 1 + len(competitors)
+    scores = [float("-inf") if math.isnan(x) else x for x in scores]
     s = scores[target]
     better = sum(1 for e in competitors if scores[e] > s)
     equal = [e for e in competitors if scores[e] == s]
@@ -111,6 +116,39 @@ def test_filter_never_removes_target_and_handles_neg_inf():
     assert ranks.item() == 3  # entity 1 is better, entity 2 ties at -inf
     ranks = filtered_ranks(scores, target, torch.tensor([0, 0]), torch.tensor([0, 3]), ties="optimistic")
     assert ranks.item() == 2
+
+
+@pytest.mark.parametrize("ties", TIE_MODES)
+def test_nan_target_ranks_last_and_nan_competitors_never_win(ties):
+    nan, inf = float("nan"), float("inf")
+    scores = torch.tensor([
+        [nan, 1.0, 2.0, nan, 0.5],  # target 0 is NaN: behind all 4 others
+        [nan, 1.0, 2.0, nan, 0.5],  # target 0, entity 4 filtered, entity 2 masked out: 2 left
+        [1.0, nan, nan, nan, 0.5],  # target 0: the NaN entities are no threat -> rank 1
+        [-inf, nan, 3.0, nan, -inf],  # target 0 at -inf ties with entity 4 and both NaNs
+    ])
+    targets = torch.tensor([0, 0, 0, 0])
+    mask = torch.tensor([[True] * 5, [True, True, False, True, True], [True] * 5, [True] * 5])
+    rows, cols = torch.tensor([1]), torch.tensor([4])
+    got = filtered_ranks(scores, targets, rows, cols, ties=ties, candidate_mask=mask)
+    tie_rank = {"optimistic": 2, "pessimistic": 5, "mean": 3.5, "arbitrary": 2}[ties]
+    assert got.tolist() == [5, 3, 1, tie_rank]
+
+
+@pytest.mark.parametrize("ties", TIE_MODES)
+def test_filtered_ranks_with_nan_scores_match_brute_force(ties):
+    queries, scores, rows, cols = random_kg_queries(4)
+    targets = queries[:, 2]
+    g = torch.Generator().manual_seed(11)
+    scores[torch.rand(scores.shape, generator=g) < 0.2] = float("nan")
+    scores[3, targets[3]] = float("nan")  # at least one NaN target
+    allowed = torch.rand(scores.shape[1], generator=g) < 0.7
+    got = filtered_ranks(scores, targets, rows, cols, ties=ties, candidate_mask=allowed)
+    expected = [
+        brute_force_rank(scores[i].tolist(), int(targets[i]), set(cols[rows == i].tolist()), ties, allowed.tolist())
+        for i in range(len(queries))
+    ]
+    assert got.tolist() == expected
 
 
 def test_invalid_ties_raises():

@@ -30,6 +30,8 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_fedkg.keys import pack_keys, unpack_keys
+
 from .kg import KnowledgeGraph, triple_keys
 
 CORRUPTIONS = ("tail", "head", "both")
@@ -66,12 +68,13 @@ class FilterIndex:
         keys = torch.unique(triple_keys(t, self.num_entities, self.num_relations))
         self.triple_keys = keys  # sorted: also serves membership tests
         n, r = self.num_entities, self.num_relations
-        h_, rel_, t_ = keys // (r * n), (keys // n) % r, keys % n
+        h_, rel_, t_ = unpack_keys(keys, (n, r, n))
         # Tail side: triple keys are sorted by (h, r) then t already.
-        self._tail = self._csr(h_ * r + rel_, t_)
+        self._tail = self._csr(pack_keys((h_, rel_), (n, r)), t_)
         # Head side: sort by (r, t) then h.
-        order = torch.sort((rel_ * n + t_) * n + h_).indices
-        self._head = self._csr((rel_ * n + t_)[order], h_[order])
+        head_query = pack_keys((rel_, t_), (r, n))
+        order = torch.sort(pack_keys((head_query, h_), (r * n, n))).indices
+        self._head = self._csr(head_query[order], h_[order])
 
     @staticmethod
     def _csr(query_keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -98,11 +101,11 @@ class FilterIndex:
 
     def tail_answers(self, heads: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
         """All true tails of the queries ``(heads[i], relations[i], ?)`` as (row, entity) pairs."""
-        return self._gather(self._tail, heads.long() * self.num_relations + relations.long())
+        return self._gather(self._tail, pack_keys((heads, relations), (self.num_entities, self.num_relations)))
 
     def head_answers(self, relations: Tensor, tails: Tensor) -> tuple[Tensor, Tensor]:
         """All true heads of the queries ``(?, relations[i], tails[i])`` as (row, entity) pairs."""
-        return self._gather(self._head, relations.long() * self.num_entities + tails.long())
+        return self._gather(self._head, pack_keys((relations, tails), (self.num_relations, self.num_entities)))
 
     def answers(self, triples: Tensor, mode: str) -> tuple[Tensor, Tensor]:
         """True answers of each row's tail (``mode="tail"``) or head query."""
@@ -336,8 +339,8 @@ class KGDataModule(LightningDataModule):
         rows_h = head_mask.nonzero().flatten()
         rt, ct = self.train_index.tail_answers(positive[rows_t, 0], positive[rows_t, 1])
         rh, ch = self.train_index.head_answers(positive[rows_h, 1], positive[rows_h, 2])
-        n = self.num_entities
-        return torch.cat([rows_t[rt] * n + ct, rows_h[rh] * n + ch]).sort().values
+        sizes = (positive.shape[0], self.num_entities)
+        return torch.cat([pack_keys((rows_t[rt], ct), sizes), pack_keys((rows_h[rh], ch), sizes)]).sort().values
 
     def sample_negatives(self, positive: Tensor, head_mask: Tensor) -> Tensor:
         """``LongTensor[B, n]`` of per-triple negatives (filtered if ``filter_negatives``).
@@ -353,12 +356,13 @@ class KGDataModule(LightningDataModule):
         forbidden = self._forbidden_keys(positive, head_mask)
         flat = neg.view(-1)
         rows = torch.arange(positive.shape[0]).repeat_interleave(self.num_negatives)
-        bad = sorted_contains(forbidden, rows * self.num_entities + flat).nonzero().flatten()
+        sizes = (positive.shape[0], self.num_entities)
+        bad = sorted_contains(forbidden, pack_keys((rows, flat), sizes)).nonzero().flatten()
         for _ in range(self.max_filter_retries):
             if bad.numel() == 0:
                 break
             flat[bad] = self._draw((bad.numel(),))
-            bad = bad[sorted_contains(forbidden, rows[bad] * self.num_entities + flat[bad])]
+            bad = bad[sorted_contains(forbidden, pack_keys((rows[bad], flat[bad]), sizes))]
         return neg
 
     def shared_negative_mask(self, positive: Tensor, head_mask: Tensor, negatives: Tensor) -> Tensor:
@@ -367,7 +371,8 @@ class KGDataModule(LightningDataModule):
         masked out of that row's loss instead (``kge_loss(negative_mask=...)``)."""
         forbidden = self._forbidden_keys(positive, head_mask)
         rows = torch.arange(positive.shape[0]).unsqueeze(1)
-        return ~sorted_contains(forbidden, rows * self.num_entities + negatives.unsqueeze(0))
+        keys = pack_keys((rows, negatives.unsqueeze(0)), (positive.shape[0], self.num_entities))
+        return ~sorted_contains(forbidden, keys)
 
     def make_batch(self, positive: Tensor, mode: str) -> dict:
         """One training batch for ``positive`` triples; ``mode`` is tail, head or mixed."""

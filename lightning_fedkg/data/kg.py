@@ -31,6 +31,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from lightning_fedkg.keys import pack_keys
+
 logger = logging.getLogger("lightning_fedkg")
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
@@ -51,11 +53,13 @@ class KGFormatError(ValueError):
 
 
 def triple_keys(triples: Tensor, num_entities: int, num_relations: int) -> Tensor:
-    """Injective int64 key ``(h * R + r) * N + t`` of each triple (``LongTensor[E]``)."""
-    if num_entities * num_entities * max(num_relations, 1) >= 2**63:
-        raise OverflowError("KG too large for int64 triple keys")
+    """Injective int64 key ``(h * R + r) * N + t`` of each triple (``LongTensor[E]``).
+
+    Raises :class:`lightning_fedkg.keys.KeyOverflowError` (a ``ValueError``) when ``N * R * N``
+    exceeds the int64 range.
+    """
     t = triples.long()
-    return (t[:, 0] * num_relations + t[:, 1]) * num_entities + t[:, 2]
+    return pack_keys((t[:, 0], t[:, 1], t[:, 2]), (num_entities, num_relations, num_entities), "triples")
 
 
 def first_occurrence(keys: Tensor) -> Tensor:

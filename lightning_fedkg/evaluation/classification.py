@@ -19,13 +19,15 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from lightning_fedkg.keys import pack_keys
+
 ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def _triple_keys(triples: Tensor, num_entities: int, num_relations: int) -> Tensor:
     """Unique int64 key per (h, r, t) for set membership via ``torch.isin``."""
     h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
-    return (h * num_relations + r) * num_entities + t
+    return pack_keys((h, r, t), (num_entities, num_relations, num_entities), "triples")
 
 
 def _relation_pools(known: Tensor, column: int, num_relations: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -50,7 +50,8 @@ def filtered_ranks(
     Returns:
         ``FloatTensor[B]`` of ranks (integers, or halves for ``"mean"``).
 
-    Scores that are NaN never count as better or equal.
+    NaN scores (a diverged model) never help: a competitor scoring NaN counts as ``-inf``,
+    and a target scoring NaN ranks last, ``1 + #competitors``, in every tie mode.
     """
     if ties not in TIE_MODES:
         raise ValueError(f"ties must be one of {TIE_MODES}, got {ties!r}")
@@ -69,18 +70,26 @@ def filtered_ranks(
     # or candidate-mask entry that names it.
     competes[rows, targets] = False
 
+    target_nan = scores[rows, targets].isnan()
+    # Comparisons with NaN are all False, which would rank a NaN target first (MRR 1.0 for
+    # a diverged model). Competitors scoring NaN become -inf; a NaN target is overridden
+    # below, after the comparisons.
+    scores = scores.masked_fill(scores.isnan(), float("-inf"))
     target_scores = scores[rows, targets].unsqueeze(1)
     better = ((scores > target_scores) & competes).sum(dim=1)
     if ties == "optimistic":
-        return (1 + better).float()
-    equal = (scores == target_scores) & competes
-    if ties == "arbitrary":
-        lower_id = torch.arange(num_candidates, device=scores.device).unsqueeze(0) < targets.unsqueeze(1)
-        return (1 + better + (equal & lower_id).sum(dim=1)).float()
-    n_equal = equal.sum(dim=1)
-    if ties == "pessimistic":
-        return (1 + better + n_equal).float()
-    return 1.0 + better.float() + 0.5 * n_equal.float()
+        ranks = (1 + better).float()
+    else:
+        equal = (scores == target_scores) & competes
+        if ties == "arbitrary":
+            lower_id = torch.arange(num_candidates, device=scores.device).unsqueeze(0) < targets.unsqueeze(1)
+            ranks = (1 + better + (equal & lower_id).sum(dim=1)).float()
+        elif ties == "pessimistic":
+            ranks = (1 + better + equal.sum(dim=1)).float()
+        else:
+            ranks = 1.0 + better.float() + 0.5 * equal.sum(dim=1).float()
+    worst = (1 + competes.sum(dim=1)).float()
+    return torch.where(target_nan, worst, ranks)
 
 
 class RankingMetric(Metric):
@@ -129,6 +138,19 @@ class RankingMetric(Metric):
             out[f"hits@{k}"] = (h.to(torch.float64) / n).float()
         out["count"] = self.count.clone()
         return out
+
+
+def empty_metrics(hits_at: tuple[int, ...] = HITS_AT) -> dict[str, float | int]:
+    """The metrics of zero ranked queries as plain numbers: NaN values and ``count`` 0.
+
+    The same dict :func:`metrics_to_floats` makes of an un-updated :class:`RankingMetric`,
+    without the warning torchmetrics gives for computing one. A weighted average over
+    clients that weights by ``count`` (or by evaluation triples) skips it.
+    """
+    out: dict[str, float | int] = {"mrr": math.nan, "mr": math.nan}
+    out.update({f"hits@{k}": math.nan for k in hits_at})
+    out["count"] = 0
+    return out
 
 
 def metrics_to_floats(metrics: dict[str, Tensor]) -> dict[str, float | int]:

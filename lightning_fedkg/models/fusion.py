@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedkg.evaluation.ranking import RankingMetric, filtered_ranks, metrics_to_floats
+from lightning_fedkg.keys import pack_keys
 
 __all__ = ["ScoreFusion", "fusion_loss", "sample_fusion_negatives", "fit_fusion", "evaluate_fusion"]
 
@@ -148,18 +149,19 @@ def sample_fusion_negatives(
     if num_triples == 0 or num_negatives == 0:
         return torch.empty(num_triples, num_negatives, dtype=torch.long)
     h, r, t = triples.unbind(dim=1)
-    if int(t.max()) >= num_entities or int(t.min()) < 0:
-        raise ValueError("triples contain a tail id outside 0..num_entities-1")
+    if int(triples[:, [0, 2]].max()) >= num_entities or int(triples[:, [0, 2]].min()) < 0:
+        raise ValueError("triples contain an entity id outside 0..num_entities-1")
     num_rel = int(r.max()) + 1
-    query = h * num_rel + r  # one integer per (h, r)
+    query = pack_keys((h, r), (num_entities, num_rel))  # one integer per (h, r)
+    key_sizes = (num_entities * num_rel, num_entities)
     # Sorted unique keys of the true (query, tail) pairs; membership via searchsorted.
-    true_keys = torch.unique(query * num_entities + t)
+    true_keys = torch.unique(pack_keys((query, t), key_sizes, "(head, relation, tail) triples"))
     _, tails_per_query = torch.unique(true_keys // num_entities, return_counts=True)
     if int(tails_per_query.max()) >= num_entities:
         raise ValueError("some (head, relation) has every entity as a true tail; no negatives exist")
 
     def is_true(q: Tensor, cand: Tensor) -> Tensor:
-        keys = q * num_entities + cand
+        keys = pack_keys((q, cand), key_sizes)
         pos = torch.searchsorted(true_keys, keys).clamp_max(true_keys.numel() - 1)
         return true_keys[pos] == keys
 

@@ -26,6 +26,7 @@ not). The soft constraints of the TransH/TransR/TransD papers are available thro
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
+from lightning_fedkg.registry import Registry
 
 __all__ = [
     "KGEModel",
@@ -45,6 +47,7 @@ __all__ = [
     "RotatE",
     "MODELS",
     "build_model",
+    "model_options",
 ]
 
 
@@ -684,22 +687,46 @@ class ComplEx(_BilinearModel):
         return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
 
 
-MODELS: dict[str, type[KGEModel]] = {
-    "transe": TransE,
-    "transh": TransH,
-    "transr": TransR,
-    "transd": TransD,
-    "distmult": DistMult,
-    "complex": ComplEx,
-    "rotate": RotatE,
-}
+#: Name → class of the KGE score functions. Dict-like (``MODELS["transe"]``, iteration,
+#: ``in``, :meth:`~lightning_fedkg.registry.Registry.names`); a user model is added with
+#: ``MODELS.add("mymodel", MyModel)`` or named by import path ``"my_pkg.models:MyModel"``.
+MODELS: Registry[KGEModel] = Registry("KGE model", base=KGEModel)
+for _name, _cls in (("transe", TransE), ("transh", TransH), ("transr", TransR), ("transd", TransD),
+                    ("distmult", DistMult), ("complex", ComplEx), ("rotate", RotatE)):
+    MODELS.add(_name, _cls)
+del _name, _cls
+
+# Every model takes these; model_options lists what a model takes beyond them.
+_COMMON_ARGUMENTS = ("self", "num_entities", "num_relations", "dim", "gamma", "epsilon")
+
+
+def model_options(cls: type[KGEModel]) -> tuple[str, ...] | None:
+    """The model-specific keyword options of ``cls`` (e.g. ``("p_norm", "relation_dim")``
+    for TransR), read from its ``__init__``; None when it takes ``**kwargs`` (any option)."""
+    options = []
+    for param in inspect.signature(cls.__init__).parameters.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if param.kind is not inspect.Parameter.VAR_POSITIONAL and param.name not in _COMMON_ARGUMENTS:
+            options.append(param.name)
+    return tuple(options)
 
 
 def build_model(name: str, num_entities: int, num_relations: int, dim: int,
                 gamma: float = 10.0, epsilon: float = 2.0, **kwargs) -> KGEModel:
-    """Instantiate ``MODELS[name]`` (case-insensitive); extra ``kwargs`` go to the model
-    (``p_norm``, ``relation_dim``, ``orthogonality_margin``)."""
-    cls = MODELS.get(name.lower())
-    if cls is None:
-        raise ValueError(f"unknown KGE model '{name}'; valid names: {', '.join(MODELS)}")
+    """Instantiate ``MODELS[name]`` (case-insensitive, or an import path); extra ``kwargs``
+    go to the model (``p_norm``, ``relation_dim``, ``orthogonality_margin``).
+
+    Raises:
+        ValueError: an unknown model (the message lists the valid names), or an option the
+            model does not take (the message lists the ones it does).
+    """
+    cls = MODELS.get(name)
+    accepted = model_options(cls)
+    unknown = [k for k in kwargs if accepted is not None and k not in accepted]
+    if unknown:
+        raise ValueError(
+            f"KGE model {name!r} does not take {', '.join(unknown)}; "
+            f"its options: {', '.join(accepted) or 'none'}"
+        )
     return cls(num_entities, num_relations, dim, gamma=gamma, epsilon=epsilon, **kwargs)

@@ -8,15 +8,28 @@ used for single-KG runs and as the per-client model of the federated orchestrato
 
 from __future__ import annotations
 
+import logging
+
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_fedkg.evaluation.ranking import TIE_MODES, RankingMetric, filtered_ranks, metrics_to_floats
+from lightning_fedkg.evaluation.ranking import (
+    TIE_MODES,
+    RankingMetric,
+    empty_metrics,
+    filtered_ranks,
+    metrics_to_floats,
+)
 from lightning_fedkg.models.kge import KGEModel, build_model
 
+log = logging.getLogger("lightning_fedkg")
+
 LOSSES = ("self_adversarial", "uniform", "margin")
+
+#: ``trainer.validate`` / ``trainer.test`` stage names → keys of ``KGEModule.last_metrics``
+_EVAL_STAGES = {"validate": "val", "test": "test"}
 
 
 def kge_loss(
@@ -102,6 +115,9 @@ class KGEModule(L.LightningModule):
         val_metric, test_metric: :class:`RankingMetric` accumulators.
         last_metrics: ``{"val": {...}, "test": {...}}``, the last computed metrics of each stage
             as plain numbers (``mrr``, ``mr``, ``hits@1/3/5/10`` floats, ``count`` int).
+            ``trainer.validate``/``trainer.test`` over an empty split (e.g. every valid triple
+            mentioned an entity unseen in train and was dropped) records ``count`` 0 and NaN
+            values, so a count- or triple-weighted average over clients gives it weight 0.
         eval_candidate_mask: optional ``BoolTensor[N]`` buffer (not saved); when set, only
             these entities (plus the target) compete in evaluation, e.g. FedE ranks among the
             client's training entities.
@@ -142,6 +158,7 @@ class KGEModule(L.LightningModule):
         self.register_buffer("eval_candidate_mask", None, persistent=False)
         self.last_metrics: dict[str, dict[str, float | int]] = {}
         self._last_stage: str | None = None
+        self._stage_recorded = False
         self._optimizer: torch.optim.Optimizer | None = None
 
     def shareable_groups(self) -> dict:
@@ -226,7 +243,9 @@ class KGEModule(L.LightningModule):
         else:
             raise ValueError(f"evaluation mode must be 'tail' or 'head', got {mode!r}")
         filter_row, filter_col = batch["filter_row"], batch["filter_col"]
-        chunk = self.hparams.eval_chunk_size or max(1, len(triples))
+        if len(triples) == 0:
+            return torch.zeros(0, device=self.device)
+        chunk = self.hparams.eval_chunk_size or len(triples)
         ranks = []
         # bf16 autocast collapses distinct scores into ties (LIBRARIES §2d): rank in fp32.
         with torch.autocast(device_type=self.device.type, enabled=False):
@@ -263,14 +282,30 @@ class KGEModule(L.LightningModule):
 
     def _finish_evaluation(self, stage: str, metric: RankingMetric) -> None:
         if not metric.update_called:
-            return
+            return  # no queries: teardown() records the empty result
         computed = metric.compute()
         metric.reset()
         self.log_dict({f"{stage}/{k}": v.float() for k, v in computed.items() if k != "count"})
         if self._trainer is not None and self._trainer.sanity_checking:
             return
-        self.last_metrics[stage] = metrics_to_floats(computed)
+        self._record(stage, metrics_to_floats(computed))
+
+    def _record(self, stage: str, metrics: dict[str, float | int]) -> None:
+        self.last_metrics[stage] = metrics
         self._last_stage = stage
+        self._stage_recorded = True
+
+    def setup(self, stage: str) -> None:
+        self._stage_recorded = False
+
+    def teardown(self, stage: str) -> None:
+        # Lightning skips the whole evaluation loop, epoch-end hooks included, when the
+        # dataloader has no batches; setup/teardown still run, so an empty split is noticed
+        # here. Without a record, callers reading last_metrics["val"] would hit a KeyError.
+        key = _EVAL_STAGES.get(getattr(stage, "value", stage))
+        if key is not None and not self._stage_recorded:
+            log.warning("%s: no evaluation queries (empty split); recording count=0 and NaN metrics", key)
+            self._record(key, empty_metrics(self.val_metric.hits_at))
 
     def on_validation_epoch_end(self) -> None:
         self._finish_evaluation("val", self.val_metric)

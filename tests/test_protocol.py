@@ -1,0 +1,273 @@
+"""The federation protocol end to end on the bundled UMLS KG (3 clients, tiny settings).
+
+What these tests pin down is what crosses between parties and what does not: only the
+groups a strategy declares (never a module's undeclared table), decoded copies (never
+shared storage), keyed hashes in round 0 (never a name), and a failing client that the
+federation survives.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_fedkg.cli import main
+from lightning_fedkg.config import load_config
+from lightning_fedkg.data import load_kg
+from lightning_fedkg.federated.channel import Channel
+from lightning_fedkg.federated.checkpoint import load_checkpoint
+from lightning_fedkg.federated.message import Message, decode
+from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed, run_federated
+from lightning_fedkg.federated.strategies import ClientHalf, HolderMeanServer
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 2
+DIM = 8
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SETTINGS = {
+    "seed": 0,
+    "data.name": "umls",
+    "data.num_clients": 3,
+    "model.name": "transe",
+    "model.dim": DIM,
+    "train.num_negatives": 8,
+    "train.negative_mode": "shared",
+    "trainer.accelerator": "cpu",
+    "trainer.progress_bar": False,
+    "federated.strategy": "fede",
+    "federated.rounds": ROUNDS,
+    "federated.local_epochs": 1,
+}
+
+
+def umls_config(**overrides):
+    settings = {**SETTINGS, **{k.replace("__", "."): v for k, v in overrides.items()}}
+    return load_config(None, [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()])
+
+
+def read_log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "channel_log.jsonl").read_text().splitlines()]
+
+
+def storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+
+
+# ---------------------------------------------------------------- a, e: a plugin through `fedkg fit`
+def test_plugin_strategy_from_tests_shares_only_the_declared_entity_table(tmp_path, monkeypatch):
+    # tests/ has no __init__.py: it is a namespace package, importable from the repository
+    # root. Put the root on sys.path explicitly (plain `pytest` does not, `python -m` does).
+    monkeypatch.syspath_prepend(str(REPO))
+    plugin = importlib.import_module("tests.plugin_strategy")
+    run_dir = tmp_path / "run"
+    config = tmp_path / "plugin.yaml"
+    config.write_text(
+        "seed: 0\n"
+        "data: {name: umls, num_clients: 3}\n"
+        f"model: {{name: transe, dim: {DIM}}}\n"
+        "train: {num_negatives: 8, negative_mode: shared}\n"
+        "trainer: {accelerator: cpu, progress_bar: false}\n"
+        "federated:\n"
+        "  strategy: tests.plugin_strategy:PluginFedE\n"
+        "  task: tests.plugin_strategy:PrivateTableTask\n"
+        f"  rounds: {ROUNDS}\n"
+        "  local_epochs: 1\n"
+        "  record_payloads: true\n"
+    )
+    assert main(["fit", "-c", str(config), "--out", str(run_dir)]) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["strategy"] == "tests.plugin_strategy:PluginFedE" and metrics["rounds"] == ROUNDS
+
+    # The clients' modules were the plugin's: both tables exist, the private one trained locally.
+    ckpt = run_dir / "checkpoints" / "client_0"
+    states = [load_checkpoint(ckpt / f"round_{r:04d}.pt")["module"] for r in range(1, ROUNDS + 1)]
+    assert {plugin.PRIVATE, "model.entity_emb"} <= set(states[0])
+    assert states[0][plugin.PRIVATE].shape == states[0]["model.entity_emb"].shape
+    assert not torch.equal(states[0][plugin.PRIVATE], states[1][plugin.PRIVATE])
+
+    records = read_log(run_dir)
+    # never on the wire: not by name...
+    assert not any(plugin.PRIVATE in k or "private" in k for r in records for k in r["shapes"])
+    # ...nor by value (a private row of client 0, 8 float32 = 32 bytes, in no payload)
+    payloads = [p.read_bytes() for p in sorted((run_dir / "payloads").iterdir())]
+    assert len(payloads) == len(records)
+    for state in states:
+        for row in state[plugin.PRIVATE][:20]:
+            needle = row.contiguous().numpy().tobytes()
+            assert not any(needle in data for data in payloads)
+    # while FedE's entity rows did cross, both ways, every round
+    for r in range(1, ROUNDS + 1):
+        for name in ("download", "upload"):
+            rows = [x for x in records if x["round"] == r and x["name"] == name]
+            assert len(rows) == 3 and all(set(x["shapes"]) == {"entity_emb"} for x in rows), (r, name)
+            assert all(x["shapes"]["entity_emb"][1] == DIM and x["bytes"] > 0 for x in rows)
+    assert not any(k.startswith("relation") for r in records for k in r["shapes"])
+
+
+# ---------------------------------------------------------------- b: decoded copies
+def test_client_halves_run_on_decoded_copies():
+    run = FederatedRun(umls_config(), run_dir=None)
+    downloads, uploads = {}, {}
+    for name, half in run.client_halves.items():
+        original = half.on_train
+
+        def on_train(message, round, _name=name, _original=original):
+            downloads[_name] = dict(message.arrays)
+            return _original(message, round)
+
+        half.on_train = on_train
+    aggregate = run.server.aggregate_train
+
+    def spy(round, replies, failures):
+        uploads.update({n: dict(m.arrays) for n, m in replies.items()})
+        return aggregate(round, replies, failures)
+
+    run.server.aggregate_train = spy
+    assert run.train_round(1) == ["client_0", "client_1", "client_2"]
+
+    server = storages(run.server.table.values()) | storages(
+        [run.server.alignment.digests, run.server.alignment.holders, *run.server.alignment.index.values()])
+    parties = {p.name: storages([*p.module.parameters(), *p.module.buffers()]) for p in run.clients}
+    assert all(parties.values()) and server
+    for name, mine in parties.items():
+        assert not mine & server, name
+        for other, theirs in parties.items():
+            assert other == name or not mine & theirs, (name, other)
+    # what each side received is a copy: a download is no view of the server's table, an
+    # upload none of the client's parameters (nor of what that client received)
+    for name in parties:
+        assert set(downloads[name]) == set(uploads[name]) == {"entity_emb"}
+        assert not storages(downloads[name].values()) & (server | parties[name])
+        assert not storages(uploads[name].values()) & (server | set().union(*parties.values()))
+        assert not storages(uploads[name].values()) & storages(downloads[name].values())
+
+    # Channel.send itself, on a Parameter, a non-contiguous view and an integer tensor
+    channel = Channel()
+    weight = nn.Parameter(torch.arange(12.0).reshape(3, 4))
+    ids = torch.tensor([3, 1, 2])
+    sent = Message(arrays={"w": weight, "wt": weight.detach().t(), "ids": ids}, metrics={"loss": 0.5},
+                   config={"split": "val"})
+    got = channel.send("server", "client_0", "test", sent, 1)
+    assert isinstance(got, Message) and got is not sent
+    assert got.metrics == {"loss": 0.5} and got.config == {"split": "val"}
+    for k, value in sent.arrays.items():
+        assert torch.equal(got.arrays[k], value.detach()) and not got.arrays[k].requires_grad
+        assert got.arrays[k].untyped_storage().data_ptr() != value.untyped_storage().data_ptr()
+    assert len({t.untyped_storage().data_ptr() for t in got.arrays.values()}) == 3
+    before = weight.detach().clone()
+    got.arrays["w"].add_(100.0)
+    got.arrays["wt"].mul_(-1.0)
+    got.arrays["ids"].zero_()
+    assert torch.equal(weight.detach(), before) and ids.tolist() == [3, 1, 2]
+    plain = channel.send("client_0", "server", "plain", {"w": weight}, 1)
+    assert plain["w"].untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+    plain["w"].zero_()
+    assert torch.equal(weight.detach(), before)
+
+
+# ---------------------------------------------------------------- c: no name in round 0
+#: Strings of the protocol itself (JSON keys, group and tensor names) that happen to
+#: contain UMLS names ("entity", "group"): removed before searching for names.
+PROTOCOL_TOKENS = (b"entity_digests", b"relation_digests", b"entity_emb", b'\\"entity\\"', b'\\"groups\\"')
+
+
+def test_alignment_records_carry_digests_and_no_name(tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = run_federated(umls_config(federated__record_payloads=True), run_dir)
+    umls = load_kg("umls")
+    names = [n for n in umls.entity_names + umls.relation_names if len(n) >= 4]
+    assert len(names) > 100
+    files = sorted((run_dir / "payloads").iterdir())
+    records = read_log(run_dir)
+    assert len(files) == len(records) > 6
+    round0 = [f for f in files if f.name.startswith("r0000_")]
+    assert len(round0) == 6
+    for f in files:
+        data = f.read_bytes()
+        for token in PROTOCOL_TOKENS:
+            data = data.replace(token, b"")
+        leaked = [n for n in names if n.encode("utf-8") in data]
+        assert not leaked, (f.name, leaked[:5])
+    # round 0: requests carry no array, replies only uint8 [n, 32] digests
+    run = FederatedRun(umls_config(), run_dir=None)
+    sizes = {p.name: p.kg.num_entities for p in run.clients}
+    for f in round0:
+        message = decode(f.read_bytes())
+        if f.name.endswith("_align_request.safetensors"):
+            assert message.arrays == {} and message.metrics == {}
+            continue
+        sender = f.name.split("_")[2] + "_" + f.name.split("_")[3]
+        assert set(message.arrays) == {"entity_digests"}
+        digests = message.arrays["entity_digests"]
+        assert digests.dtype == torch.uint8 and list(digests.shape) == [sizes[sender], 32]
+    for r in (r for r in records if r["round"] == 0):
+        assert set(r["dtypes"].values()) <= {"uint8"} and all(s[1:] == [32] for s in r["shapes"].values()), r
+    assert metrics["alignment_bytes"] == 32 * sum(sizes.values())
+
+
+# ---------------------------------------------------------------- d: failing clients
+def test_a_client_failing_in_one_round_is_recorded_and_the_run_finishes(tmp_path, monkeypatch):
+    on_train = ClientHalf.on_train
+
+    def flaky(self, message, round):
+        if self.party.name == "client_1" and round == 1:
+            self.receive(message.arrays)  # it got its rows, then crashed while training
+            raise RuntimeError("injected crash")
+        return on_train(self, message, round)
+
+    aggregate = HolderMeanServer.aggregate_train
+    seen = []
+
+    def spy(self, round, replies, failures):
+        before = self.table["entity_emb"].clone()
+        aggregate(self, round, replies, failures)
+        seen.append((round, sorted(replies), dict(failures), before, self.table["entity_emb"].clone(), self.alignment))
+
+    monkeypatch.setattr(ClientHalf, "on_train", flaky)
+    monkeypatch.setattr(HolderMeanServer, "aggregate_train", spy)
+    run_dir = tmp_path / "run"
+    metrics = run_federated(umls_config(federated__min_clients=1), run_dir)
+    assert metrics["rounds"] == ROUNDS
+    expected = [{"round": 1, "stage": "train", "party": "client_1", "error": "RuntimeError: injected crash"}]
+    assert metrics["failures"] == expected
+    assert json.loads((run_dir / "metrics.json").read_text())["failures"] == expected
+    assert all("failed" not in c for c in metrics["clients"])  # it is evaluated again later
+
+    (r1, replied1, failed1, before1, after1, al), (r2, replied2, _, before2, after2, _) = seen
+    assert (r1, replied1, list(failed1)) == (1, ["client_0", "client_2"], ["client_1"])
+    assert (r2, replied2) == (2, ["client_0", "client_1", "client_2"])
+    held = torch.zeros(al.size, dtype=torch.bool)
+    held[al.index["client_1"]] = True
+    only_1 = held & (al.holders == 1)
+    assert 0 < int(only_1.sum()) < al.size
+    assert torch.equal(after1[only_1], before1[only_1])  # its own rows: untouched in round 1
+    assert not torch.equal(after1[~only_1], before1[~only_1])  # the others' rows did move
+    assert not torch.equal(after2[only_1], before2[only_1])  # back in round 2
+    uploads = [(r["round"], r["sender"]) for r in read_log(run_dir) if r["name"] == "upload"]
+    assert (1, "client_1") not in uploads and (2, "client_1") in uploads
+
+
+def test_too_few_clients_fail_the_round_after_the_retries():
+    run = FederatedRun(umls_config(federated__min_clients=3, federated__max_retries=2), run_dir=None)
+    run.align()
+    start = {t: v.clone() for t, v in run.server.table.items()}
+
+    def broken(message, round):
+        raise RuntimeError("always down")
+
+    run.client_halves["client_1"].on_train = broken
+    with pytest.raises(RoundFailed, match="min_clients=3"):
+        run.train_round(1)
+    attempts = 2 + 1  # the first try and max_retries retries
+    assert run.failures == [{"round": 1, "stage": "train", "party": "client_1",
+                             "error": "RuntimeError: always down"}] * attempts
+    assert len(run.channel.records(round=1, receiver="client_0", name="download")) == attempts
+    assert all(torch.equal(run.server.table[t], v) for t, v in start.items())  # nothing aggregated
+    assert run.last_round == 0
