@@ -3,11 +3,20 @@
 Every field has a type and a default, so a config file only states what differs. Loading
 merges, in order: the structured defaults, the YAML file, then ``key=value`` overrides.
 An unknown key anywhere is an error that lists the valid keys of that section.
+
+Fields describe themselves through ``dataclasses.field(metadata=...)``, so that a field
+added later only needs its own declaration:
+
+* ``{"range": Range(...)}`` — the allowed interval of a numeric field, checked by
+  :func:`validate_ranges` whenever a config is loaded;
+* ``{"resume": "free"}`` — the field may change when a run directory is resumed (see
+  :func:`resume_fingerprint`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -16,6 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 __all__ = [
     "ConfigError",
+    "Range",
     "DataConfig",
     "ModelConfig",
     "TrainConfig",
@@ -25,11 +35,56 @@ __all__ = [
     "load_config",
     "save_config",
     "config_from_yaml_text",
+    "validate_ranges",
 ]
 
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed interval of a numeric config field, declared as ``metadata={"range": ...}``.
+
+    ``None`` leaves that side unbounded; a bound is inclusive unless ``*_exclusive``.
+    Non-finite values (``nan``, ``inf``) are always outside.
+    """
+
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` lies inside the interval."""
+        if not math.isfinite(value):
+            return False
+        if self.min is not None and (value <= self.min if self.min_exclusive else value < self.min):
+            return False
+        if self.max is not None and (value >= self.max if self.max_exclusive else value > self.max):
+            return False
+        return True
+
+    def describe(self) -> str:
+        """The constraint as the error message states it, e.g. ``>= 1`` or ``in (0, 1]``."""
+        if self.min is not None and self.max is not None:
+            left = "(" if self.min_exclusive else "["
+            right = ")" if self.max_exclusive else "]"
+            return f"in {left}{_number(self.min)}, {_number(self.max)}{right}"
+        if self.min is not None:
+            return f"{'>' if self.min_exclusive else '>='} {_number(self.min)}"
+        if self.max is not None:
+            return f"{'<' if self.max_exclusive else '<='} {_number(self.max)}"
+        return "a finite number"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+#: Lightning's ``seed_everything`` (and NumPy) accept unsigned 32-bit seeds only.
+SEED_RANGE = Range(min=0, max=2**32 - 1)
 
 
 @dataclass
@@ -44,8 +99,8 @@ class DataConfig:
 
     name: str = "umls"
     format: Literal["auto", "triples", "openke", "pyg_fb15k237", "pyg_wn18rr"] = "auto"
-    num_clients: int = 3
-    partition_seed: int = 12345
+    num_clients: int = field(default=3, metadata={"range": Range(min=1)})
+    partition_seed: int = field(default=12345, metadata={"range": SEED_RANGE})
 
 
 @dataclass
@@ -53,30 +108,30 @@ class ModelConfig:
     """The KGE score function (REFERENCE §1.1 parameterisation)."""
 
     name: Literal["transe", "transh", "transr", "transd", "distmult", "complex", "rotate"] = "transe"
-    dim: int = 128
-    gamma: float = 10.0
-    epsilon: float = 2.0
+    dim: int = field(default=128, metadata={"range": Range(min=1)})
+    gamma: float = field(default=10.0, metadata={"range": Range(min=0, min_exclusive=True)})
+    epsilon: float = field(default=2.0, metadata={"range": Range(min=0)})
 
 
 @dataclass
 class TrainConfig:
     """Optimisation, negative sampling and evaluation protocol of one learner."""
 
-    lr: float = 1e-3
-    batch_size: int = 512
-    num_negatives: int = 256
+    lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
+    batch_size: int = field(default=512, metadata={"range": Range(min=1)})
+    num_negatives: int = field(default=256, metadata={"range": Range(min=1)})
     negative_mode: Literal["per_triple", "shared"] = "per_triple"
     negative_sampler: Literal["uniform", "bernoulli"] = "uniform"
     filter_negatives: bool = False
     corruption: Literal["tail", "head", "both"] = "both"
     loss: Literal["self_adversarial", "uniform", "margin"] = "self_adversarial"
-    adversarial_temperature: float = 1.0
-    regularization: float = 0.0
+    adversarial_temperature: float = field(default=1.0, metadata={"range": Range(min=0)})
+    regularization: float = field(default=0.0, metadata={"range": Range(min=0)})
     reset_optimizer: bool = False
-    max_epochs: int = 100
-    eval_every: int = 10
-    patience: int = 15
-    eval_batch_size: int = 256
+    max_epochs: int = field(default=100, metadata={"range": Range(min=1)})
+    eval_every: int = field(default=10, metadata={"range": Range(min=1)})
+    patience: int = field(default=15, metadata={"range": Range(min=1)})
+    eval_batch_size: int = field(default=256, metadata={"range": Range(min=1)})
     eval_sides: Literal["tail", "both"] = "both"
     ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
 
@@ -86,7 +141,7 @@ class TrainerConfig:
     """Arguments passed to every ``lightning.Trainer`` of the run."""
 
     accelerator: str = "auto"
-    devices: int = 1
+    devices: int = field(default=1, metadata={"range": Range(min=1)})
     precision: str = "32-true"
     progress_bar: bool = True
 
@@ -114,16 +169,16 @@ class FederatedConfig:
     """
 
     strategy: Literal["none", "single", "entire", "fede", "fedr"] = "none"
-    rounds: int = 100
-    local_epochs: int = 3
-    fraction: float = 1.0
-    eval_every: int = 5
-    patience: int = 15
+    rounds: int = field(default=100, metadata={"range": Range(min=1)})
+    local_epochs: int = field(default=3, metadata={"range": Range(min=1)})
+    fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
+    eval_every: int = field(default=5, metadata={"range": Range(min=1)})
+    patience: int = field(default=15, metadata={"range": Range(min=1)})
     fusion: bool = False
-    fusion_epochs: int = 500
-    fusion_lr: float = 0.01
-    fusion_margin: float = 10.0
-    fusion_negatives: int = 256
+    fusion_epochs: int = field(default=500, metadata={"range": Range(min=1)})
+    fusion_lr: float = field(default=0.01, metadata={"range": Range(min=0, min_exclusive=True)})
+    fusion_margin: float = field(default=10.0, metadata={"range": Range(min=0)})
+    fusion_negatives: int = field(default=256, metadata={"range": Range(min=1)})
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
 
 
@@ -132,7 +187,7 @@ class ExperimentConfig:
     """A whole experiment: data, model, training, Trainer and federation settings."""
 
     name: str = "experiment"
-    seed: int = 0
+    seed: int = field(default=0, metadata={"range": SEED_RANGE})
     out_dir: str = "runs"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -181,7 +236,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
     if overrides:
         cfg = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
-    return OmegaConf.to_object(cfg)
+    result = OmegaConf.to_object(cfg)
+    validate_ranges(result)
+    return result
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
@@ -192,4 +249,36 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
 def config_from_yaml_text(text: str) -> ExperimentConfig:
     """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
     cfg = _merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(text), "config.yaml")
-    return OmegaConf.to_object(cfg)
+    result = OmegaConf.to_object(cfg)
+    validate_ranges(result)
+    return result
+
+
+def _leaves(node, prefix: str = ""):
+    """``(dotted key, dataclass field, value)`` of every non-dataclass field, depth first."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value
+
+
+def validate_ranges(cfg: ExperimentConfig) -> None:
+    """Check every field that declares ``metadata={"range": Range(...)}``.
+
+    Types are already enforced by omegaconf; this catches values of the right type that no
+    run can use (``model.dim=-5``, ``federated.fraction=1.5``) before anything is written.
+    ``None`` (an optional field left unset) is not checked. Raises :class:`ConfigError`
+    listing every violation as ``key: value is out of range (must be ...)``.
+    """
+    problems = []
+    for key, f, value in _leaves(cfg):
+        bounds = f.metadata.get("range")
+        # bool is an int subclass, but a flag has no range to violate.
+        if bounds is None or value is None or isinstance(value, bool):
+            continue
+        if not bounds.contains(value):
+            problems.append(f"{key}: {value!r} is out of range (must be {bounds.describe()})")
+    if problems:
+        raise ConfigError("; ".join(problems))

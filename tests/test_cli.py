@@ -1,10 +1,15 @@
 """The ``fedkg`` command: fit / test / data stats, run-directory contents, errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from lightning_fedkg.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+KGE_CONFIG = str(REPO / "configs" / "kge" / "umls_transe.yaml")
+FEDE_CONFIG = str(REPO / "configs" / "fede" / "umls_fede.yaml")
 
 TINY = [
     "data.name=umls",
@@ -58,3 +63,23 @@ def test_data_stats(capsys):
     assert main(["data", "stats", "umls"]) == 0
     out = capsys.readouterr().out
     assert "135" in out and "5216" in out
+
+
+@pytest.mark.parametrize(
+    "config, override",
+    [
+        (KGE_CONFIG, "model.dim=-5"),
+        (KGE_CONFIG, "train.batch_size=0"),
+        (KGE_CONFIG, "train.lr=-0.1"),
+        (FEDE_CONFIG, "federated.fraction=1.5"),
+        (FEDE_CONFIG, "data.num_clients=0"),
+        (FEDE_CONFIG, "federated.rounds=0"),
+    ],
+)
+def test_out_of_range_value_is_an_error_before_the_run_directory_exists(tmp_path, capsys, config, override):
+    run = tmp_path / "run"
+    assert main(["fit", "-c", config, override, "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    key = override.split("=")[0]
+    assert err.startswith(f"fedkg: error: {key}: ") and "is out of range (must be" in err
+    assert not run.exists()
