@@ -10,7 +10,9 @@ added later only needs its own declaration:
 * ``{"range": Range(...)}`` — the allowed interval of a numeric field, checked by
   :func:`validate_ranges` whenever a config is loaded;
 * ``{"resume": "free"}`` — the field may change when a run directory is resumed (see
-  :func:`resume_fingerprint`).
+  :func:`resume_fingerprint`): it is cosmetic (names, progress bar), a budget (rounds,
+  epochs, patience), where the run executes (devices) or post-processing (model fusion).
+  Everything else changes what a step computes and must match the run being resumed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ __all__ = [
     "save_config",
     "config_from_yaml_text",
     "validate_ranges",
+    "resume_fingerprint",
+    "fingerprint_differences",
 ]
 
 
@@ -128,7 +132,7 @@ class TrainConfig:
     adversarial_temperature: float = field(default=1.0, metadata={"range": Range(min=0)})
     regularization: float = field(default=0.0, metadata={"range": Range(min=0)})
     reset_optimizer: bool = False
-    max_epochs: int = field(default=100, metadata={"range": Range(min=1)})
+    max_epochs: int = field(default=100, metadata={"range": Range(min=1), "resume": "free"})
     eval_every: int = field(default=10, metadata={"range": Range(min=1)})
     patience: int = field(default=15, metadata={"range": Range(min=1)})
     eval_batch_size: int = field(default=256, metadata={"range": Range(min=1)})
@@ -141,9 +145,9 @@ class TrainerConfig:
     """Arguments passed to every ``lightning.Trainer`` of the run."""
 
     accelerator: str = "auto"
-    devices: int = field(default=1, metadata={"range": Range(min=1)})
+    devices: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
     precision: str = "32-true"
-    progress_bar: bool = True
+    progress_bar: bool = field(default=True, metadata={"resume": "free"})
 
 
 @dataclass
@@ -169,16 +173,16 @@ class FederatedConfig:
     """
 
     strategy: Literal["none", "single", "entire", "fede", "fedr"] = "none"
-    rounds: int = field(default=100, metadata={"range": Range(min=1)})
+    rounds: int = field(default=100, metadata={"range": Range(min=1), "resume": "free"})
     local_epochs: int = field(default=3, metadata={"range": Range(min=1)})
     fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
     eval_every: int = field(default=5, metadata={"range": Range(min=1)})
-    patience: int = field(default=15, metadata={"range": Range(min=1)})
-    fusion: bool = False
-    fusion_epochs: int = field(default=500, metadata={"range": Range(min=1)})
-    fusion_lr: float = field(default=0.01, metadata={"range": Range(min=0, min_exclusive=True)})
-    fusion_margin: float = field(default=10.0, metadata={"range": Range(min=0)})
-    fusion_negatives: int = field(default=256, metadata={"range": Range(min=1)})
+    patience: int = field(default=15, metadata={"range": Range(min=1), "resume": "free"})
+    fusion: bool = field(default=False, metadata={"resume": "free"})
+    fusion_epochs: int = field(default=500, metadata={"range": Range(min=1), "resume": "free"})
+    fusion_lr: float = field(default=0.01, metadata={"range": Range(min=0, min_exclusive=True), "resume": "free"})
+    fusion_margin: float = field(default=10.0, metadata={"range": Range(min=0), "resume": "free"})
+    fusion_negatives: int = field(default=256, metadata={"range": Range(min=1), "resume": "free"})
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
 
 
@@ -186,9 +190,9 @@ class FederatedConfig:
 class ExperimentConfig:
     """A whole experiment: data, model, training, Trainer and federation settings."""
 
-    name: str = "experiment"
+    name: str = field(default="experiment", metadata={"resume": "free"})
     seed: int = field(default=0, metadata={"range": SEED_RANGE})
-    out_dir: str = "runs"
+    out_dir: str = field(default="runs", metadata={"resume": "free"})
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -282,3 +286,39 @@ def validate_ranges(cfg: ExperimentConfig) -> None:
             problems.append(f"{key}: {value!r} is out of range (must be {bounds.describe()})")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def resume_fingerprint(cfg: ExperimentConfig) -> dict:
+    """The settings a resumed run must share with the run directory it continues.
+
+    ``cfg`` as a nested dict (sections are dicts, leaves plain values) without the fields
+    whose metadata says ``{"resume": "free"}``. Two configs may share a run directory
+    exactly when their fingerprints are equal.
+    """
+
+    def strip(node) -> dict:
+        out = {}
+        for f in fields(node):
+            if f.metadata.get("resume") == "free":
+                continue
+            value = getattr(node, f.name)
+            out[f.name] = strip(value) if is_dataclass(value) else value
+        return out
+
+    return strip(cfg)
+
+
+def fingerprint_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """``key: saved -> current`` for every leaf where two fingerprints differ, sorted by key.
+
+    A key missing on one side reads as ``None`` there (a field added or removed between
+    versions).
+    """
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += fingerprint_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out

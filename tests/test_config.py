@@ -10,7 +10,9 @@ from lightning_fedkg.config import (
     ExperimentConfig,
     Range,
     config_from_yaml_text,
+    fingerprint_differences,
     load_config,
+    resume_fingerprint,
     save_config,
     validate_ranges,
 )
@@ -123,3 +125,52 @@ def test_range_description_and_membership():
     assert [half_open.contains(v) for v in (0.0, 1e-9, 1.0, 1.0001)] == [False, True, True, False]
     assert Range(min=1).describe() == ">= 1" and Range(max=2.5, max_exclusive=True).describe() == "< 2.5"
     assert not Range(min=0).contains(float("inf"))
+
+
+def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in tree.items():
+        keys |= _leaf_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+    return keys
+
+
+def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
+    cfg = ExperimentConfig()
+    everything = _leaf_keys(dataclasses.asdict(cfg))
+    kept = _leaf_keys(resume_fingerprint(cfg))
+    assert everything - kept == {
+        "name", "out_dir", "train.max_epochs",
+        "trainer.devices", "trainer.progress_bar",
+        "federated.rounds", "federated.patience", "federated.fusion", "federated.fusion_epochs",
+        "federated.fusion_lr", "federated.fusion_margin", "federated.fusion_negatives",
+    }
+    # Precision and accelerator change what a round computes: they stay.
+    assert {"trainer.precision", "trainer.accelerator", "seed"} <= kept
+
+
+def test_resume_fingerprint_compares_what_matters():
+    base = load_config(None, ["federated.strategy=fede"])
+    budget = load_config(None, ["federated.strategy=fede", "federated.rounds=7", "name=other",
+                                "trainer.progress_bar=false", "federated.fusion=true"])
+    assert resume_fingerprint(base) == resume_fingerprint(budget)
+    changed = load_config(None, ["federated.strategy=fede", "model.dim=32", "trainer.precision=bf16-mixed"])
+    assert fingerprint_differences(resume_fingerprint(base), resume_fingerprint(changed)) == [
+        "model.dim: 128 -> 32",
+        "trainer.precision: '32-true' -> 'bf16-mixed'",
+    ]
+
+
+def test_fingerprint_differences_reports_keys_missing_on_one_side():
+    assert fingerprint_differences({"a": {"x": 1}}, {"a": {"x": 1, "y": 2}}) == ["a.y: None -> 2"]
+    assert fingerprint_differences({"a": 1}, {"a": 1}) == []
+
+
+def test_resume_metadata_uses_one_spelling():
+    def walk(node):
+        for f in dataclasses.fields(node):
+            yield f
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from walk(value)
+
+    assert {f.metadata["resume"] for f in walk(ExperimentConfig()) if "resume" in f.metadata} == {"free"}
