@@ -18,7 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, save_config
+from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config
+from lightning_fedkg.rundir import RunDirectory
 from lightning_fedkg.data.kg import KGFormatError
 
 log = logging.getLogger("lightning_fedkg")
@@ -62,17 +63,17 @@ def resolve_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
 def cmd_fit(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     run_dir = resolve_run_dir(cfg, args.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    print(f"run directory: {run_dir}")
-    if cfg.federated.strategy == "none":
-        from lightning_fedkg.training import run_kge
+    # Locked and checked against the run it may hold before anything in it is written.
+    with RunDirectory.open(run_dir, cfg):
+        print(f"run directory: {run_dir}")
+        if cfg.federated.strategy == "none":
+            from lightning_fedkg.training import run_kge
 
-        metrics = run_kge(cfg, run_dir)
-    else:
-        from lightning_fedkg.federated.orchestrator import run_federated
+            metrics = run_kge(cfg, run_dir)
+        else:
+            from lightning_fedkg.federated.orchestrator import run_federated
 
-        metrics = run_federated(cfg, run_dir)
+            metrics = run_federated(cfg, run_dir)
     print(format_metrics_table(metrics))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0

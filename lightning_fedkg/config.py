@@ -18,6 +18,7 @@ added later only needs its own declaration:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Literal, Sequence
@@ -246,8 +247,23 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    """Write the fully resolved config as YAML (the run directory's ``config.yaml``)."""
-    OmegaConf.save(OmegaConf.structured(cfg), Path(path), resolve=True)
+    """Write the fully resolved config as YAML (the run directory's ``config.yaml``).
+
+    Written to a temporary file beside ``path`` and moved into place with ``os.replace``:
+    an interrupted write leaves the previous file, never half of one.
+    """
+    path = Path(path)
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def config_from_yaml_text(text: str) -> ExperimentConfig:
