@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import IO, Literal, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -41,6 +42,7 @@ __all__ = [
     "validate_ranges",
     "resume_fingerprint",
     "fingerprint_differences",
+    "show_progress_bar",
 ]
 
 
@@ -148,7 +150,7 @@ class TrainerConfig:
     accelerator: str = "auto"
     devices: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
     precision: str = "32-true"
-    progress_bar: bool = field(default=True, metadata={"resume": "free"})
+    progress_bar: bool | None = field(default=None, metadata={"resume": "free"})
 
 
 @dataclass
@@ -338,3 +340,14 @@ def fingerprint_differences(saved: dict, current: dict, prefix: str = "") -> lis
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return out
+
+
+def show_progress_bar(trainer: TrainerConfig, stream: IO | None = None) -> bool:
+    """Whether to draw progress bars: ``trainer.progress_bar``, or when it is ``None``
+    (the default), only if ``stream`` (``sys.stdout``, where tqdm and Lightning draw) is a
+    terminal — redrawn bars in a log file are hundreds of kilobytes of noise."""
+    if trainer.progress_bar is not None:
+        return bool(trainer.progress_bar)
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
