@@ -11,6 +11,7 @@ misspelled key is an error listing the valid keys.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -18,68 +19,123 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, save_config
-from lightning_fedkg.data.kg import KGFormatError
+# Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
+# torch, Lightning and PyG (seconds); the commands import them when they run.
+from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
+from lightning_fedkg.rundir import RunDirectory
 
 log = logging.getLogger("lightning_fedkg")
 
-TABLE_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
+#: Run-level keys of a federated ``metrics.json`` shown above its table, when present.
+SUMMARY_KEYS = ("strategy", "rounds", "best_round", "bytes_sent")
 
 
 def format_metrics_table(metrics: dict) -> str:
-    """A readable table of a ``metrics.json`` dict (FedE-Table-3 style when federated)."""
+    """A readable table of a ``metrics.json`` dict (FedE-Table-3 style when federated).
+
+    Federated results start with a ``key=value`` line of the :data:`SUMMARY_KEYS` they hold
+    (a tested checkpoint has no ``rounds`` or ``bytes_sent``, so none are shown).
+    """
     if "clients" in metrics:
         from lightning_fedkg.federated.orchestrator import format_table
 
-        return format_table(metrics)
-    header = f"{'':<10}" + "".join(f"{k:>10}" for k in TABLE_KEYS)
+        summary = "  ".join(f"{k}={metrics[k]}" for k in SUMMARY_KEYS if metrics.get(k) is not None)
+        # format_table writes its own summary line, None included, when it sees "strategy".
+        table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS})
+        return f"{summary}\n{table}" if summary else table
+    from lightning_fedkg.training import METRIC_KEYS
+
+    header = f"{'':<10}" + "".join(f"{k:>10}" for k in METRIC_KEYS)
     lines = [header, "-" * len(header)]
 
-    def row(label: str, values: dict) -> str:
-        cells = []
-        for k in TABLE_KEYS:
-            v = values.get(k)
-            cells.append(f"{v:>10.1f}" if k == "mr" and v is not None else f"{v:>10.4f}" if v is not None else f"{'-':>10}")
-        return f"{label:<10}" + "".join(cells)
+    def cell(key: str, value) -> str:
+        if value is None:
+            return f"{'-':>10}"
+        return f"{value:>10.1f}" if key == "mr" else f"{value:>10.4f}"
 
-    lines.append(row("test", metrics["test"]))
+    lines.append(f"{'test':<10}" + "".join(cell(k, metrics["test"].get(k)) for k in METRIC_KEYS))
     return "\n".join(lines)
 
 
+class _DropTips(logging.Filter):
+    """Drops Lightning's advertisements ("💡 Tip: ... try installing litlogger/litmodels")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡")
+
+
+_DROP_TIPS = _DropTips()
+#: The loggers Lightning's ``rank_zero_info`` writes to (PyTorch Lightning, then Fabric).
+RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
 def quiet_known_warnings() -> None:
-    """Silence Lightning warnings that are expected for our data loaders."""
+    """Silence Lightning warnings that are expected for our data loaders, and its tips."""
     # Our loaders are in-process IterableDatasets with an exact __len__ (no workers), and
     # tiny KGs have fewer batches than the logging interval.
     warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")
     warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # Lightning's own pytree shim trips a torch deprecation; nothing for the user to change.
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    for name in RANK_ZERO_LOGGERS:
+        logger = logging.getLogger(name)
+        if _DROP_TIPS not in logger.filters:
+            logger.addFilter(_DROP_TIPS)
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input (config, data files, paths): message, exit status 2.
+
+    ``KGFormatError`` lives in the data layer, which imports torch; it can only have been
+    raised if that module is loaded, so it is looked up instead of imported.
+    """
+    types: list[type[BaseException]] = [ConfigError, FileNotFoundError]
+    kg = sys.modules.get("lightning_fedkg.data.kg")
+    if kg is not None:
+        types.append(kg.KGFormatError)
+    return tuple(types)
 
 
 def resolve_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
+    """``--out`` if given, else ``<out_dir>/<name>`` of the config."""
     return Path(out) if out else Path(cfg.out_dir) / cfg.name
 
 
+def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with ``trainer.progress_bar: null`` (auto) decided for this process's stdout.
+
+    The saved ``config.yaml`` keeps ``null``; the runners get a plain bool (the federated
+    round loop reads the field as one).
+    """
+    trainer = dataclasses.replace(cfg.trainer, progress_bar=show_progress_bar(cfg.trainer))
+    return dataclasses.replace(cfg, trainer=trainer)
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
+    """``fedkg fit``: train what the config describes in its run directory (or resume it)."""
     cfg = load_config(args.config, args.overrides)
     run_dir = resolve_run_dir(cfg, args.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    print(f"run directory: {run_dir}")
-    if cfg.federated.strategy == "none":
-        from lightning_fedkg.training import run_kge
+    # Locked and checked against the run it may hold before anything in it is written.
+    with RunDirectory.open(run_dir, cfg):
+        print(f"run directory: {run_dir}")
+        cfg = resolve_auto_settings(cfg)
+        if cfg.federated.strategy == "none":
+            from lightning_fedkg.training import run_kge
 
-        metrics = run_kge(cfg, run_dir)
-    else:
-        from lightning_fedkg.federated.orchestrator import run_federated
+            metrics = run_kge(cfg, run_dir)
+        else:
+            from lightning_fedkg.federated.orchestrator import run_federated
 
-        metrics = run_federated(cfg, run_dir)
+            metrics = run_federated(cfg, run_dir)
     print(format_metrics_table(metrics))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    """``fedkg test``: evaluate a checkpoint on the test split; print the table and the JSON."""
+    cfg = resolve_auto_settings(load_config(args.config, args.overrides))
     if cfg.federated.strategy == "none":
         from lightning_fedkg.training import evaluate_kge_checkpoint
 
@@ -94,6 +150,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
+    """``fedkg data stats``: sizes of a KG, or of every client of a federated folder."""
     from lightning_fedkg.data import load_federated, load_kg
 
     target = args.target
@@ -103,11 +160,12 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
         rows = fkg.stats()
         print(f"{fkg.name}: {fkg.num_clients} clients, {fkg.num_entities} entities, {fkg.num_relations} relations")
         keys = ["entities", "relations", "train", "valid", "test"]
-        extra = sorted({k for r in rows for k in r if k not in keys and isinstance(r[k], int)})
+        # Further integer columns are extra splits (FedLU's unlearn); "client" is the row label.
+        extra = sorted({k for r in rows for k in r if k not in keys and k != "client" and isinstance(r[k], int)})
         keys += extra
         print(f"{'client':<8}" + "".join(f"{k:>11}" for k in keys))
-        for i, r in enumerate(rows):
-            print(f"{i:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
+        for r in rows:
+            print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
         return 0
     kg = load_kg(target)
     stats = kg.stats()
@@ -118,18 +176,19 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``fedkg`` argument parser (sub-commands fit, test, data stats)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
     fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)")
-    fit.add_argument("-c", "--config", help="YAML config file")
+    fit.add_argument("-c", "--config", required=True, help="YAML config file")
     fit.add_argument("--out", help="run directory (default: <out_dir>/<name>)")
     fit.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.dim=64")
     fit.set_defaults(func=cmd_fit)
 
     test = sub.add_parser("test", help="evaluate a checkpoint on the test split")
-    test.add_argument("-c", "--config", help="YAML config file (the run's config.yaml works)")
+    test.add_argument("-c", "--config", required=True, help="YAML config file (the run's config.yaml works)")
     test.add_argument("--ckpt", required=True, help="checkpoint file")
     test.add_argument("overrides", nargs="*", help="key=value overrides")
     test.set_defaults(func=cmd_test)
@@ -143,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fedkg`` with ``argv``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
     # Only our logger gets a handler (once): Lightning already prints its own messages.
     if not any(getattr(h, "_fedkg_cli", False) for h in log.handlers):
@@ -154,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_known_warnings()
     try:
         return args.func(args)
-    except (ConfigError, KGFormatError, FileNotFoundError) as err:
+    except Exception as err:
+        if not isinstance(err, user_error_types()):
+            raise
         print(f"fedkg: error: {err}", file=sys.stderr)
         return 2
 

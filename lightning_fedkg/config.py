@@ -3,14 +3,27 @@
 Every field has a type and a default, so a config file only states what differs. Loading
 merges, in order: the structured defaults, the YAML file, then ``key=value`` overrides.
 An unknown key anywhere is an error that lists the valid keys of that section.
+
+Fields describe themselves through ``dataclasses.field(metadata=...)``, so that a field
+added later only needs its own declaration:
+
+* ``{"range": Range(...)}`` — the allowed interval of a numeric field, checked by
+  :func:`validate_ranges` whenever a config is loaded;
+* ``{"resume": "free"}`` — the field may change when a run directory is resumed (see
+  :func:`resume_fingerprint`): it is cosmetic (names, progress bar), a budget (rounds,
+  epochs, patience), where the run executes (devices) or post-processing (model fusion).
+  Everything else changes what a step computes and must match the run being resumed.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Sequence
+from typing import IO, Any, Dict, Literal, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -20,6 +33,7 @@ log = logging.getLogger("lightning_fedkg")
 __all__ = [
     "ConfigError",
     "FedEConfig",
+    "Range",
     "DataConfig",
     "ModelConfig",
     "TrainConfig",
@@ -30,11 +44,59 @@ __all__ = [
     "save_config",
     "config_from_yaml_text",
     "validate_model_and_train",
+    "validate_ranges",
+    "resume_fingerprint",
+    "fingerprint_differences",
+    "show_progress_bar",
 ]
 
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed interval of a numeric config field, declared as ``metadata={"range": ...}``.
+
+    ``None`` leaves that side unbounded; a bound is inclusive unless ``*_exclusive``.
+    Non-finite values (``nan``, ``inf``) are always outside.
+    """
+
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` lies inside the interval."""
+        if not math.isfinite(value):
+            return False
+        if self.min is not None and (value <= self.min if self.min_exclusive else value < self.min):
+            return False
+        if self.max is not None and (value >= self.max if self.max_exclusive else value > self.max):
+            return False
+        return True
+
+    def describe(self) -> str:
+        """The constraint as the error message states it, e.g. ``>= 1`` or ``in (0, 1]``."""
+        if self.min is not None and self.max is not None:
+            left = "(" if self.min_exclusive else "["
+            right = ")" if self.max_exclusive else "]"
+            return f"in {left}{_number(self.min)}, {_number(self.max)}{right}"
+        if self.min is not None:
+            return f"{'>' if self.min_exclusive else '>='} {_number(self.min)}"
+        if self.max is not None:
+            return f"{'<' if self.max_exclusive else '<='} {_number(self.max)}"
+        return "a finite number"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+#: Lightning's ``seed_everything`` (and NumPy) accept unsigned 32-bit seeds only.
+SEED_RANGE = Range(min=0, max=2**32 - 1)
 
 
 @dataclass
@@ -49,8 +111,8 @@ class DataConfig:
 
     name: str = "umls"
     format: Literal["auto", "triples", "openke", "pyg_fb15k237", "pyg_wn18rr"] = "auto"
-    num_clients: int = 3
-    partition_seed: int = 12345
+    num_clients: int = field(default=3, metadata={"range": Range(min=1)})
+    partition_seed: int = field(default=12345, metadata={"range": SEED_RANGE})
 
 
 #: ModelConfig fields that are keyword options of particular models (None = model default).
@@ -69,9 +131,9 @@ class ModelConfig:
     """
 
     name: str = "transe"
-    dim: int = 128
-    gamma: float = 10.0
-    epsilon: float = 2.0
+    dim: int = field(default=128, metadata={"range": Range(min=1)})
+    gamma: float = field(default=10.0, metadata={"range": Range(min=0, min_exclusive=True)})
+    epsilon: float = field(default=2.0, metadata={"range": Range(min=0)})
     p_norm: Optional[float] = None
     relation_dim: Optional[int] = None
     orthogonality_margin: Optional[float] = None
@@ -90,24 +152,24 @@ class TrainConfig:
     once (None: a whole ``eval_batch_size`` batch).
     """
 
-    lr: float = 1e-3
-    batch_size: int = 512
-    num_negatives: int = 256
+    lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
+    batch_size: int = field(default=512, metadata={"range": Range(min=1)})
+    num_negatives: int = field(default=256, metadata={"range": Range(min=1)})
     negative_mode: Literal["per_triple", "shared"] = "per_triple"
     negative_sampler: Literal["uniform", "bernoulli"] = "uniform"
     filter_negatives: bool = False
     corruption: Literal["tail", "head", "both"] = "both"
     loss: str = "self_adversarial"
-    adversarial_temperature: float = 1.0
+    adversarial_temperature: float = field(default=1.0, metadata={"range": Range(min=0)})
     margin: float = 1.0
-    regularization: float = 0.0
+    regularization: float = field(default=0.0, metadata={"range": Range(min=0)})
     # A fresh Adam at every fit(), i.e. every federated round (FedE's code); KGEModule's
     # default too. A single-KG run fits once, so there it changes nothing.
     reset_optimizer: bool = True
-    max_epochs: int = 100
-    eval_every: int = 10
-    patience: int = 15
-    eval_batch_size: int = 256
+    max_epochs: int = field(default=100, metadata={"range": Range(min=1), "resume": "free"})
+    eval_every: int = field(default=10, metadata={"range": Range(min=1)})
+    patience: int = field(default=15, metadata={"range": Range(min=1)})
+    eval_batch_size: int = field(default=256, metadata={"range": Range(min=1)})
     eval_sides: Literal["tail", "both"] = "both"
     ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
     eval_chunk_size: Optional[int] = None
@@ -118,9 +180,9 @@ class TrainerConfig:
     """Arguments passed to every ``lightning.Trainer`` of the run."""
 
     accelerator: str = "auto"
-    devices: int = 1
+    devices: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
     precision: str = "32-true"
-    progress_bar: bool = True
+    progress_bar: bool | None = field(default=None, metadata={"resume": "free"})
 
 
 @dataclass
@@ -136,11 +198,11 @@ class FedEConfig:
     finished run may be resumed with them changed.
     """
 
-    fusion: bool = False
-    fusion_epochs: int = 500
-    fusion_lr: float = 0.01
-    fusion_margin: float = 10.0
-    fusion_negatives: int = 256
+    fusion: bool = field(default=False, metadata={"resume": "free"})
+    fusion_epochs: int = field(default=500, metadata={"range": Range(min=0), "resume": "free"})
+    fusion_lr: float = field(default=0.01, metadata={"range": Range(min=0, min_exclusive=True), "resume": "free"})
+    fusion_margin: float = field(default=10.0, metadata={"range": Range(min=0), "resume": "free"})
+    fusion_negatives: int = field(default=256, metadata={"range": Range(min=1), "resume": "free"})
 
 
 @dataclass
@@ -174,16 +236,17 @@ class FederatedConfig:
 
     strategy: str = "none"
     task: str = "link_prediction"
-    rounds: int = 100
-    local_epochs: int = 3
-    fraction: float = 1.0
-    eval_every: int = 5
-    patience: int = 15
+    rounds: int = field(default=100, metadata={"range": Range(min=1), "resume": "free"})
+    local_epochs: int = field(default=3, metadata={"range": Range(min=1)})
+    fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
+    eval_every: int = field(default=5, metadata={"range": Range(min=1)})
+    patience: int = field(default=15, metadata={"range": Range(min=1), "resume": "free"})
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
-    min_clients: int = 1
-    max_retries: int = 2
-    client_timeout: Optional[float] = None
-    record_payloads: bool = False
+    min_clients: int = field(default=1, metadata={"range": Range(min=1)})
+    max_retries: int = field(default=2, metadata={"range": Range(min=0), "resume": "free"})
+    client_timeout: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
+                                                                    "resume": "free"})
+    record_payloads: bool = field(default=False, metadata={"resume": "free"})
     federation_key: str = ""
     parties: Dict[str, Any] = field(default_factory=dict)
     fede: FedEConfig = field(default_factory=FedEConfig)
@@ -203,9 +266,9 @@ LEGACY_KEYS = {
 class ExperimentConfig:
     """A whole experiment: data, model, training, Trainer and federation settings."""
 
-    name: str = "experiment"
-    seed: int = 0
-    out_dir: str = "runs"
+    name: str = field(default="experiment", metadata={"resume": "free"})
+    seed: int = field(default=0, metadata={"range": SEED_RANGE})
+    out_dir: str = field(default="runs", metadata={"resume": "free"})
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -267,18 +330,33 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
     if overrides:
         cfg = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
-    return validate_model_and_train(OmegaConf.to_object(cfg))
+    return validate_model_and_train(validate_ranges(OmegaConf.to_object(cfg)))
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    """Write the fully resolved config as YAML (the run directory's ``config.yaml``)."""
-    OmegaConf.save(OmegaConf.structured(cfg), Path(path), resolve=True)
+    """Write the fully resolved config as YAML (the run directory's ``config.yaml``).
+
+    Written to a temporary file beside ``path`` and moved into place with ``os.replace``:
+    an interrupted write leaves the previous file, never half of one.
+    """
+    path = Path(path)
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def config_from_yaml_text(text: str) -> ExperimentConfig:
     """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
     cfg = _merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(text), "config.yaml")
-    return validate_model_and_train(OmegaConf.to_object(cfg))
+    return validate_model_and_train(validate_ranges(OmegaConf.to_object(cfg)))
 
 
 def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -308,3 +386,81 @@ def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
                 f"(its options: {', '.join(accepted) or 'none'}); remove it or set it to null"
             )
     return cfg
+
+
+def _leaves(node, prefix: str = ""):
+    """``(dotted key, dataclass field, value)`` of every non-dataclass field, depth first."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value
+
+
+def validate_ranges(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Check every field that declares ``metadata={"range": Range(...)}``.
+
+    Types are already enforced by omegaconf; this catches values of the right type that no
+    run can use (``model.dim=-5``, ``federated.fraction=1.5``) before anything is written.
+    ``None`` (an optional field left unset) is not checked. Raises :class:`ConfigError`
+    listing every violation as ``key: value is out of range (must be ...)``.
+    """
+    problems = []
+    for key, f, value in _leaves(cfg):
+        bounds = f.metadata.get("range")
+        # bool is an int subclass, but a flag has no range to violate.
+        if bounds is None or value is None or isinstance(value, bool):
+            continue
+        if not bounds.contains(value):
+            problems.append(f"{key}: {value!r} is out of range (must be {bounds.describe()})")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg
+
+
+def resume_fingerprint(cfg: ExperimentConfig) -> dict:
+    """The settings a resumed run must share with the run directory it continues.
+
+    ``cfg`` as a nested dict (sections are dicts, leaves plain values) without the fields
+    whose metadata says ``{"resume": "free"}``. Two configs may share a run directory
+    exactly when their fingerprints are equal.
+    """
+
+    def strip(node) -> dict:
+        out = {}
+        for f in fields(node):
+            if f.metadata.get("resume") == "free":
+                continue
+            value = getattr(node, f.name)
+            out[f.name] = strip(value) if is_dataclass(value) else value
+        return out
+
+    return strip(cfg)
+
+
+def fingerprint_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """``key: saved -> current`` for every leaf where two fingerprints differ, sorted by key.
+
+    A key missing on one side reads as ``None`` there (a field added or removed between
+    versions).
+    """
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += fingerprint_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def show_progress_bar(trainer: TrainerConfig, stream: IO | None = None) -> bool:
+    """Whether to draw progress bars: ``trainer.progress_bar``, or when it is ``None``
+    (the default), only if ``stream`` (``sys.stdout``, where tqdm and Lightning draw) is a
+    terminal — redrawn bars in a log file are hundreds of kilobytes of noise."""
+    if trainer.progress_bar is not None:
+        return bool(trainer.progress_bar)
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())

@@ -14,7 +14,7 @@ import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_fedkg.config import ExperimentConfig
+from lightning_fedkg.config import ExperimentConfig, show_progress_bar
 from lightning_fedkg.data import KGDataModule, KnowledgeGraph, load_kg
 from lightning_fedkg.models import KGEModule
 
@@ -98,7 +98,7 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
         precision=cfg.trainer.precision,
         logger=TensorBoardLogger(run_dir, name="tb", version="kge", default_hp_metric=False),
         callbacks=[checkpoint, early_stopping],
-        enable_progress_bar=cfg.trainer.progress_bar,
+        enable_progress_bar=show_progress_bar(cfg.trainer),
         enable_model_summary=False,
         num_sanity_val_steps=0,
         deterministic=False,
@@ -125,7 +125,7 @@ def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dic
         devices=cfg.trainer.devices,
         precision=cfg.trainer.precision,
         logger=False,
-        enable_progress_bar=cfg.trainer.progress_bar,
+        enable_progress_bar=show_progress_bar(cfg.trainer),
         enable_model_summary=False,
     )
     trainer.test(module, datamodule=datamodule, verbose=False)

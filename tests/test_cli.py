@@ -1,10 +1,19 @@
 """The ``fedkg`` command: fit / test / data stats, run-directory contents, errors."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from lightning_fedkg.cli import main
+from lightning_fedkg.cli import format_metrics_table, main
+from lightning_fedkg.config import TrainerConfig, show_progress_bar
+
+REPO = Path(__file__).resolve().parents[1]
+KGE_CONFIG = str(REPO / "configs" / "kge" / "umls_transe.yaml")
+FEDE_CONFIG = str(REPO / "configs" / "fede" / "umls_fede.yaml")
 
 TINY = [
     "data.name=umls",
@@ -20,7 +29,7 @@ TINY = [
 
 def test_fit_writes_run_directory_and_test_reproduces_it(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["fit", "--out", str(run), *TINY]) == 0
+    assert main(["fit", "-c", KGE_CONFIG, "--out", str(run), *TINY]) == 0
     out = capsys.readouterr().out
     assert "mrr" in out and "hits@10" in out
     metrics = json.loads((run / "metrics.json").read_text())
@@ -40,7 +49,7 @@ def test_fit_writes_run_directory_and_test_reproduces_it(tmp_path, capsys):
 
 
 def test_misspelled_key_exits_with_valid_keys(capsys):
-    assert main(["fit", "model.dimm=3"]) == 2
+    assert main(["fit", "-c", KGE_CONFIG, "model.dimm=3"]) == 2
     err = capsys.readouterr().err
     assert "model.dimm" in err and "Valid keys here: dim, epsilon, gamma, name" in err
 
@@ -58,3 +67,120 @@ def test_data_stats(capsys):
     assert main(["data", "stats", "umls"]) == 0
     out = capsys.readouterr().out
     assert "135" in out and "5216" in out
+
+
+@pytest.mark.parametrize(
+    "config, override",
+    [
+        (KGE_CONFIG, "model.dim=-5"),
+        (KGE_CONFIG, "train.batch_size=0"),
+        (KGE_CONFIG, "train.lr=-0.1"),
+        (FEDE_CONFIG, "federated.fraction=1.5"),
+        (FEDE_CONFIG, "data.num_clients=0"),
+        (FEDE_CONFIG, "federated.rounds=0"),
+    ],
+)
+def test_out_of_range_value_is_an_error_before_the_run_directory_exists(tmp_path, capsys, config, override):
+    run = tmp_path / "run"
+    assert main(["fit", "-c", config, override, "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    key = override.split("=")[0]
+    assert err.startswith(f"fedkg: error: {key}: ") and "is out of range (must be" in err
+    assert not run.exists()
+
+
+def run_fedkg(*args: str, code: str = "", timeout: int = 300) -> subprocess.CompletedProcess:
+    """``fedkg ARGS`` in a fresh interpreter with stdout/stderr on pipes (not a terminal);
+    ``code`` runs after ``main`` returns or exits, e.g. to inspect ``sys.modules``."""
+    script = (
+        "import sys\nfrom lightning_fedkg.cli import main\n"
+        f"try:\n    status = main({list(args)!r})\nexcept SystemExit as exit:\n    status = exit.code\n"
+        f"{code}\nsys.exit(status)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+HEAVY = "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules))"
+
+
+@pytest.mark.parametrize(
+    "args", [("--help",), ("fit", "--help"), ("fit",), ("fit", "-c", KGE_CONFIG, "model.dim=-5")],
+    ids=["help", "fit-help", "missing-config", "bad-value"],
+)
+def test_help_and_input_errors_do_not_import_torch(args):
+    proc = run_fedkg(*args, code=HEAVY)
+    assert proc.returncode in (0, 2), proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+@pytest.mark.parametrize("command", [["fit"], ["test", "--ckpt", "x.ckpt"]])
+def test_config_option_is_required(command, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(command)
+    assert exit.value.code == 2
+    assert "the following arguments are required: -c/--config" in capsys.readouterr().err
+
+
+def test_piped_single_kg_fit_prints_no_progress_bars_or_tips(tmp_path):
+    proc = run_fedkg("fit", "-c", KGE_CONFIG, "model.dim=8", "train.max_epochs=2", "train.eval_every=1",
+                     "train.num_negatives=8", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert "it/s" not in output and "Epoch" not in output
+    assert "Tip" not in output and "litlogger" not in output and "LeafSpec" not in output
+    assert "hits@10" in proc.stdout and len(output) < 2000
+    # The saved config keeps "auto", not this process's decision.
+    assert "progress_bar: null" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_progress_bar_auto_follows_the_terminal():
+    class Stream:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    assert show_progress_bar(TrainerConfig(), Stream(True)) is True
+    assert show_progress_bar(TrainerConfig(), Stream(False)) is False
+    assert show_progress_bar(TrainerConfig(progress_bar=True), Stream(False)) is True
+    assert show_progress_bar(TrainerConfig(progress_bar=False), Stream(True)) is False
+
+
+def test_federated_data_stats_prints_one_client_column(tmp_path, capsys):
+    triples = {"train": "a\tr\tb\nb\tr\tc\nc\tr\ta\n", "valid": "a\tr\tc\n", "test": "b\tr\ta\n"}
+    for k in range(2):
+        (tmp_path / f"client_{k}").mkdir()
+        for split, text in triples.items():
+            (tmp_path / f"client_{k}" / f"{split}.tsv").write_text(text)
+    assert main(["data", "stats", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1].split()
+    assert header == ["client", "entities", "relations", "train", "valid", "test"]
+    assert [line.split() for line in lines[2:]] == [["0", "3", "1", "3", "1", "1"], ["1", "3", "1", "3", "1", "1"]]
+
+
+def _client(mrr: float) -> dict:
+    return {"mrr": mrr, "mr": 3.0, "hits@1": 0.1, "hits@3": 0.2, "hits@5": 0.3, "hits@10": 0.4,
+            "count": 20, "triples": 10}
+
+
+def test_federated_table_header_shows_only_present_keys():
+    tested = {"test": _client(0.5), "clients": [_client(0.4), _client(0.6)], "strategy": "fede"}
+    lines = format_metrics_table(tested).splitlines()
+    assert lines[0] == "strategy=fede" and lines[1].split()[:2] == ["client", "#test"]
+    assert "None" not in "\n".join(lines)
+
+    fitted = {**tested, "rounds": 12, "best_round": 10, "bytes_sent": 4096}
+    lines = format_metrics_table(fitted).splitlines()
+    assert lines[0] == "strategy=fede  rounds=12  best_round=10  bytes_sent=4096"
+    assert sum("strategy=" in line for line in lines) == 1
+
+
+def test_single_kg_table_has_every_metric_column():
+    table = format_metrics_table({"test": {**_client(0.5), "hits@3": None}})
+    header, _, row = table.splitlines()
+    assert header.split() == ["mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10"]
+    assert row.split() == ["test", "0.5000", "3.0", "0.1000", "-", "0.3000", "0.4000"]

@@ -1,10 +1,21 @@
 """Typed configs: defaults, YAML + dotlist merging, errors that name the valid keys."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, load_config, save_config
+from lightning_fedkg.config import (
+    ConfigError,
+    ExperimentConfig,
+    Range,
+    config_from_yaml_text,
+    fingerprint_differences,
+    load_config,
+    resume_fingerprint,
+    save_config,
+    validate_ranges,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,3 +63,114 @@ def test_saved_config_round_trips(tmp_path):
 @pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_is_valid(path):
     load_config(path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.dim=-5", "model.dim: -5 is out of range (must be >= 1)"),
+        ("train.batch_size=0", "train.batch_size: 0 is out of range (must be >= 1)"),
+        ("federated.fraction=1.5", "federated.fraction: 1.5 is out of range (must be in (0, 1])"),
+        ("federated.fraction=0", "federated.fraction: 0.0 is out of range (must be in (0, 1])"),
+        ("data.num_clients=0", "data.num_clients: 0 is out of range (must be >= 1)"),
+        ("train.lr=-0.01", "train.lr: -0.01 is out of range (must be > 0)"),
+        ("train.lr=nan", "train.lr: nan is out of range (must be > 0)"),
+        ("federated.rounds=0", "federated.rounds: 0 is out of range (must be >= 1)"),
+        ("seed=-1", "seed: -1 is out of range (must be in [0, 4294967295])"),
+    ],
+)
+def test_out_of_range_values_are_rejected(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message
+
+
+def test_every_violation_is_listed_and_boundaries_are_accepted():
+    with pytest.raises(ConfigError, match=r"^train\.lr: .*; federated\.patience: 0 is out of range"):
+        load_config(None, ["federated.patience=0", "train.lr=0"])
+    cfg = load_config(None, ["federated.fraction=1", "train.regularization=0", "model.epsilon=0", "model.dim=1"])
+    assert (cfg.federated.fraction, cfg.model.dim) == (1.0, 1)
+
+
+def test_saved_config_is_range_checked_too():
+    cfg = load_config(None)
+    cfg.model.dim = 0
+    with pytest.raises(ConfigError, match="model.dim"):
+        validate_ranges(cfg)
+    with pytest.raises(ConfigError, match="model.dim: 0 is out of range"):
+        config_from_yaml_text("model:\n  dim: 0\n")
+
+
+def _numeric_fields(node, prefix=""):
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numeric_fields(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{f.name}", f
+
+
+def test_every_numeric_field_declares_a_range_that_holds_its_default():
+    # A new numeric field must say what it accepts; its default must be acceptable.
+    found = dict(_numeric_fields(ExperimentConfig()))
+    assert {"model.dim", "train.lr", "federated.fraction", "data.num_clients", "seed"} <= set(found)
+    missing = [key for key, f in found.items() if not isinstance(f.metadata.get("range"), Range)]
+    assert missing == []
+    validate_ranges(ExperimentConfig())
+
+
+def test_range_description_and_membership():
+    half_open = Range(min=0, max=1, min_exclusive=True)
+    assert half_open.describe() == "in (0, 1]"
+    assert [half_open.contains(v) for v in (0.0, 1e-9, 1.0, 1.0001)] == [False, True, True, False]
+    assert Range(min=1).describe() == ">= 1" and Range(max=2.5, max_exclusive=True).describe() == "< 2.5"
+    assert not Range(min=0).contains(float("inf"))
+
+
+def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in tree.items():
+        keys |= _leaf_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+    return keys
+
+
+def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
+    cfg = ExperimentConfig()
+    everything = _leaf_keys(dataclasses.asdict(cfg))
+    kept = _leaf_keys(resume_fingerprint(cfg))
+    assert everything - kept == {
+        "name", "out_dir", "train.max_epochs",
+        "trainer.devices", "trainer.progress_bar",
+        "federated.rounds", "federated.patience", "federated.fusion", "federated.fusion_epochs",
+        "federated.fusion_lr", "federated.fusion_margin", "federated.fusion_negatives",
+    }
+    # Precision and accelerator change what a round computes: they stay.
+    assert {"trainer.precision", "trainer.accelerator", "seed"} <= kept
+
+
+def test_resume_fingerprint_compares_what_matters():
+    base = load_config(None, ["federated.strategy=fede"])
+    budget = load_config(None, ["federated.strategy=fede", "federated.rounds=7", "name=other",
+                                "trainer.progress_bar=false", "federated.fusion=true"])
+    assert resume_fingerprint(base) == resume_fingerprint(budget)
+    changed = load_config(None, ["federated.strategy=fede", "model.dim=32", "trainer.precision=bf16-mixed"])
+    assert fingerprint_differences(resume_fingerprint(base), resume_fingerprint(changed)) == [
+        "model.dim: 128 -> 32",
+        "trainer.precision: '32-true' -> 'bf16-mixed'",
+    ]
+
+
+def test_fingerprint_differences_reports_keys_missing_on_one_side():
+    assert fingerprint_differences({"a": {"x": 1}}, {"a": {"x": 1, "y": 2}}) == ["a.y: None -> 2"]
+    assert fingerprint_differences({"a": 1}, {"a": 1}) == []
+
+
+def test_resume_metadata_uses_one_spelling():
+    def walk(node):
+        for f in dataclasses.fields(node):
+            yield f
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from walk(value)
+
+    assert {f.metadata["resume"] for f in walk(ExperimentConfig()) if "resume" in f.metadata} == {"free"}

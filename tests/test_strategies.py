@@ -353,6 +353,25 @@ def test_fede_unsampled_holders_selected_vs_all_holders(aggregation):
     assert [p.fits for p in fed.parties] == [[2], [], []]
 
 
+@pytest.mark.parametrize("aggregation", ["selected_holders", "all_holders"])
+def test_fede_rows_of_a_failed_client_keep_their_value(aggregation):
+    # client_1 was selected but raised: only clients 0 and 2 answer the round.
+    fed = Federation(FedE, make_cfg(aggregation=aggregation)).align()
+    pos = positions(fed.server.alignment, ENTITY_NAMES, fed.cfg)
+    start = table(fed)[pos].clone()
+    messages = fed.server.configure_train(1, fed.names)
+    replies = fed.exchange("train", {n: m for n, m in messages.items() if n != "client_1"}, 1)
+    fed.server.aggregate_train(1, replies, {"client_1": "RuntimeError: boom"})
+    after = table(fed)[pos]
+    assert torch.equal(after[3], start[3])  # "delta": held by client_1 alone
+    assert torch.equal(after[[0, 4, 5]], torch.tensor([2.0, 3.0, 3.0])[:, None].expand(3, DIM))
+    if aggregation == "selected_holders":  # 1, 2 held by clients 0 (answered) and 1 (failed)
+        assert torch.equal(after[1:3], torch.ones(2, DIM))
+    else:
+        base = start[1:3].double()
+        assert torch.equal(after[1:3], (base + (1.0 - base) / 2).float())
+
+
 def test_fede_evaluation_sends_the_aggregated_rows_and_the_split():
     fed = Federation(FedE).align()
     fed.train(1)

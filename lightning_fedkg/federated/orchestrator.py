@@ -36,7 +36,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text
+from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, show_progress_bar
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
@@ -377,7 +377,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     from tqdm import tqdm
 
     bar = tqdm(total=fc.rounds, initial=min(last_round, fc.rounds), desc=f"{fc.strategy} rounds",
-               unit="round", disable=not cfg.trainer.progress_bar, dynamic_ncols=True)
+               unit="round", disable=not show_progress_bar(cfg.trainer), dynamic_ncols=True)
     try:
         for r in range(last_round + 1, fc.rounds + 1):
             if stopped:

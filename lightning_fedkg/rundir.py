@@ -1,0 +1,143 @@
+"""Run directories: one process at a time, settings checked before anything is written.
+
+``fedkg fit`` trains into a run directory and continues the run it finds there. Opening a
+directory with :meth:`RunDirectory.open` does, in this order:
+
+1. take an exclusive lock (``fcntl.flock`` on ``RUN_DIR/.lock``, released when the process
+   exits, even by SIGKILL), so two processes never write the same checkpoints;
+2. if ``RUN_DIR/config.yaml`` exists, compare its :func:`~lightning_fedkg.config.resume_fingerprint`
+   with the new config's and refuse on any difference — the directory is left untouched;
+3. only then write the new ``config.yaml`` (temporary file + ``os.replace``).
+
+The lock is POSIX-only (``fcntl``), like the rest of the run-directory handling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from lightning_fedkg.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_from_yaml_text,
+    fingerprint_differences,
+    resume_fingerprint,
+    save_config,
+)
+
+__all__ = ["CONFIG_FILE", "LOCK_FILE", "RunDirectory", "RunLockedError", "check_resumable"]
+
+CONFIG_FILE = "config.yaml"
+LOCK_FILE = ".lock"
+
+
+class RunLockedError(ConfigError):
+    """Another process holds the run directory's lock."""
+
+
+# Locks this process holds: resolved path -> [file descriptor, nesting depth]. flock locks
+# belong to an open file, so a second open() of the same lock file in this process would
+# conflict with the first; nested opens (the CLI, then the orchestrator) share one instead.
+_held: dict[str, list[int]] = {}
+_held_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _exclusive_lock(run_dir: Path) -> Iterator[None]:
+    key = os.path.realpath(run_dir)
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is not None:
+            entry[1] += 1
+        else:
+            lock_path = run_dir / LOCK_FILE
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunLockedError(
+                    f"another fedkg process is using {run_dir} (it holds {lock_path}); wait for it "
+                    "to finish or use another run directory (fedkg fit --out DIR)"
+                ) from None
+            _held[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        with _held_guard:
+            entry = _held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[key]
+                # Closing the last descriptor releases the flock. The file stays: deleting it
+                # would let a waiting process lock an unlinked inode while a third creates a new one.
+                os.close(entry[0])
+
+
+def check_resumable(run_dir: str | Path, cfg: ExperimentConfig) -> bool:
+    """Whether ``run_dir`` already holds a run; raise if ``cfg`` may not continue it.
+
+    Returns False when there is no ``config.yaml`` (a new run), True when there is one whose
+    :func:`~lightning_fedkg.config.resume_fingerprint` equals ``cfg``'s. Raises
+    :class:`~lightning_fedkg.config.ConfigError` listing ``key: saved -> new`` for every
+    difference, or when the saved config cannot be read. Reads only; writes nothing.
+    """
+    config_path = Path(run_dir) / CONFIG_FILE
+    if not config_path.is_file():
+        return False
+    try:
+        saved = config_from_yaml_text(config_path.read_text())
+    except ConfigError as err:
+        raise ConfigError(
+            f"{config_path} cannot be read ({err}); use another run directory (fedkg fit --out DIR)"
+        ) from None
+    differences = fingerprint_differences(resume_fingerprint(saved), resume_fingerprint(cfg))
+    if differences:
+        raise ConfigError(
+            f"{run_dir} holds a run with other settings ({', '.join(differences)}); "
+            "nothing was changed. Use another run directory (fedkg fit --out DIR) for these "
+            f"settings, or the saved ones ({config_path}) to continue that run."
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """A run directory opened by this process: locked, and its ``config.yaml`` is ``cfg``.
+
+    ``resumed`` is True when the directory already held a run (same settings) before.
+    """
+
+    path: Path
+    cfg: ExperimentConfig
+    resumed: bool
+
+    @property
+    def config_path(self) -> Path:
+        """``path / "config.yaml"``."""
+        return self.path / CONFIG_FILE
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, run_dir: str | Path, cfg: ExperimentConfig) -> Iterator["RunDirectory"]:
+        """Lock ``run_dir``, check ``cfg`` against the run it holds, then save ``cfg``.
+
+        Creates the directory if needed. Raises :class:`RunLockedError` when another
+        process has it open and :class:`~lightning_fedkg.config.ConfigError` when it holds
+        a run with other settings (see :func:`check_resumable`); in both cases no file in
+        it is modified. The lock is held until the ``with`` block exits. Opening the same
+        directory again inside the block (e.g. the CLI, then the orchestrator) is allowed
+        and shares the lock.
+        """
+        path = Path(run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        with _exclusive_lock(path):
+            resumed = check_resumable(path, cfg)
+            save_config(cfg, path / CONFIG_FILE)
+            yield cls(path=path, cfg=cfg, resumed=resumed)

@@ -1,0 +1,156 @@
+"""Run directories: locked against a second process, checked before any file is written."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lightning_fedkg.cli import main
+from lightning_fedkg.config import ConfigError, load_config, save_config
+from lightning_fedkg.rundir import RunDirectory, RunLockedError, check_resumable
+
+REPO = Path(__file__).resolve().parents[1]
+FEDE_CONFIG = REPO / "configs" / "fede" / "umls_fede.yaml"
+
+# Opens the run directory given as argv[1], says so, and holds it until stdin closes.
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.rundir import RunDirectory
+    with RunDirectory.open(sys.argv[1], load_config(None, [])):
+        print("locked", flush=True)
+        sys.stdin.readline()
+    """
+)
+
+
+def start_holder(run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir)], env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    line = proc.stdout.readline()
+    assert line.strip() == "locked", proc.stderr.read()
+    return proc
+
+
+def release(proc: subprocess.Popen) -> str:
+    _, err = proc.communicate(input="\n", timeout=60)
+    return err
+
+
+def snapshot(run_dir: Path) -> dict[str, str]:
+    """Every file under ``run_dir`` with the SHA-256 of its bytes."""
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*")) if p.is_file()
+    }
+
+
+def fake_federated_run(run_dir: Path) -> None:
+    """A run directory as a finished FedE run leaves it (the CLI only looks at config.yaml)."""
+    with RunDirectory.open(run_dir, load_config(FEDE_CONFIG)):
+        (run_dir / "checkpoints").mkdir()
+        (run_dir / "checkpoints" / "last.pt").write_bytes(os.urandom(256))
+        (run_dir / "metrics.json").write_text('{"test": {"mrr": 0.5}}')
+
+
+def test_rejected_single_kg_fit_leaves_every_file_byte_identical(tmp_path, capsys):
+    run = tmp_path / "run"
+    tiny = ["model.dim=8", "train.max_epochs=2", "train.eval_every=1", "train.num_negatives=8",
+            "trainer.progress_bar=false"]
+    config = str(REPO / "configs" / "kge" / "umls_transe.yaml")
+    assert main(["fit", "-c", config, *tiny, "--out", str(run)]) == 0
+    before = snapshot(run)
+    assert {"config.yaml", "metrics.json", "checkpoints/last.ckpt"} <= set(before)
+    capsys.readouterr()
+
+    assert main(["fit", "-c", config, *tiny, "model.dim=32", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedkg: error: {run} holds a run with other settings (model.dim: 8 -> 32)")
+    assert "--out" in err and "resume=False" not in err
+    assert snapshot(run) == before
+
+
+def test_rejected_federated_fit_leaves_every_file_byte_identical(tmp_path, capsys):
+    run = tmp_path / "fede"
+    fake_federated_run(run)
+    before = snapshot(run)
+    assert main(["fit", "-c", str(FEDE_CONFIG), "model.dim=32", "train.lr=0.5", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "model.dim: 64 -> 32, train.lr: 0.01 -> 0.5" in err
+    assert snapshot(run) == before
+
+
+def test_resume_free_change_is_accepted_and_saved(tmp_path):
+    run = tmp_path / "fede"
+    fake_federated_run(run)
+    cfg = load_config(FEDE_CONFIG, ["federated.rounds=7", "federated.patience=2", "name=renamed"])
+    with RunDirectory.open(run, cfg) as opened:
+        assert opened.resumed and opened.config_path == run / "config.yaml"
+    saved = load_config(run / "config.yaml")
+    assert (saved.federated.rounds, saved.federated.patience, saved.name) == (7, 2, "renamed")
+    assert not list(run.glob(".config.yaml.tmp*"))
+
+
+def test_new_directory_is_created_and_not_resumed(tmp_path):
+    cfg = load_config(FEDE_CONFIG)
+    with RunDirectory.open(tmp_path / "a" / "b", cfg) as opened:
+        assert not opened.resumed
+    assert load_config(tmp_path / "a" / "b" / "config.yaml") == cfg
+
+
+def test_second_process_gets_a_clear_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    holder = start_holder(run)
+    try:
+        before = snapshot(run)
+        assert main(["fit", "-c", str(FEDE_CONFIG), "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"fedkg: error: another fedkg process is using {run}")
+        with pytest.raises(RunLockedError):
+            with RunDirectory.open(run, load_config(None)):
+                pass
+        assert snapshot(run) == before
+    finally:
+        assert release(holder) == ""
+    # The holder has exited: its lock went with it.
+    with RunDirectory.open(run, load_config(None)) as opened:
+        assert opened.resumed
+
+
+def test_nested_open_in_one_process_shares_the_lock_and_releases_it(tmp_path):
+    run = tmp_path / "run"
+    cfg = load_config(None)
+    with RunDirectory.open(run, cfg):
+        with RunDirectory.open(run, cfg) as inner:
+            assert inner.resumed
+        # Still held after the inner block: another process is refused.
+        proc = subprocess.run(
+            [sys.executable, "-c", HOLDER, str(run)], text=True, capture_output=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert proc.returncode == 1 and "RunLockedError: another fedkg process" in proc.stderr
+    holder = start_holder(run)  # released after the outer block
+    assert release(holder) == ""
+
+
+def test_unreadable_saved_config_is_refused(tmp_path):
+    (tmp_path / "config.yaml").write_text("model:\n  dimm: 3\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml cannot be read .*dimm"):
+        check_resumable(tmp_path, load_config(None))
+    assert (tmp_path / "config.yaml").read_text() == "model:\n  dimm: 3\n"
+
+
+def test_save_config_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("old")
+    save_config(load_config(None, ["model.dim=3"]), path)
+    assert load_config(path).model.dim == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
