@@ -161,7 +161,7 @@ class TrainConfig:
     corruption: Literal["tail", "head", "both"] = "both"
     loss: str = "self_adversarial"
     adversarial_temperature: float = field(default=1.0, metadata={"range": Range(min=0)})
-    margin: float = 1.0
+    margin: float = field(default=1.0, metadata={"range": Range(min=0)})
     regularization: float = field(default=0.0, metadata={"range": Range(min=0)})
     # A fresh Adam at every fit(), i.e. every federated round (FedE's code); KGEModule's
     # default too. A single-KG run fits once, so there it changes nothing.

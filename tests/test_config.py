@@ -141,8 +141,9 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
     assert everything - kept == {
         "name", "out_dir", "train.max_epochs",
         "trainer.devices", "trainer.progress_bar",
-        "federated.rounds", "federated.patience", "federated.fusion", "federated.fusion_epochs",
-        "federated.fusion_lr", "federated.fusion_margin", "federated.fusion_negatives",
+        "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
+        "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",
+        "federated.max_retries", "federated.client_timeout", "federated.record_payloads",
     }
     # Precision and accelerator change what a round computes: they stay.
     assert {"trainer.precision", "trainer.accelerator", "seed"} <= kept

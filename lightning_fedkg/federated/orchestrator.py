@@ -36,7 +36,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, show_progress_bar
+from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, resume_fingerprint, show_progress_bar
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
@@ -131,17 +131,10 @@ def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
 
 
 def fingerprint(cfg: ExperimentConfig) -> dict:
-    """Settings a resumed run must share with the checkpoint it resumes: everything that
-    changes what a round computes. Free to change: the round budget (``federated.rounds``,
-    ``patience``), the run's name and folder, the device count and progress bar, and the
-    post-processing ``federated.fede`` section."""
-    d = asdict(cfg)
-    for key in ("name", "out_dir"):
-        d.pop(key)
-    d["trainer"] = {k: d["trainer"][k] for k in ("accelerator", "precision")}
-    for key in ("rounds", "patience", "fede", "record_payloads", "client_timeout", "max_retries"):
-        d["federated"].pop(key)
-    return d
+    """Settings a resumed run must share with the checkpoint it resumes: the config without
+    the fields marked ``{"resume": "free"}`` (round budget, names, device count, progress
+    bar, the post-processing ``federated.fede`` keys; :func:`~lightning_fedkg.config.resume_fingerprint`)."""
+    return resume_fingerprint(cfg)
 
 
 class FederatedRun:
