@@ -39,7 +39,8 @@ class Task:
         raise NotImplementedError
 
     def evaluate(self, party: Any, split: str) -> dict:
-        """``{metric: float, "count": int, "weight": int}`` of ``party`` on ``split``."""
+        """``{metric: float, "count": int, "triples": int}`` of ``party`` on ``split`` (``triples``
+        is the weight of the party in the federation-wide average)."""
         raise NotImplementedError
 
     def weight(self, kg: Any, split: str) -> int:

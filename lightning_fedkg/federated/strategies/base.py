@@ -125,7 +125,7 @@ class ServerHalf:
     ) -> tuple[dict, list[dict]]:
         """``(weighted average, per-client entries in client order)`` from the reported metrics.
 
-        A client that failed gets ``{"name", "failed"}`` and no weight.
+        A client that failed gets ``{"name", "failed", "triples": 0}``: no weight.
         """
         per_client = []
         for name in self.clients:
