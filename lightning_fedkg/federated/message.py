@@ -69,8 +69,10 @@ def decode(data: bytes) -> Message:
     (header_len,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + header_len])
     meta = header.get("__metadata__") or {}
+    # safetensors hands tensors back in an order that varies between processes: sort by name
+    # so logs and anything iterating over a message are reproducible.
     return Message(
-        arrays=dict(_st_load(data)),
+        arrays=dict(sorted(_st_load(data).items())),
         metrics=json.loads(meta.get(_METRICS, "{}")),
         config=json.loads(meta.get(_CONFIG, "{}")),
     )

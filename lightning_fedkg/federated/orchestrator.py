@@ -50,9 +50,15 @@ from lightning_fedkg.federated.checkpoint import (
     restore_rng,
 )
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.party import Party, RoundWriter, build_party
+from lightning_fedkg.federated.party import (
+    Party,
+    RoundWriter,
+    build_client_parties,
+    build_party,
+    load_federated_kg,
+)
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
-from lightning_fedkg.federated.strategies.base import SERVER, STRATEGIES, ServerContext, client_name
+from lightning_fedkg.federated.strategies.base import SERVER, STRATEGIES, ServerContext
 from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average
 from lightning_fedkg.seeding import derive_seed
 
@@ -113,23 +119,6 @@ class EarlyStopping:
         return self.bad_evaluations >= self.patience
 
 
-def load_federated_kg(cfg: ExperimentConfig):
-    """The :class:`~lightning_fedkg.data.federated.FederatedKG` that ``cfg.data`` describes."""
-    from lightning_fedkg.data import load_federated, load_kg, partition_by_relation
-
-    d = cfg.data
-    if d.format == "auto":
-        return load_federated(d.name, num_clients=d.num_clients, seed=d.partition_seed)
-    return partition_by_relation(load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
-
-
-def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
-    """The names a client aligns by: its vocabulary, or (unnamed test KGs) the loader's ids."""
-    entities = kg.entity_names or [f"entity:{int(g)}" for g in fkg.entity_index[k]]
-    relations = kg.relation_names or [f"relation:{int(g)}" for g in fkg.relation_index[k]]
-    return {"entity": list(entities), "relation": list(relations)}
-
-
 def fingerprint(cfg: ExperimentConfig) -> dict:
     """Settings a resumed run must share with the checkpoint it resumes: the config without
     the fields marked ``{"resume": "free"}`` (round budget, names, device count, progress
@@ -156,9 +145,7 @@ class FederatedRun:
         self.fkg = load_federated_kg(cfg)
         self.channel = Channel()
         self._purge = purge_step
-        self.clients: list[Party] = [
-            self._make_party(client_name(k), kg, _item_names(kg, self.fkg, k)) for k, kg in enumerate(self.fkg.clients)
-        ]
+        self.clients: list[Party] = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
         self.client_halves = {p.name: self.strategy.Client(p, self.strategy) for p in self.clients}
         in_process = self.strategy.in_process_only
         ctx = ServerContext(
@@ -332,6 +319,10 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     ``strategy``, ``validation`` (``[{round, mrr}]``), ``failures`` (``[{round, stage, party,
     error}]``) and one block per phase (FedE's ``fusion``).
     """
+    from lightning_fedkg.federated.peer import is_peer_strategy, run_peer_to_peer
+
+    if is_peer_strategy(cfg.federated.strategy):
+        return run_peer_to_peer(cfg, run_dir, resume=resume)
     run_dir = Path(run_dir)
     fc = cfg.federated
     if fc.fede.fusion and fc.strategy != "fede":

@@ -24,7 +24,15 @@ import torch
 
 from lightning_fedkg.seeding import derive_seed
 
-__all__ = ["Party", "build_party", "party_config", "quiet_lightning", "RoundWriter"]
+__all__ = [
+    "Party",
+    "build_party",
+    "build_client_parties",
+    "load_federated_kg",
+    "party_config",
+    "quiet_lightning",
+    "RoundWriter",
+]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -188,3 +196,30 @@ def build_party(cfg, task, name: str, kg, names: dict[str, list[str]], run_dir=N
     """A :class:`Party` for ``kg`` with ``name``'s per-party config and, with ``run_dir``, a writer."""
     writer = RoundWriter(run_dir, name, purge_step) if run_dir is not None else None
     return Party(name, kg, task, party_config(cfg, name), names, writer)
+
+
+def load_federated_kg(cfg):
+    """The :class:`~lightning_fedkg.data.federated.FederatedKG` that ``cfg.data`` describes."""
+    from lightning_fedkg.data import load_federated, load_kg, partition_by_relation
+
+    d = cfg.data
+    if d.format == "auto":
+        return load_federated(d.name, num_clients=d.num_clients, seed=d.partition_seed)
+    return partition_by_relation(load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
+
+
+def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
+    """The names a client aligns by: its vocabulary, or (unnamed test KGs) the loader's ids."""
+    entities = kg.entity_names or [f"entity:{int(g)}" for g in fkg.entity_index[k]]
+    relations = kg.relation_names or [f"relation:{int(g)}" for g in fkg.relation_index[k]]
+    return {"entity": list(entities), "relation": list(relations)}
+
+
+def build_client_parties(cfg, task, fkg, run_dir=None, purge_step=None) -> list[Party]:
+    """One :class:`Party` per client KG of ``fkg``, named ``client_<k>``."""
+    from lightning_fedkg.federated.strategies.base import client_name
+
+    return [
+        build_party(cfg, task, client_name(k), kg, _item_names(kg, fkg, k), run_dir=run_dir, purge_step=purge_step)
+        for k, kg in enumerate(fkg.clients)
+    ]
