@@ -98,7 +98,7 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
         enable_progress_bar=show_progress_bar(cfg.trainer),
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        deterministic=False,
+        deterministic=cfg.trainer.deterministic,
     )
     last = ckpt_dir / "last.ckpt"
     resume_from = str(last) if last.is_file() else None
@@ -124,6 +124,7 @@ def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dic
         logger=False,
         enable_progress_bar=show_progress_bar(cfg.trainer),
         enable_model_summary=False,
+        deterministic=cfg.trainer.deterministic,
     )
     trainer.test(module, datamodule=datamodule, verbose=False)
     return format_test_result(module.last_metrics["test"])
