@@ -23,6 +23,7 @@ from typing import Sequence
 # torch, Lightning and PyG (seconds); the commands import them when they run.
 from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
 from lightning_fedkg.rundir import RunDirectory
+from lightning_fedkg.runtime import configure_torch
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -115,6 +116,8 @@ def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
 def cmd_fit(args: argparse.Namespace) -> int:
     """``fedkg fit``: train what the config describes in its run directory (or resume it)."""
     cfg = load_config(args.config, args.overrides)
+    # Thread pools are per process and fixed once work starts: set them before anything runs.
+    configure_torch(cfg.trainer)
     run_dir = resolve_run_dir(cfg, args.out)
     # Locked and checked against the run it may hold before anything in it is written.
     with RunDirectory.open(run_dir, cfg):
@@ -136,6 +139,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_test(args: argparse.Namespace) -> int:
     """``fedkg test``: evaluate a checkpoint on the test split; print the table and the JSON."""
     cfg = resolve_auto_settings(load_config(args.config, args.overrides))
+    configure_torch(cfg.trainer)
     if cfg.federated.strategy == "none":
         from lightning_fedkg.training import evaluate_kge_checkpoint
 

@@ -177,12 +177,25 @@ class TrainConfig:
 
 @dataclass
 class TrainerConfig:
-    """Arguments passed to every ``lightning.Trainer`` of the run."""
+    """Where and how the run executes: every ``lightning.Trainer``'s arguments and the
+    process's torch settings.
+
+    ``progress_bar`` ``None`` (the default) draws bars only when stdout is a terminal (see
+    :func:`show_progress_bar`). ``threads`` is the process's CPU thread budget (``None``:
+    torch's default, one per core; set 1 when several runs share a machine) and
+    ``deterministic`` makes training bit-reproducible (deterministic algorithms, one thread
+    unless ``threads`` is set); both are applied by
+    :func:`lightning_fedkg.runtime.configure_torch`. ``devices``, ``progress_bar`` and
+    ``threads`` may change when a run is resumed; ``accelerator``, ``precision`` and
+    ``deterministic`` change what a step computes and may not.
+    """
 
     accelerator: str = "auto"
     devices: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
     precision: str = "32-true"
     progress_bar: bool | None = field(default=None, metadata={"resume": "free"})
+    threads: int | None = field(default=None, metadata={"range": Range(min=1), "resume": "free"})
+    deterministic: bool = False
 
 
 @dataclass

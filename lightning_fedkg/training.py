@@ -11,16 +11,45 @@ import logging
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_fedkg.config import ExperimentConfig, show_progress_bar
+from lightning_fedkg.config import ConfigError, ExperimentConfig, show_progress_bar
 from lightning_fedkg.data import KGDataModule, KnowledgeGraph, load_kg
 from lightning_fedkg.models import KGEModule
 
 log = logging.getLogger("lightning_fedkg")
 
 METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
+
+
+def _first_sentence(err: Exception) -> str:
+    # torch's zip-reader message goes on for four sentences of advice; the first says it.
+    return str(err).split(". ")[0]
+
+
+class CheckpointReadError(ConfigError):
+    """A checkpoint file that cannot be read, e.g. truncated by a crash or a full disk."""
+
+
+def check_checkpoint(path: str | Path, hint: str) -> None:
+    """Read ``path`` once so that a damaged file is reported as such, not as a pickle error.
+
+    Raises :class:`CheckpointReadError` naming the file, the underlying error and ``hint``
+    (what the user can do about it).
+    """
+    try:
+        torch.load(Path(path), map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    # A damaged file fails in whichever layer notices first (zip reader, unpickler, tensor
+    # storage): all of them mean the same thing to the user.
+    except Exception as err:
+        raise CheckpointReadError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {_first_sentence(err)}); the file is damaged, "
+            f"e.g. cut short by a crash or a full disk. {hint}"
+        ) from None
 
 
 def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
@@ -75,12 +104,20 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
     """Fit ``cfg.model`` on ``cfg.data`` with early stopping, test the best checkpoint.
 
     Writes TensorBoard events, checkpoints and ``metrics.json`` into ``run_dir``. A run
-    directory that already holds ``checkpoints/last.ckpt`` is resumed from it.
+    directory that already holds ``checkpoints/last.ckpt`` is resumed from it; a damaged
+    checkpoint raises :class:`CheckpointReadError` (a :class:`ConfigError`) saying so.
     Returns ``{"test": {mrr, mr, hits@1, hits@3, hits@5, hits@10}}``.
     """
     run_dir = Path(run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     kg = load_kg(cfg.data.name, fmt=cfg.data.format)
+    if kg.triples("valid").shape[0] == 0:
+        # Early stopping and the best checkpoint are chosen on validation MRR.
+        raise ConfigError(
+            f"{kg.name or cfg.data.name}: the valid split is empty after the input policy (its triples "
+            "were missing or mention entities/relations unseen in train); a single-KG run needs "
+            "validation triples to early-stop and pick its best checkpoint"
+        )
     datamodule = build_datamodule(kg, cfg, seed=cfg.seed)
     module = build_module(cfg, kg.num_entities, kg.num_relations)
 
@@ -101,14 +138,18 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
         enable_progress_bar=show_progress_bar(cfg.trainer),
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        deterministic=False,
+        deterministic=cfg.trainer.deterministic,
     )
     last = ckpt_dir / "last.ckpt"
     resume_from = str(last) if last.is_file() else None
     if resume_from:
+        check_checkpoint(last, "Delete it to start this run over (fedkg fit starts afresh without it).")
         log.info("resuming from %s", resume_from)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     best = checkpoint.best_model_path or None
+    if best:
+        # A resumed run that has finished tests the saved best.ckpt without rewriting it.
+        check_checkpoint(best, f"Delete {ckpt_dir} to start this run over.")
     trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
     result = format_test_result(module.last_metrics["test"])
     (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
@@ -116,7 +157,11 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
 
 
 def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dict:
-    """Evaluate a saved single-KG checkpoint on the test split of ``cfg.data``."""
+    """Evaluate a saved single-KG checkpoint on the test split of ``cfg.data``.
+
+    Raises :class:`CheckpointReadError` if the file is damaged.
+    """
+    check_checkpoint(ckpt_path, "Evaluate another checkpoint (e.g. the run's best.ckpt or last.ckpt).")
     kg = load_kg(cfg.data.name, fmt=cfg.data.format)
     datamodule = build_datamodule(kg, cfg, seed=cfg.seed)
     module = KGEModule.load_from_checkpoint(str(ckpt_path), map_location="cpu")
@@ -127,6 +172,7 @@ def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dic
         logger=False,
         enable_progress_bar=show_progress_bar(cfg.trainer),
         enable_model_summary=False,
+        deterministic=cfg.trainer.deterministic,
     )
     trainer.test(module, datamodule=datamodule, verbose=False)
     return format_test_result(module.last_metrics["test"])

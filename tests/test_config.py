@@ -77,6 +77,7 @@ def test_every_shipped_config_is_valid(path):
         ("train.lr=nan", "train.lr: nan is out of range (must be > 0)"),
         ("federated.rounds=0", "federated.rounds: 0 is out of range (must be >= 1)"),
         ("seed=-1", "seed: -1 is out of range (must be in [0, 4294967295])"),
+        ("trainer.threads=0", "trainer.threads: 0 is out of range (must be >= 1)"),
     ],
 )
 def test_out_of_range_values_are_rejected(override, message):
@@ -140,13 +141,13 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
     kept = _leaf_keys(resume_fingerprint(cfg))
     assert everything - kept == {
         "name", "out_dir", "train.max_epochs",
-        "trainer.devices", "trainer.progress_bar",
+        "trainer.devices", "trainer.progress_bar", "trainer.threads",
         "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",
         "federated.max_retries", "federated.client_timeout", "federated.record_payloads",
     }
     # Precision and accelerator change what a round computes: they stay.
-    assert {"trainer.precision", "trainer.accelerator", "seed"} <= kept
+    assert {"trainer.precision", "trainer.accelerator", "trainer.deterministic", "seed"} <= kept
 
 
 def test_resume_fingerprint_compares_what_matters():

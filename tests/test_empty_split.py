@@ -45,3 +45,14 @@ def test_federated_run_with_an_empty_valid_split(tmp_path, strategy, one_thread)
     assert all(c["count"] > 0 for c in metrics["clients"])
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["rounds"] == 2
     assert not math.isnan(metrics["test"]["mrr"])
+
+
+def test_single_kg_run_with_an_empty_valid_split_is_a_clear_error(tmp_path):
+    from lightning_fedkg.config import ConfigError
+    from lightning_fedkg.training import run_kge
+
+    write_clients(tmp_path)
+    cfg = load_config(None, [f"data.name={tmp_path / 'client_1'}", "model.dim=8", "train.max_epochs=1",
+                             "trainer.accelerator=cpu", "trainer.progress_bar=false"])
+    with pytest.raises(ConfigError, match="valid split is empty"):
+        run_kge(cfg, tmp_path / "run")

@@ -60,6 +60,7 @@ from lightning_fedkg.federated.party import (
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
 from lightning_fedkg.federated.strategies.base import SERVER, STRATEGIES, ServerContext
 from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average
+from lightning_fedkg.runtime import configure_torch
 from lightning_fedkg.seeding import derive_seed
 
 __all__ = [
@@ -327,6 +328,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     fc = cfg.federated
     if fc.fede.fusion and fc.strategy != "fede":
         raise ConfigError(f"federated.fede.fusion=true needs federated.strategy=fede, got {fc.strategy!r}")
+    configure_torch(cfg.trainer)  # threads and determinism, when a library caller did not
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_dir = run_dir / CHECKPOINT_DIR

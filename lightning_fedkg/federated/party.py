@@ -139,6 +139,7 @@ class Party:
                 enable_checkpointing=False,
                 enable_model_summary=False,
                 num_sanity_val_steps=0,
+                deterministic=cfg.trainer.deterministic,
             )
 
     @property

@@ -223,6 +223,9 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
     """
     from lightning_fedkg.federated.orchestrator import _differences, fingerprint
 
+    from lightning_fedkg.runtime import configure_torch
+
+    configure_torch(cfg.trainer)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
