@@ -187,7 +187,10 @@ class TrainerConfig:
     unless ``threads`` is set); both are applied by
     :func:`lightning_fedkg.runtime.configure_torch`. ``devices``, ``progress_bar`` and
     ``threads`` may change when a run is resumed; ``accelerator``, ``precision`` and
-    ``deterministic`` change what a step computes and may not.
+    ``deterministic`` change what a step computes and may not. ``keep_on_device`` (federated
+    runs on an accelerator) leaves each client's module and optimizer state on the device
+    between its ``fit``/``validate``/``test`` calls instead of Lightning's move back to CPU
+    after each; turn it off when the clients together do not fit in device memory.
     """
 
     accelerator: str = "auto"
@@ -196,6 +199,7 @@ class TrainerConfig:
     progress_bar: bool | None = field(default=None, metadata={"resume": "free"})
     threads: int | None = field(default=None, metadata={"range": Range(min=1), "resume": "free"})
     deterministic: bool = False
+    keep_on_device: bool = field(default=True, metadata={"resume": "free"})
 
 
 @dataclass

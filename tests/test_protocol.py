@@ -278,3 +278,22 @@ def test_too_few_clients_fail_the_round_after_the_retries():
     assert len(run.channel.records(round=1, receiver="client_0", name="download")) == attempts
     assert all(torch.equal(run.server.table[t], v) for t, v in start.items())  # nothing aggregated
     assert run.last_round == 0
+
+
+def test_parties_with_different_models_share_the_tensors_they_have_in_common(tmp_path, one_thread):
+    from lightning_fedkg.config import load_config as _load
+    from lightning_fedkg.federated.orchestrator import run_federated as _run
+
+    base = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
+            "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.strategy=fede",
+            "federated.rounds=1", "federated.local_epochs=1", "federated.eval_every=1"]
+    _run(_load(None, base + ["federated.parties.client_1.model.name=transd"]), tmp_path / "mixed")
+    records = [json.loads(line) for line in (tmp_path / "mixed" / "channel_log.jsonl").read_text().splitlines()]
+    rounds = [r for r in records if r["round"] >= 1 and r["bytes"]]
+    for r in rounds:
+        client = r["receiver"] if r["sender"] == "server" else r["sender"]
+        expected = {"entity_emb", "entity_proj"} if client == "client_1" else {"entity_emb"}
+        assert set(r["shapes"]) == expected, r
+    # the same tensor name with another width (RotatE's entity rows are 2·dim wide) is refused
+    with pytest.raises(ValueError, match="entity_emb"):
+        _run(_load(None, base + ["federated.parties.client_1.model.name=rotate"]), tmp_path / "bad")

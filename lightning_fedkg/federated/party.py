@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_fedkg.seeding import derive_seed
 
@@ -60,6 +61,32 @@ def quiet_lightning() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+class ResidentSingleDeviceStrategy(SingleDeviceStrategy):
+    """Lightning's single-device strategy without the move back to CPU at teardown.
+
+    Lightning moves the module and the optimizer state to CPU after every ``fit``,
+    ``validate`` and ``test`` (``Strategy.teardown``). A federated client calls those
+    several times per round, so on a GPU each call would copy its tables there and back;
+    with this strategy they stay on the device for the whole run.
+    """
+
+    def teardown(self) -> None:
+        self.precision_plugin.teardown()
+        assert self.accelerator is not None
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()
+
+
+def resident_strategy(trainer_cfg) -> ResidentSingleDeviceStrategy | None:
+    """The strategy that keeps a client on its GPU, or None (CPU, several devices, or
+    ``trainer.keep_on_device=false``: Lightning's default then applies)."""
+    if not trainer_cfg.keep_on_device or trainer_cfg.devices != 1:
+        return None
+    if trainer_cfg.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return ResidentSingleDeviceStrategy(device=torch.device("cuda", 0))
+    return None
 
 
 class RoundWriter:
@@ -128,8 +155,10 @@ class Party:
         self.writer = writer
         batches = max(1, math.ceil(kg.triples("train").shape[0] / cfg.train.batch_size))
         with quiet_lightning():
+            strategy = resident_strategy(cfg.trainer)
             self.trainer = L.Trainer(
-                accelerator=cfg.trainer.accelerator,
+                accelerator="cuda" if strategy is not None else cfg.trainer.accelerator,
+                strategy=strategy if strategy is not None else "auto",
                 devices=cfg.trainer.devices,
                 precision=cfg.trainer.precision,
                 logger=False,

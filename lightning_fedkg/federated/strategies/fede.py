@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import FedEConfig
-from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_mean
+from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_counts, holder_mean
 from lightning_fedkg.federated.alignment import Alignment, union_alignment
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, ServerHalf, Strategy
@@ -61,46 +61,64 @@ class HolderMeanServer(ServerHalf):
             raise ValueError(f"unknown federated.aggregation {self.aggregation!r}")
         self.alignment: Alignment | None = None
         self.table: dict[str, Tensor] = {}
+        #: ``{tensor: parties that declare it}`` (parties may run different models).
+        self.holders_of: dict[str, list[str]] = {}
 
     # ---------------------------------------------------------------- round 0
     def configure_align(self) -> dict[str, Message]:
         return {name: Message(config={"groups": [self.group]}) for name in self.clients}
 
     def aggregate_align(self, replies, failures) -> None:
-        """Union of the digests → index maps, holder counts and the initial table."""
+        """Union of the digests → index maps, holder counts and the initial tables.
+
+        Parties may run different models (``federated.parties``): each tensor of the group
+        gets one table, shared by the parties that declare it (TransE and TransD parties
+        share ``entity_emb``; only TransD parties hold ``entity_proj``). A tensor declared
+        with different shapes or inits by two parties is an error.
+        """
         if failures or set(replies) != set(self.clients):
             raise RuntimeError(f"alignment needs every client; failed: {failures or 'missing replies'}")
         specs = {name: replies[name].config["groups"][self.group] for name in self.clients}
-        first = specs[self.clients[0]]
+        indexes = {spec["index"] for spec in specs.values()}
+        if len(indexes) != 1:
+            raise ValueError(f"group {self.group!r} is indexed differently by the clients: {sorted(indexes)}")
+        (index,) = indexes
+        tensors: dict[str, dict] = {}
+        self.holders_of = {}
         for name, spec in specs.items():
-            if spec != first:
-                raise ValueError(f"{name} declares group {self.group!r} as {spec}, {self.clients[0]} as {first}")
-        index = first["index"]
+            for tensor, declared in spec["tensors"].items():
+                if tensor in tensors and tensors[tensor] != declared:
+                    first = self.holders_of[tensor][0]
+                    raise ValueError(f"{name} declares {tensor!r} as {declared}, {first} as {tensors[tensor]}")
+                tensors.setdefault(tensor, declared)
+                self.holders_of.setdefault(tensor, []).append(name)
         self.alignment = union_alignment({n: replies[n].arrays[f"{index}_digests"] for n in self.clients})
         self.table = {
             t: initial_rows(self.alignment.digests, s["shape"], InitSpec.from_json(s["init"]), self.cfg.seed, t)
-            for t, s in first["tensors"].items()
+            for t, s in tensors.items()
         }
 
     # ---------------------------------------------------------------- rounds
     def rows(self, name: str) -> dict[str, Tensor]:
-        """``E[idx_c]`` of every shared tensor for client ``name``."""
+        """``E[idx_c]`` of every shared tensor client ``name`` declares."""
         idx = self.alignment.index[name]
-        return {t: table[idx] for t, table in self.table.items()}
+        return {t: table[idx] for t, table in self.table.items() if name in self.holders_of[t]}
 
     def configure_train(self, round, selected):
         return {name: Message(arrays=self.rows(name)) for name in selected}
 
     def aggregate_train(self, round, replies, failures) -> None:
-        """Holder-mean of the uploads into the union table (FedE Eq. 2)."""
-        order = [n for n in self.clients if n in replies]
-        if not order:
-            return
-        indices = [self.alignment.index[n] for n in order]
+        """Holder-mean of the uploads into each table (FedE Eq. 2), over the parties that
+        hold the tensor and answered."""
         for t, table in self.table.items():
+            order = [n for n in self.holders_of[t] if n in replies]
+            if not order:
+                continue
+            indices = [self.alignment.index[n] for n in order]
             rows = [replies[n].arrays[t] for n in order]
             if self.aggregation == "all_holders":
-                self.table[t] = damped_holder_mean(table, indices, rows, self.alignment.holders)
+                holders = holder_counts(self.alignment.size, [self.alignment.index[n] for n in self.holders_of[t]])
+                self.table[t] = damped_holder_mean(table, indices, rows, holders)
             else:
                 self.table[t] = holder_mean(table, indices, rows)
 
@@ -114,6 +132,7 @@ class HolderMeanServer(ServerHalf):
         state["table"] = {t: v.clone() for t, v in self.table.items()}
         a = self.alignment
         state["alignment"] = None if a is None else {"digests": a.digests, "index": a.index, "holders": a.holders}
+        state["holders_of"] = {t: list(v) for t, v in self.holders_of.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -121,6 +140,7 @@ class HolderMeanServer(ServerHalf):
         self.table = {t: v.clone() for t, v in state["table"].items()}
         a = state.get("alignment")
         self.alignment = None if a is None else Alignment(a["digests"], dict(a["index"]), a["holders"])
+        self.holders_of = {t: list(v) for t, v in state.get("holders_of", {}).items()}
 
 
 @STRATEGIES.register()
