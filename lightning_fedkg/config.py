@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -357,17 +356,10 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
     an interrupted write leaves the previous file, never half of one.
     """
     path = Path(path)
+    from lightning_fedkg.atomic import write_atomic
+
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def config_from_yaml_text(text: str) -> ExperimentConfig:

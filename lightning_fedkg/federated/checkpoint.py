@@ -19,7 +19,6 @@ NumPy's holds an array), read with ``weights_only=False``: only load checkpoints
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import re
@@ -29,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from lightning_fedkg.atomic import write_atomic
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -53,23 +54,9 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated or corrupt; the message names it."""
 
 
-def _replace_atomic(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def save_atomic(obj: Any, path: str | Path) -> None:
     """``torch.save`` to ``path`` via a temporary file and ``os.replace`` (all or nothing)."""
-    _replace_atomic(Path(path), lambda f: torch.save(obj, f))
+    write_atomic(Path(path), lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
@@ -96,7 +83,7 @@ def commit_round(ckpt_dir: str | Path, tag: str, parts: dict[str, Any], meta: di
         files[party] = f"{party}/{tag}.pt"
     manifest = ckpt_dir / f"{tag}.json"
     text = json.dumps({**meta, "files": files}, indent=1).encode()
-    _replace_atomic(manifest, lambda f: f.write(text))
+    write_atomic(manifest, lambda f: f.write(text))
     if tag.startswith("round_"):
         _prune(ckpt_dir)
     return manifest

@@ -34,13 +34,18 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, resume_fingerprint, show_progress_bar
+from lightning_fedkg.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_from_yaml_text,
+    fingerprint_differences,
+    resume_fingerprint,
+    show_progress_bar,
+)
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
-    CheckpointError,
     capture_rng,
     commit_round,
     latest_manifest,
@@ -284,18 +289,22 @@ class FederatedRun:
                 w.close()
 
 
-def _differences(saved: dict, current: dict, prefix: str = "") -> str:
-    """``key: saved -> current`` for every leaf that differs (for the resume error)."""
-    out = []
-    for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = _differences(a, b, f"{prefix}{key}.")
-            if inner:
-                out.append(inner)
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return ", ".join(out)
+def resume_manifest(ckpt_dir: Path, cfg: ExperimentConfig, version: int, resume: bool = True):
+    """``(path, manifest)`` of the newest committed round in ``ckpt_dir``, or ``(None, None)``.
+
+    Raises :class:`ConfigError` listing ``key: saved -> new`` when it was written with other
+    settings (or another checkpoint format) than ``cfg``.
+    """
+    path = latest_manifest(ckpt_dir) if resume else None
+    if path is None:
+        return None, None
+    manifest = read_manifest(path)
+    saved = manifest.get("fingerprint") or {}
+    if manifest.get("version") != version or saved != fingerprint(cfg):
+        differences = fingerprint_differences(saved, fingerprint(cfg)) or [f"checkpoint format {manifest.get('version')}"]
+        raise ConfigError(f"{path} was written with different settings: {', '.join(differences)}; "
+                          "use another run directory")
+    return path, manifest
 
 
 def _summary(avg: dict, per_client: list[dict]) -> dict:
@@ -332,13 +341,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    manifest_path = latest_manifest(ckpt_dir) if resume else None
-    manifest = read_manifest(manifest_path) if manifest_path else None
-    if manifest is not None and (manifest.get("version") != CHECKPOINT_VERSION or manifest["fingerprint"] != fingerprint(cfg)):
-        raise ConfigError(
-            f"{manifest_path} was written with different settings: "
-            f"{_differences(manifest.get('fingerprint') or {}, fingerprint(cfg))}; use another run directory"
-        )
+    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
     last_round = int(manifest["round"]) if manifest else 0
     run = FederatedRun(cfg, run_dir, purge_step=last_round + 1 if manifest else None)
     stopper = EarlyStopping(patience=fc.patience)

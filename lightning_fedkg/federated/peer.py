@@ -38,9 +38,7 @@ from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
     capture_rng,
     commit_round,
-    latest_manifest,
     load_party,
-    read_manifest,
     restore_rng,
 )
 from lightning_fedkg.federated.message import Message, decode, encode
@@ -221,7 +219,7 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
     the run, triple-weighted), ``events``, ``bytes_sent``, ``wire_bytes``, ``strategy``,
     ``runner: "event"``, ``failures`` and ``peers`` (each peer's :meth:`PeerHalf.report`).
     """
-    from lightning_fedkg.federated.orchestrator import _differences, fingerprint
+    from lightning_fedkg.federated.orchestrator import fingerprint, resume_manifest
 
     from lightning_fedkg.runtime import configure_torch
 
@@ -230,12 +228,7 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    manifest_path = latest_manifest(ckpt_dir) if resume else None
-    manifest = read_manifest(manifest_path) if manifest_path else None
-    if manifest is not None and (manifest.get("version") != CHECKPOINT_VERSION
-                                 or manifest["fingerprint"] != fingerprint(cfg)):
-        raise ConfigError(f"{manifest_path} was written with different settings: "
-                          f"{_differences(manifest.get('fingerprint') or {}, fingerprint(cfg))}")
+    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
     runner = EventRunner(cfg, run_dir, purge_step=int(manifest["round"]) + 1 if manifest else None)
     if manifest is not None:
         runner.load_states(lambda party: load_party(manifest_path, manifest, party))
