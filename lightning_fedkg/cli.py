@@ -21,7 +21,7 @@ from typing import Sequence
 
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
-from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
+from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, load_config, show_progress_bar
 from lightning_fedkg.rundir import RunDirectory
 from lightning_fedkg.runtime import configure_torch
 
@@ -138,16 +138,27 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """``fedkg test``: evaluate a checkpoint on the test split; print the table and the JSON."""
-    cfg = resolve_auto_settings(load_config(args.config, args.overrides))
+    if args.from_run:
+        # A finished run evaluates itself: its config.yaml, its best state; nothing is written.
+        run_dir = Path(args.from_run)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+        cfg = config_from_yaml_text((run_dir / "config.yaml").read_text())
+        ckpt = run_dir / "checkpoints" / "best.ckpt" if cfg.federated.strategy == "none" else run_dir
+    else:
+        if not args.config or not args.ckpt:
+            raise ConfigError("fedkg test needs -c CONFIG and --ckpt PATH, or --from RUN_DIR")
+        cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
+    cfg = resolve_auto_settings(cfg)
     configure_torch(cfg.trainer)
     if cfg.federated.strategy == "none":
         from lightning_fedkg.training import evaluate_kge_checkpoint
 
-        metrics = evaluate_kge_checkpoint(cfg, args.ckpt)
+        metrics = evaluate_kge_checkpoint(cfg, ckpt)
     else:
         from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
 
-        metrics = evaluate_federated_checkpoint(cfg, args.ckpt)
+        metrics = evaluate_federated_checkpoint(cfg, ckpt)
     print(format_metrics_table(metrics))
     print(json.dumps(metrics, indent=2))
     return 0
@@ -192,8 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.set_defaults(func=cmd_fit)
 
     test = sub.add_parser("test", help="evaluate a checkpoint on the test split")
-    test.add_argument("-c", "--config", required=True, help="YAML config file (the run's config.yaml works)")
-    test.add_argument("--ckpt", required=True, help="checkpoint file")
+    test.add_argument("-c", "--config", help="YAML config file (the run's config.yaml works)")
+    test.add_argument("--ckpt", help="checkpoint: a single-KG .ckpt, or a federated run's checkpoints/*.json")
+    test.add_argument("--from", dest="from_run", metavar="RUN_DIR",
+                      help="evaluate a finished run's best state with its own config (writes nothing)")
     test.add_argument("overrides", nargs="*", help="key=value overrides")
     test.set_defaults(func=cmd_test)
 

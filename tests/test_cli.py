@@ -46,6 +46,9 @@ def test_fit_writes_run_directory_and_test_reproduces_it(tmp_path, capsys):
     tested = json.loads(out[out.index("{") :])["test"]
     assert tested["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
     assert tested["hits@10"] == pytest.approx(metrics["test"]["hits@10"], abs=1e-9)
+    assert main(["test", "--from", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{") :])["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
 
 
 def test_misspelled_key_exits_with_valid_keys(capsys):
@@ -115,12 +118,34 @@ def test_help_and_input_errors_do_not_import_torch(args):
     assert "HEAVY []" in proc.stdout
 
 
-@pytest.mark.parametrize("command", [["fit"], ["test", "--ckpt", "x.ckpt"]])
-def test_config_option_is_required(command, capsys):
+def test_config_option_is_required(capsys):
     with pytest.raises(SystemExit) as exit:
-        main(command)
+        main(["fit"])
     assert exit.value.code == 2
     assert "the following arguments are required: -c/--config" in capsys.readouterr().err
+    assert main(["test", "--ckpt", "x.ckpt"]) == 2
+    assert "needs -c CONFIG and --ckpt PATH, or --from RUN_DIR" in capsys.readouterr().err
+
+
+def test_test_from_a_finished_federated_run_reproduces_it_and_writes_nothing(tmp_path, capsys, one_thread):
+    import hashlib
+
+    run = tmp_path / "run"
+    args = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
+            "trainer.accelerator=cpu", "federated.strategy=fede", "federated.rounds=2",
+            "federated.local_epochs=1", "federated.eval_every=1"]
+    assert main(["fit", "-c", KGE_CONFIG, "--out", str(run), *args]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+
+    def digest():
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    before = digest()
+    capsys.readouterr()
+    assert main(["test", "--from", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{"):])["test"] == metrics["test"]
+    assert digest() == before
 
 
 def test_piped_single_kg_fit_prints_no_progress_bars_or_tips(tmp_path):
