@@ -43,6 +43,8 @@ __all__ = [
     "save_config",
     "config_from_yaml_text",
     "validate_model_and_train",
+    "validate_names",
+    "party_config",
     "validate_ranges",
     "resume_fingerprint",
     "fingerprint_differences",
@@ -346,7 +348,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
     if overrides:
         cfg = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
-    return validate_model_and_train(validate_ranges(OmegaConf.to_object(cfg)))
+    return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
@@ -365,7 +367,7 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
 def config_from_yaml_text(text: str) -> ExperimentConfig:
     """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
     cfg = _merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(text), "config.yaml")
-    return validate_model_and_train(validate_ranges(OmegaConf.to_object(cfg)))
+    return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
 
 
 def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -394,6 +396,48 @@ def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
                 f"model.{key}: KGE model {cfg.model.name!r} does not take {key} "
                 f"(its options: {', '.join(accepted) or 'none'}); remove it or set it to null"
             )
+    return cfg
+
+
+#: Sections a party may override in ``federated.parties.<name>``.
+PARTY_SECTIONS = ("model", "train")
+
+
+def party_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
+    """``cfg`` with ``federated.parties[name]`` merged in (per-party model/train overrides)."""
+    overrides = (cfg.federated.parties or {}).get(name)
+    if not overrides:
+        return cfg
+    bad = set(overrides) - set(PARTY_SECTIONS)
+    if bad:
+        raise ConfigError(f"federated.parties.{name}: only {list(PARTY_SECTIONS)} may differ per party, "
+                          f"got {sorted(bad)}")
+    base = OmegaConf.structured(cfg)
+    merged = _merge(base, OmegaConf.create({k: dict(v) for k, v in overrides.items()}), f"federated.parties.{name}")
+    return validate_ranges(OmegaConf.to_object(merged))
+
+
+def validate_names(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Every name a config gives must resolve: the model and loss
+    (:func:`validate_model_and_train`), the federated strategy and task in their registries
+    (or as import paths), and each per-party override. Raises :class:`ConfigError`."""
+    validate_model_and_train(cfg)
+    if cfg.federated.strategy != "none":
+        from lightning_fedkg.federated.strategies.base import STRATEGIES
+        from lightning_fedkg.federated.tasks import TASKS
+        from lightning_fedkg.registry import RegistryError
+
+        for key, registry in (("strategy", STRATEGIES), ("task", TASKS)):
+            try:
+                registry.get(getattr(cfg.federated, key))
+            except RegistryError as err:
+                raise ConfigError(f"federated.{key}: {err}") from None
+    for name in cfg.federated.parties or {}:
+        try:
+            validate_model_and_train(party_config(cfg, name))
+        except ConfigError as err:
+            message, prefix = str(err), f"federated.parties.{name}"
+            raise ConfigError(message if message.startswith(prefix) else f"{prefix}: {message}") from None
     return cfg
 
 

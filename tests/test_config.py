@@ -176,3 +176,29 @@ def test_resume_metadata_uses_one_spelling():
                 yield from walk(value)
 
     assert {f.metadata["resume"] for f in walk(ExperimentConfig()) if "resume" in f.metadata} == {"free"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["federated.strategy=fedx"], "federated.strategy: unknown federated strategy 'fedx'; valid: entire, fede, fedr, single"),
+    (["federated.strategy=fede", "federated.task=nope"], "federated.task: unknown task 'nope'; valid: link_prediction"),
+    (["federated.strategy=fede", "federated.parties.client_1.model.name=transx"],
+     "federated.parties.client_1: model.name: unknown KGE model 'transx'"),
+    (["federated.strategy=fede", "federated.parties.client_1.model.dimm=3"],
+     "federated.parties.client_1: unknown config key 'model.dimm'. Valid keys here: dim"),
+    (["federated.strategy=fede", "federated.parties.client_1.model.dim=-3"],
+     "federated.parties.client_1: model.dim: -3 is out of range"),
+    (["federated.strategy=fede", "federated.parties.client_1.trainer.threads=3"],
+     r"federated.parties.client_1: only \['model', 'train'\] may differ per party"),
+])
+def test_federated_names_and_party_overrides_are_checked_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_party_override_is_merged_into_that_party_only():
+    from lightning_fedkg.config import party_config
+
+    cfg = load_config(None, ["federated.strategy=fede", "federated.parties.client_1.model.name=transh",
+                             "federated.parties.client_1.train.lr=0.5"])
+    assert party_config(cfg, "client_1").model.name == "transh" and party_config(cfg, "client_1").train.lr == 0.5
+    assert party_config(cfg, "client_0") is cfg and cfg.model.name == "transe"

@@ -297,3 +297,13 @@ def test_parties_with_different_models_share_the_tensors_they_have_in_common(tmp
     # the same tensor name with another width (RotatE's entity rows are 2·dim wide) is refused
     with pytest.raises(ValueError, match="entity_emb"):
         _run(_load(None, base + ["federated.parties.client_1.model.name=rotate"]), tmp_path / "bad")
+
+
+def test_a_party_override_for_a_client_that_does_not_exist_is_refused():
+    from lightning_fedkg.config import ConfigError, load_config as _load
+    from lightning_fedkg.federated.orchestrator import FederatedRun
+
+    cfg = _load(None, ["data.name=umls", "model.dim=8", "trainer.accelerator=cpu", "federated.strategy=fede",
+                       "federated.parties.client_9.model.name=transh"])
+    with pytest.raises(ConfigError, match=r"client_9.*not clients of this federation \(client_0, client_1, client_2\)"):
+        FederatedRun(cfg, run_dir=None)

@@ -152,6 +152,10 @@ class FederatedRun:
         self.channel = Channel()
         self._purge = purge_step
         self.clients: list[Party] = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
+        unknown = set(fc.parties or {}) - {p.name for p in self.clients}
+        if unknown:
+            raise ConfigError(f"federated.parties names {sorted(unknown)}, which are not clients of this "
+                              f"federation ({', '.join(p.name for p in self.clients)})")
         self.client_halves = {p.name: self.strategy.Client(p, self.strategy) for p in self.clients}
         in_process = self.strategy.in_process_only
         ctx = ServerContext(

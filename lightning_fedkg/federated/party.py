@@ -12,7 +12,6 @@ continues the same axis, and one event file serves the whole process.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import warnings
@@ -23,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from lightning_fedkg.config import party_config
 from lightning_fedkg.seeding import derive_seed
 
 __all__ = [
@@ -113,25 +113,6 @@ class RoundWriter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def party_config(cfg, name: str):
-    """``cfg`` with ``federated.parties[name]`` merged in (per-party model/train overrides)."""
-    overrides = (cfg.federated.parties or {}).get(name)
-    if not overrides:
-        return cfg
-    from omegaconf import OmegaConf
-
-    from lightning_fedkg.config import ConfigError
-
-    allowed = {"model", "train"}
-    bad = set(overrides) - allowed
-    if bad:
-        raise ConfigError(
-            f"federated.parties.{name}: only {sorted(allowed)} may differ per party, got {sorted(bad)}"
-        )
-    merged = OmegaConf.merge(OmegaConf.structured(copy.deepcopy(cfg)), {k: dict(v) for k, v in overrides.items()})
-    return OmegaConf.to_object(merged)
 
 
 class Party:
