@@ -23,7 +23,7 @@ from typing import Sequence
 # torch, Lightning and PyG (seconds); the commands import them when they run.
 from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, load_config, show_progress_bar
 from lightning_fedkg.rundir import RunDirectory
-from lightning_fedkg.runtime import configure_torch
+from lightning_fedkg.runtime import EXPECTED_WARNINGS, configure_torch
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -72,13 +72,8 @@ RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.
 
 def quiet_known_warnings() -> None:
     """Silence Lightning warnings that are expected for our data loaders, and its tips."""
-    # Our loaders are in-process IterableDatasets with an exact __len__ (no workers), and
-    # tiny KGs have fewer batches than the logging interval.
-    warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")
-    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    # Lightning's own pytree shim trips a torch deprecation; nothing for the user to change.
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    for message in EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     for name in RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
         if _DROP_TIPS not in logger.filters:

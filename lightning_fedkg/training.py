@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, show_progress_bar
+from lightning_fedkg.config import ConfigError, ExperimentConfig, TrainerConfig, show_progress_bar
 from lightning_fedkg.data import KGDataModule, KnowledgeGraph, load_kg
 from lightning_fedkg.models import KGEModule
 
@@ -50,6 +50,17 @@ def check_checkpoint(path: str | Path, hint: str) -> None:
             f"checkpoint {path} cannot be read ({type(err).__name__}: {_first_sentence(err)}); the file is damaged, "
             f"e.g. cut short by a crash or a full disk. {hint}"
         ) from None
+
+
+def trainer_kwargs(trainer: TrainerConfig) -> dict:
+    """The ``lightning.Trainer`` arguments every Trainer of a run shares (``cfg.trainer``)."""
+    return dict(
+        accelerator=trainer.accelerator,
+        devices=trainer.devices,
+        precision=trainer.precision,
+        deterministic=trainer.deterministic,
+        enable_model_summary=False,
+    )
 
 
 def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
@@ -130,15 +141,11 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
     trainer = L.Trainer(
         max_epochs=cfg.train.max_epochs,
         check_val_every_n_epoch=cfg.train.eval_every,
-        accelerator=cfg.trainer.accelerator,
-        devices=cfg.trainer.devices,
-        precision=cfg.trainer.precision,
         logger=TensorBoardLogger(run_dir, name="tb", version="kge", default_hp_metric=False),
         callbacks=[checkpoint, early_stopping],
         enable_progress_bar=show_progress_bar(cfg.trainer),
-        enable_model_summary=False,
         num_sanity_val_steps=0,
-        deterministic=cfg.trainer.deterministic,
+        **trainer_kwargs(cfg.trainer),
     )
     last = ckpt_dir / "last.ckpt"
     resume_from = str(last) if last.is_file() else None
@@ -165,14 +172,7 @@ def evaluate_kge_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dic
     kg = load_kg(cfg.data.name, fmt=cfg.data.format)
     datamodule = build_datamodule(kg, cfg, seed=cfg.seed)
     module = KGEModule.load_from_checkpoint(str(ckpt_path), map_location="cpu")
-    trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator,
-        devices=cfg.trainer.devices,
-        precision=cfg.trainer.precision,
-        logger=False,
-        enable_progress_bar=show_progress_bar(cfg.trainer),
-        enable_model_summary=False,
-        deterministic=cfg.trainer.deterministic,
-    )
+    trainer = L.Trainer(logger=False, enable_progress_bar=show_progress_bar(cfg.trainer),
+                        **trainer_kwargs(cfg.trainer))
     trainer.test(module, datamodule=datamodule, verbose=False)
     return format_test_result(module.last_metrics["test"])

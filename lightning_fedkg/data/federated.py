@@ -48,6 +48,14 @@ def _select(names: list[str] | None, index: Tensor) -> list[str] | None:
     return np.asarray(names, dtype=object)[index.numpy()].tolist()
 
 
+def _existence(index: list[Tensor], size: int) -> Tensor:
+    """``BoolTensor[len(index), size]``: row c is True at ``index[c]``."""
+    out = torch.zeros(len(index), size, dtype=torch.bool)
+    for c, idx in enumerate(index):
+        out[c, idx] = True
+    return out
+
+
 class FederatedKG:
     """Clients' KGs in local ids, tied together by local -> global index tensors.
 
@@ -155,17 +163,11 @@ class FederatedKG:
 
     def entity_existence(self) -> Tensor:
         """``BoolTensor[C, num_entities]``: ``v^c``, True where client c holds the entity."""
-        out = torch.zeros(self.num_clients, self.num_entities, dtype=torch.bool)
-        for c, idx in enumerate(self.entity_index):
-            out[c, idx] = True
-        return out
+        return _existence(self.entity_index, self.num_entities)
 
     def relation_existence(self) -> Tensor:
         """``BoolTensor[C, num_relations]``, True where client c holds the relation."""
-        out = torch.zeros(self.num_clients, self.num_relations, dtype=torch.bool)
-        for c, idx in enumerate(self.relation_index):
-            out[c, idx] = True
-        return out
+        return _existence(self.relation_index, self.num_relations)
 
     def union(self) -> KnowledgeGraph:
         """All clients' data in global ids (the centralised 'entire' setting).

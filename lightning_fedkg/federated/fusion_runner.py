@@ -43,7 +43,7 @@ from lightning_fedkg.federated.orchestrator import (
 )
 from lightning_fedkg.federated.party import Party
 from lightning_fedkg.federated.phases import PHASES, Phase, PhaseContext
-from lightning_fedkg.federated.tasks import client_entry, weighted_average
+from lightning_fedkg.federated.tasks import client_entry, weighted_average, with_count
 from lightning_fedkg.models.fusion import ScoreFusion, evaluate_fusion, fit_fusion
 from lightning_fedkg.seeding import derive_seed
 
@@ -173,9 +173,7 @@ def fuse_client(fed: Party, single: Party, cfg: ExperimentConfig) -> dict:
 
 def _summary(per_client: list[dict]) -> dict:
     """``{"test": triple-weighted average (+ count), "clients": per_client}``."""
-    test = weighted_average(per_client)
-    test["count"] = int(sum(m["count"] for m in per_client))
-    return {"test": test, "clients": per_client}
+    return {"test": with_count(weighted_average(per_client), per_client), "clients": per_client}
 
 
 def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path) -> dict:

@@ -64,7 +64,7 @@ from lightning_fedkg.federated.party import (
 )
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
 from lightning_fedkg.federated.strategies.base import SERVER, STRATEGIES, ServerContext
-from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average
+from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average, with_count
 from lightning_fedkg.runtime import configure_torch
 from lightning_fedkg.seeding import derive_seed
 
@@ -311,12 +311,6 @@ def resume_manifest(ckpt_dir: Path, cfg: ExperimentConfig, version: int, resume:
     return path, manifest
 
 
-def _summary(avg: dict, per_client: list[dict]) -> dict:
-    test = dict(avg)
-    test["count"] = int(sum(m.get("count", 0) for m in per_client))
-    return test
-
-
 def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run the federated experiment ``cfg`` in ``run_dir``; resume it from its last committed round.
 
@@ -415,7 +409,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     avg, per_client = run.evaluate("test", last_round)
     records = run.channel.records()
     metrics = {
-        "test": _summary(avg, per_client),
+        "test": with_count(avg, per_client),
         "clients": per_client,
         "rounds": int(last_round),
         "best_round": int(stopper.best_round),
@@ -470,7 +464,7 @@ def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run, round_ = restore_finished_run(cfg, ckpt_path)
     avg, per_client = run.evaluate("test", round_)
-    return {"test": _summary(avg, per_client), "clients": per_client, "strategy": cfg.federated.strategy,
+    return {"test": with_count(avg, per_client), "clients": per_client, "strategy": cfg.federated.strategy,
             "round": round_}
 
 

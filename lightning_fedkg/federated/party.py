@@ -23,7 +23,9 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_fedkg.config import party_config
+from lightning_fedkg.runtime import EXPECTED_WARNINGS
 from lightning_fedkg.seeding import derive_seed
+from lightning_fedkg.training import trainer_kwargs
 
 __all__ = [
     "Party",
@@ -53,9 +55,7 @@ def quiet_lightning() -> Iterator[None]:
         lg.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
-            for message in (".*does not have many workers.*", ".*no `val_dataloader`.*",
-                            ".*smaller than the logging interval.*", ".*LeafSpec.*",
-                            ".*`IterableDataset` has `__len__` defined.*"):
+            for message in EXPECTED_WARNINGS:
                 warnings.filterwarnings("ignore", message=message)
             yield
     finally:
@@ -136,20 +136,18 @@ class Party:
         self.writer = writer
         batches = max(1, math.ceil(kg.triples("train").shape[0] / cfg.train.batch_size))
         with quiet_lightning():
+            kwargs = trainer_kwargs(cfg.trainer)
             strategy = resident_strategy(cfg.trainer)
+            if strategy is not None:
+                kwargs.update(accelerator="cuda", strategy=strategy)
             self.trainer = L.Trainer(
-                accelerator="cuda" if strategy is not None else cfg.trainer.accelerator,
-                strategy=strategy if strategy is not None else "auto",
-                devices=cfg.trainer.devices,
-                precision=cfg.trainer.precision,
                 logger=False,
                 max_epochs=0,
                 log_every_n_steps=min(50, batches),
                 enable_progress_bar=False,
                 enable_checkpointing=False,
-                enable_model_summary=False,
                 num_sanity_val_steps=0,
-                deterministic=cfg.trainer.deterministic,
+                **kwargs,
             )
 
     @property

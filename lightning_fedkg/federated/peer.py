@@ -44,7 +44,7 @@ from lightning_fedkg.federated.checkpoint import (
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.party import Party, build_client_parties, load_federated_kg
 from lightning_fedkg.federated.strategies.base import STRATEGIES, Strategy
-from lightning_fedkg.federated.tasks import TASKS, weighted_average
+from lightning_fedkg.federated.tasks import TASKS, weighted_average, with_count
 
 __all__ = ["PeerHalf", "PeerStrategy", "EventRunner", "Delivery", "run_peer_to_peer"]
 
@@ -242,9 +242,8 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
         commit_round(ckpt_dir, f"round_{runner.events:04d}", runner.states(),
                      {"version": CHECKPOINT_VERSION, "round": runner.events, "fingerprint": fingerprint(cfg)})
     avg, per_party = runner.evaluate("test")
-    avg["count"] = int(sum(m.get("count", 0) for m in per_party))
     metrics = {
-        "test": avg,
+        "test": with_count(avg, per_party),
         "clients": per_party,
         "events": runner.events,
         "pending": len(runner.pending),

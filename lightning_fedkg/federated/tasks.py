@@ -18,7 +18,7 @@ from lightning_fedkg.registry import Registry
 if TYPE_CHECKING:
     from lightning_fedkg.config import ExperimentConfig
 
-__all__ = ["Task", "LinkPrediction", "TASKS", "METRIC_KEYS", "weighted_average", "client_entry"]
+__all__ = ["Task", "LinkPrediction", "TASKS", "METRIC_KEYS", "weighted_average", "client_entry", "with_count"]
 
 METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
 
@@ -91,3 +91,11 @@ def weighted_average(entries, keys=METRIC_KEYS, weight_key: str = "triples") -> 
     if total == 0:
         return {k: math.nan for k in keys}
     return {k: sum(e[weight_key] * float(e[k]) for e in used) / total for k in keys}
+
+
+def with_count(average: dict, entries) -> dict:
+    """``metrics.json``'s ``"test"`` block: the weighted ``average`` plus ``count``, the
+    number of ranked queries over ``entries``."""
+    block = dict(average)
+    block["count"] = int(sum(e.get("count", 0) for e in entries))
+    return block
