@@ -378,3 +378,30 @@ def test_bf16_autocast_gradients_flow(name, kw):
         assert p.grad is not None, pname
         assert torch.isfinite(p.grad).all(), pname
         assert p.grad.abs().sum() > 0, pname
+
+
+@pytest.mark.parametrize("name", ["transe", "transd", "transr", "rotate"])
+def test_resize_rows_grows_and_shrinks_in_place_and_restores_exactly(name):
+    torch.manual_seed(0)
+    model = build_model(name, 5, 3, 4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    h, r = torch.tensor([0, 4]), torch.tensor([1, 2])
+    scores = model.score_tails(h, r).detach().clone()
+    extra = {n: torch.full((2, *p.shape[1:]), 0.5) for n, p in model.named_parameters(recurse=False)
+             if n.startswith("entity_")}
+    model.resize_rows("entity", 7, values=extra)
+    assert model.num_entities == 7 and model.entity_emb.shape[0] == 7
+    assert torch.equal(model.entity_emb[5:], extra["entity_emb"])
+    assert model.score_tails(h, r).shape == (2, 7)
+    assert torch.allclose(model.score_tails(h, r)[:, :5], scores)
+    assert model.shareable_groups()["entity"].tensors["entity_emb"].shape[0] == 7
+    model.resize_rows("entity", 5)
+    model.resize_rows("relation", 4, generator=torch.Generator().manual_seed(1))
+    model.resize_rows("relation", 3)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+        assert id(p) == ids[n]  # the same Parameter objects
+    assert torch.equal(model.score_tails(h, r), scores)
+    with pytest.raises(ValueError):
+        model.resize_rows("entity", 6, values={"entity_emb": torch.zeros(2, 4)})

@@ -24,7 +24,7 @@ from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import load_checkpoint
 from lightning_fedkg.federated.message import Message, decode
 from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed, run_federated
-from lightning_fedkg.federated.strategies import ClientHalf, HolderMeanServer
+from lightning_fedkg.federated.strategies import ClientHalf, HolderMeanServer, Strategy
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2
@@ -307,3 +307,60 @@ def test_a_party_override_for_a_client_that_does_not_exist_is_refused():
                        "federated.parties.client_9.model.name=transh"])
     with pytest.raises(ConfigError, match=r"client_9.*not clients of this federation \(client_0, client_1, client_2\)"):
         FederatedRun(cfg, run_dir=None)
+
+
+class _ConfirmServer(HolderMeanServer):
+    """FedE plus a second stage: after aggregating, each client confirms the row checksum
+    it received (a stand-in for secure aggregation's key/masked/recover stages)."""
+
+    stages = ("train", "confirm")
+
+    def configure_confirm(self, round, selected):
+        from lightning_fedkg.federated.message import Message
+
+        return {n: Message(arrays=self.rows(n), config={"round": round}) for n in selected}
+
+    def aggregate_confirm(self, round, replies, failures):
+        self.confirmed = {n: m.metrics["checksum"] for n, m in replies.items()}
+        self.confirm_failures = dict(failures)
+
+
+class _ConfirmClient(ClientHalf):
+    def on_confirm(self, message, round):
+        from lightning_fedkg.federated.message import Message
+
+        assert message.config["round"] == round
+        return Message(metrics={"checksum": float(sum(t.sum() for t in message.arrays.values()))})
+
+
+class _Confirming(Strategy):
+    name = "confirming_fede"
+    Server = _ConfirmServer
+    Client = _ConfirmClient
+    groups = ("entity",)
+
+
+def test_a_round_runs_every_stage_in_order_and_a_second_stage_failure_is_recorded(one_thread):
+    from lightning_fedkg.config import load_config as _load
+    from lightning_fedkg.federated.orchestrator import FederatedRun
+
+    cfg = _load(None, ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
+                       "trainer.accelerator=cpu", "federated.local_epochs=1",
+                       f"federated.strategy={__name__}:_Confirming"])
+    run = FederatedRun(cfg, run_dir=None)
+    run.train_round(1)
+    names = [r.name for r in run.channel.records(round=1)]
+    # all downloads/uploads of stage "train" come before any message of stage "confirm"
+    assert names.index("confirm_request") > max(i for i, n in enumerate(names) if n == "upload")
+    for name, checksum in run.server.confirmed.items():
+        expected = float(sum(t.sum() for t in run.server.rows(name).values()))
+        assert checksum == pytest.approx(expected, rel=1e-6)
+
+    def broken(message, round):
+        raise RuntimeError("confirm lost")
+
+    run.client_halves["client_2"].on_confirm = broken
+    run.train_round(2)
+    assert set(run.server.confirmed) == {"client_0", "client_1"}
+    assert run.failures[-1] == {"round": 2, "stage": "confirm", "party": "client_2",
+                                "error": "RuntimeError: confirm lost"}

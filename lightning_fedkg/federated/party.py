@@ -184,10 +184,14 @@ class Party:
 
     def state_dict(self) -> dict:
         """Module weights, persistent optimizer state (if any) and the datamodule's sampler state."""
+        # A module with optimizers that outlive a round (KGEModule with reset_optimizer=False,
+        # a FedLU local side, a GAN) exposes their state; one re-created each round has none
+        # worth saving.
         persistent = not self.module.hparams.get("reset_optimizer", True)
+        save_optimizer = getattr(self.module, "optimizer_state_dict", None)
         return {
             "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-            "optimizer": self.module.optimizer_state_dict() if persistent else None,
+            "optimizer": save_optimizer() if persistent and save_optimizer is not None else None,
             "datamodule": self.datamodule.state_dict(),
         }
 

@@ -136,6 +136,42 @@ class KGEModel(nn.Module):
             "relation": group(self.relation_parameter_names(), "relation"),
         }
 
+    @torch.no_grad()
+    def resize_rows(self, index: str, count: int, values: dict[str, Tensor] | None = None,
+                    generator: torch.Generator | None = None) -> None:
+        """Grow or shrink every ``entity_*`` (``index="entity"``) or ``relation_*`` table to
+        ``count`` rows, in place: the ``Parameter`` objects stay, so shareable groups and
+        references remain valid (FKGE's virtual entities are appended for an update and
+        dropped after it). Rows kept keep their values exactly; appended rows take
+        ``values[name]`` (``[count - old, ...]``) or a fresh draw of :meth:`init_spec`.
+        An optimizer built before a resize holds state of the old shape: build a new one.
+        """
+        if index not in ("entity", "relation"):
+            raise ValueError(f"index must be 'entity' or 'relation', got {index!r}")
+        if count < 1:
+            raise ValueError(f"a model needs at least one {index}, got count={count}")
+        names = self.entity_parameter_names() if index == "entity" else self.relation_parameter_names()
+        params = dict(self.named_parameters(recurse=False))
+        old = params[names[0]].shape[0]
+        for name in names:
+            p = params[name]
+            if count <= old:
+                p.data = p.data[:count].clone()
+                continue
+            extra = count - old
+            if values is not None and name in values:
+                new = values[name].to(device=p.device, dtype=p.dtype)
+                if new.shape != (extra, *p.shape[1:]):
+                    raise ValueError(f"{name}: {extra} new rows need shape {(extra, *p.shape[1:])}, got {tuple(new.shape)}")
+            else:
+                u = torch.rand((extra, *p.shape[1:]), generator=generator, dtype=torch.float64)
+                new = self.init_spec(name).draw(u.reshape(extra, -1)).reshape(u.shape).to(device=p.device, dtype=p.dtype)
+            p.data = torch.cat([p.data, new])
+        if index == "entity":
+            self.num_entities = int(count)
+        else:
+            self.num_relations = int(count)
+
     def entity_parameter_names(self) -> list[str]:
         """Names of the per-entity tables (first dim ``N``), ``entity_emb`` first."""
         return [n for n, _ in self.named_parameters(recurse=False) if n.startswith("entity_")]
