@@ -41,6 +41,11 @@ def test_corrupt_party_file_is_named_and_the_previous_round_resumes(tmp_path, on
     # rounds 3 and 4 were (re)done after the resume; the server axis has each round once
     assert steps(tmp_path, "server", "comm/bytes") == [1, 2, 3, 4]
     assert steps(tmp_path, "client_0", "train/loss") == [1, 2, 3, 4]
+    acc = EventAccumulator(str(tmp_path / "tb" / "server"))
+    acc.Reload()
+    # the server's running total ends at what metrics.json reports (test downloads included)
+    assert acc.Scalars("comm/bytes_total")[-1].value == metrics["bytes_sent"]
+    assert acc.Scalars("comm/alignment_bytes")[0].value == metrics["alignment_bytes"] > 0
 
 
 def test_nan_is_never_a_new_best():

@@ -311,6 +311,11 @@ def resume_manifest(ckpt_dir: Path, cfg: ExperimentConfig, version: int, resume:
     return path, manifest
 
 
+def round_bytes(channel: Channel) -> int:
+    """Tensor bytes of rounds >= 1 (``bytes_sent``; round 0 is alignment)."""
+    return int(sum(r.bytes for r in channel.records() if r.round >= 1))
+
+
 def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run the federated experiment ``cfg`` in ``run_dir``; resume it from its last committed round.
 
@@ -360,6 +365,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     run.channel.open_log(run_dir / "channel_log.jsonl", run_dir / "payloads" if fc.record_payloads else None)
     if not run.aligned:
         run.align()
+        run.log_server({"comm/alignment_bytes": float(sum(r.bytes for r in run.channel.records(round=0)))}, 0)
 
     from tqdm import tqdm
 
@@ -382,7 +388,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
                 scalars.update({f"val/{k}": v for k, v in avg.items()})
                 bar.set_postfix(val=f"{monitor:.4f}", best=f"{stopper.best_metric:.4f}@{stopper.best_round}")
             scalars["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
-            scalars["comm/bytes_total"] = float(run.channel.total_bytes)
+            scalars["comm/bytes_total"] = float(round_bytes(run.channel))
             run.log_server(scalars, r)
             last_round = r
             runner_state = {
@@ -413,7 +419,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
         "clients": per_client,
         "rounds": int(last_round),
         "best_round": int(stopper.best_round),
-        "bytes_sent": int(sum(r.bytes for r in records if r.round >= 1)),
+        "bytes_sent": round_bytes(run.channel),
         "alignment_bytes": int(sum(r.bytes for r in records if r.round == 0)),
         "wire_bytes": int(run.channel.total_wire_bytes),
         "strategy": fc.strategy,
@@ -421,7 +427,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
         "failures": run.failures,
     }
     run.log_server({**{f"test/{k}": v for k, v in avg.items()},
-                    "comm/bytes_total": float(run.channel.total_bytes)}, last_round)
+                    "comm/bytes_total": float(metrics["bytes_sent"])}, last_round)
     metrics.update(run_phases(run.strategy.phases(cfg), PhaseContext(cfg, run, run_dir, run.writer)))
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     run.close()
