@@ -364,3 +364,21 @@ def test_a_round_runs_every_stage_in_order_and_a_second_stage_failure_is_recorde
     assert set(run.server.confirmed) == {"client_0", "client_1"}
     assert run.failures[-1] == {"round": 2, "stage": "confirm", "party": "client_2",
                                 "error": "RuntimeError: confirm lost"}
+
+
+def test_a_late_answer_is_a_timeout_failure(one_thread):
+    from lightning_fedkg.config import load_config as _load
+    from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed
+
+    cfg = _load(None, ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
+                       "trainer.accelerator=cpu", "federated.strategy=fede", "federated.local_epochs=1",
+                       "federated.max_retries=0"])
+    run = FederatedRun(cfg, run_dir=None)
+    run.align()
+    before = {t: v.clone() for t, v in run.server.table.items()}
+    cfg.federated.client_timeout = 1e-6  # no local epoch ends within a microsecond
+    with pytest.raises(RoundFailed):
+        run.train_round(1)
+    assert {f["party"] for f in run.failures} == {"client_0", "client_1", "client_2"}
+    assert all(f["stage"] == "train" and f["error"].startswith("timeout after") for f in run.failures)
+    assert all(torch.equal(before[t], run.server.table[t]) for t in before)  # late uploads are discarded
