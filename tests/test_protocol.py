@@ -382,3 +382,27 @@ def test_a_late_answer_is_a_timeout_failure(one_thread):
     assert {f["party"] for f in run.failures} == {"client_0", "client_1", "client_2"}
     assert all(f["stage"] == "train" and f["error"].startswith("timeout after") for f in run.failures)
     assert all(torch.equal(before[t], run.server.table[t]) for t in before)  # late uploads are discarded
+
+
+def test_the_transport_is_pluggable(one_thread):
+    from lightning_fedkg.config import load_config as _load
+    from lightning_fedkg.federated.channel import Channel
+    from lightning_fedkg.federated.orchestrator import FederatedRun
+
+    class CountingTransport(Channel):
+        """Another transport with the Channel's interface (here: counts what it delivers)."""
+
+        def __init__(self):
+            super().__init__()
+            self.delivered = 0
+
+        def send(self, sender, receiver, name, payload, round):
+            self.delivered += 1
+            return super().send(sender, receiver, name, payload, round)
+
+    transport = CountingTransport()
+    cfg = _load(None, ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
+                       "trainer.accelerator=cpu", "federated.strategy=fede", "federated.local_epochs=1"])
+    run = FederatedRun(cfg, run_dir=None, transport=transport)
+    run.train_round(1)
+    assert run.channel is transport and transport.delivered == len(transport.records()) == 12  # align 6 + round 6

@@ -137,10 +137,13 @@ class FederatedRun:
 
     :func:`run_federated` drives it; tests and notebooks call the steps directly
     (:meth:`align`, :meth:`train_round`, :meth:`evaluate`). With ``run_dir=None`` nothing
-    is written (used to evaluate a checkpoint).
+    is written (used to evaluate a checkpoint). ``transport`` replaces the in-process
+    :class:`~.channel.Channel` by any object with its interface (``send``, ``records``,
+    ``open_log``, ``state_dict``, ...), e.g. one that hands messages to other processes.
     """
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None, purge_step: int | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None, purge_step: int | None = None,
+                 transport: Channel | None = None) -> None:
         fc = cfg.federated
         if fc.strategy == "none":
             raise ValueError("federated.strategy is 'none': use lightning_fedkg.training.run_kge")
@@ -149,7 +152,8 @@ class FederatedRun:
         self.strategy = STRATEGIES.get(fc.strategy)
         self.task = TASKS.get(fc.task)()
         self.fkg = load_federated_kg(cfg)
-        self.channel = Channel()
+        # The transport: the in-process Channel unless another one (same interface) is given.
+        self.channel = transport if transport is not None else Channel()
         self._purge = purge_step
         self.clients: list[Party] = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
         unknown = set(fc.parties or {}) - {p.name for p in self.clients}

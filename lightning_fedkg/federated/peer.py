@@ -123,7 +123,8 @@ class EventRunner:
         events: deliveries handled so far (the ``round`` field of the wire log).
     """
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None, purge_step: int | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None, purge_step: int | None = None,
+                 transport: Channel | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.strategy = STRATEGIES.get(cfg.federated.strategy)
@@ -131,7 +132,7 @@ class EventRunner:
             raise ConfigError(f"{cfg.federated.strategy!r} is not a peer-to-peer strategy")
         self.task = TASKS.get(cfg.federated.task)()
         self.fkg = load_federated_kg(cfg)
-        self.channel = Channel()
+        self.channel = transport if transport is not None else Channel()
         clients = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
         self.parties = {p.name: p for p in clients}
         names = list(self.parties)
