@@ -1,6 +1,8 @@
 """Per-party checkpoints: a corrupt file is named, the previous round stays resumable,
 TensorBoard steps continue after a resume, one event file per party and process."""
 
+import time
+
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -36,6 +38,10 @@ def test_corrupt_party_file_is_named_and_the_previous_round_resumes(tmp_path, on
     assert str(broken) in str(err.value) and "round_0003.json" in str(err.value)
     (tmp_path / "checkpoints" / "round_0003.json").unlink()
     assert latest_manifest(tmp_path / "checkpoints").name == "round_0002.json"
+    # TensorBoard reads a run's event files in file-name order, and names carry the creation
+    # second (then pid and a per-process counter): a resume within the same second of the
+    # first run in this process could sort before it. A real resume is a later process.
+    time.sleep(1.1)
     metrics = run_federated(tiny(4), tmp_path)
     assert metrics["rounds"] == 4
     # rounds 3 and 4 were (re)done after the resume; the server axis has each round once
