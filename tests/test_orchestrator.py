@@ -91,6 +91,7 @@ def test_metrics_file_matches_return_value_and_is_triple_weighted(runs):
     assert (run_dir / "tb" / "server").is_dir() and (run_dir / "tb" / "client_2").is_dir()
     assert (run_dir / "checkpoints" / f"round_{ROUNDS:04d}.json").is_file()
     assert (run_dir / "checkpoints" / "best.json").is_file()
+    assert (run_dir / "config.yaml").is_file()  # library runs save their settings as the CLI does
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == [
         "client_0", "client_1", "client_2", "runner", "server"]
     table = format_table(metrics)

@@ -339,15 +339,22 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     error}]``) and one block per phase (FedE's ``fusion``).
     """
     from lightning_fedkg.federated.peer import is_peer_strategy, run_peer_to_peer
+    from lightning_fedkg.rundir import RunDirectory
 
     if is_peer_strategy(cfg.federated.strategy):
         return run_peer_to_peer(cfg, run_dir, resume=resume)
-    run_dir = Path(run_dir)
     fc = cfg.federated
     if fc.fede.fusion and fc.strategy != "fede":
         raise ConfigError(f"federated.fede.fusion=true needs federated.strategy=fede, got {fc.strategy!r}")
+    # Locked, settings checked and config.yaml saved before anything else is written (the
+    # CLI already holds the same lock; nested opens share it).
+    with RunDirectory.open(run_dir, cfg):
+        return _run_rounds(cfg, Path(run_dir), resume)
+
+
+def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
+    fc = cfg.federated
     configure_torch(cfg.trainer)  # threads and determinism, when a library caller did not
-    run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_dir = run_dir / CHECKPOINT_DIR
     manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)

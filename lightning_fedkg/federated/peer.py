@@ -220,13 +220,17 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
     the run, triple-weighted), ``events``, ``bytes_sent``, ``wire_bytes``, ``strategy``,
     ``runner: "event"``, ``failures`` and ``peers`` (each peer's :meth:`PeerHalf.report`).
     """
-    from lightning_fedkg.federated.orchestrator import fingerprint, resume_manifest
+    from lightning_fedkg.rundir import RunDirectory
 
+    with RunDirectory.open(run_dir, cfg):
+        return _run_events(cfg, Path(run_dir), resume)
+
+
+def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
+    from lightning_fedkg.federated.orchestrator import fingerprint, resume_manifest
     from lightning_fedkg.runtime import configure_torch
 
     configure_torch(cfg.trainer)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_dir = run_dir / CHECKPOINT_DIR
     manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
