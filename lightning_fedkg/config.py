@@ -32,6 +32,7 @@ log = logging.getLogger("lightning_fedkg")
 __all__ = [
     "ConfigError",
     "FedEConfig",
+    "FedProxConfig",
     "Range",
     "DataConfig",
     "ModelConfig",
@@ -224,6 +225,15 @@ class FedEConfig:
 
 
 @dataclass
+class FedProxConfig:
+    """``federated.fedprox``: FedProx (Li et al., MLSys 2020) on FedE's entity rows, FedLU's
+    baseline (Zhu et al., WWW 2023): each client adds ``mu/2 · ‖E − E_global‖²_F`` to its
+    local loss, ``E_global`` being the rows it received that round (FedLU's code: μ = 0.1)."""
+
+    mu: float = field(default=0.1, metadata={"range": Range(min=0)})
+
+
+@dataclass
 class FederatedConfig:
     """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
 
@@ -249,7 +259,7 @@ class FederatedConfig:
     ``record_payloads`` keeps every serialized message under ``<run_dir>/payloads/`` (for
     tests and privacy audits; large). ``parties`` holds per-party overrides of the
     ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
-    Method settings live in the method's section (``fede``).
+    Method settings live in the method's section (``fede``, ``fedprox``).
     """
 
     strategy: str = "none"
@@ -268,6 +278,7 @@ class FederatedConfig:
     federation_key: str = ""
     parties: Dict[str, Any] = field(default_factory=dict)
     fede: FedEConfig = field(default_factory=FedEConfig)
+    fedprox: FedProxConfig = field(default_factory=FedProxConfig)
 
 
 #: Flat keys of the first config layout → their place in the method's section.

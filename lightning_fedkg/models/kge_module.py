@@ -160,6 +160,10 @@ class KGEModule(L.LightningModule):
         self._last_stage: str | None = None
         self._stage_recorded = False
         self._optimizer: torch.optim.Optimizer | None = None
+        #: Extra loss terms added to every training batch, as zero-argument callables (not
+        #: saved). A federated client half installs one for the length of a local fit, e.g.
+        #: FedProx's proximal term; outside federation the list stays empty.
+        self.regularizers: list = []
 
     def shareable_groups(self) -> dict:
         """The model's declared groups (``"entity"``, ``"relation"``); see :mod:`.shareable`."""
@@ -204,6 +208,8 @@ class KGEModule(L.LightningModule):
         )
         if hp.regularization > 0:
             loss = loss + hp.regularization * self.model.regularization_loss()
+        for term in self.regularizers:
+            loss = loss + term()
         return loss
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:

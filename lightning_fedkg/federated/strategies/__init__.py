@@ -3,6 +3,7 @@
 from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, ServerHalf, Strategy
 from lightning_fedkg.federated.strategies.entire import Entire
 from lightning_fedkg.federated.strategies.fede import FedE, HolderMeanServer
+from lightning_fedkg.federated.strategies.fedprox import FedProx
 from lightning_fedkg.federated.strategies.fedr import FedR
 from lightning_fedkg.federated.strategies.single import Single
 
@@ -12,5 +13,5 @@ def build_strategy(name: str) -> type[Strategy]:
     return STRATEGIES.get(name)
 
 
-__all__ = ["Strategy", "ServerHalf", "ClientHalf", "Single", "Entire", "FedE", "FedR", "HolderMeanServer",
+__all__ = ["Strategy", "ServerHalf", "ClientHalf", "Single", "Entire", "FedE", "FedR", "FedProx", "HolderMeanServer",
            "STRATEGIES", "build_strategy"]

@@ -197,10 +197,20 @@ class ClientHalf:
         arrays = {f"{index}_digests": hash_names(self.party.names[index], self._key) for index in indexes}
         return Message(arrays=arrays, config={"groups": {n: g.spec() for n, g in groups.items()}})
 
+    def before_fit(self) -> None:
+        """Hook after the download is applied and before local training (default: nothing)."""
+
+    def after_fit(self) -> None:
+        """Hook after local training, before the upload is read (default: nothing)."""
+
     def on_train(self, message: Message, round: int) -> Message:
         """Apply the download, train E local epochs, send back the shared groups."""
         self.receive(message.arrays)
-        stats = self.party.fit(self.cfg.federated.local_epochs)
+        self.before_fit()
+        try:
+            stats = self.party.fit(self.cfg.federated.local_epochs)
+        finally:
+            self.after_fit()
         self.party.log({"train/loss": stats["loss"]}, round)
         return Message(arrays=self.upload(), metrics=stats)
 
@@ -238,7 +248,7 @@ class Strategy:
 
 
 def _load_builtin_strategies() -> None:
-    from lightning_fedkg.federated.strategies import entire, fede, fedr, single  # noqa: F401
+    from lightning_fedkg.federated.strategies import entire, fede, fedprox, fedr, single  # noqa: F401
 
 
 #: ``federated.strategy`` name → :class:`Strategy` subclass (or an import path in the config).
