@@ -106,15 +106,18 @@ class DataConfig:
     """Which knowledge graph(s) to load.
 
     ``name`` is a bundled dataset (``umls``, ``nations``, ``kinship``) or a path. For a
-    federated run a single KG is split by relation into ``num_clients`` clients (FedE's
-    procedure, seeded by ``partition_seed``); a folder of pre-split clients
-    (``client_<k>/`` or FedLU's ``<k>/``) is loaded as it is.
+    federated run a single KG is split into ``num_clients`` clients, seeded by
+    ``partition_seed``: ``partition: relation`` gives each client whole relations (FedE's
+    procedure; clients share entities, not relations), ``random`` deals out triples at
+    random (clients share relations too, where FedR differs from Single). A folder of
+    pre-split clients (``client_<k>/`` or FedLU's ``<k>/``) is loaded as it is.
     """
 
     name: str = "umls"
     format: Literal["auto", "triples", "openke", "pyg_fb15k237", "pyg_wn18rr"] = "auto"
     num_clients: int = field(default=3, metadata={"range": Range(min=1)})
     partition_seed: int = field(default=12345, metadata={"range": SEED_RANGE})
+    partition: Literal["relation", "random"] = "relation"
 
 
 #: ModelConfig fields that are keyword options of particular models (None = model default).

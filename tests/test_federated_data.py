@@ -246,3 +246,43 @@ def test_fedlu_r10_loads_with_unlearn(one_thread):
     lines = (SHARED_DATA / "FB15k-237-R10" / "0" / "unlearn.txt").read_text().strip().splitlines()
     assert fed.stats()[0]["unlearn"] == len(lines) == 144
     assert fed.stats()[0]["train"] == 14352
+
+
+def test_random_partition_deals_out_every_triple_once_with_shared_relations():
+    from lightning_fedkg.data import load_kg, partition_randomly
+
+    kg = load_kg("umls")
+    fkg = partition_randomly(kg, 3, seed=7)
+    pool = torch.cat([kg.triples(s) for s in ("train", "valid", "test")])
+    dealt = torch.cat([fkg.global_triples(c, s) for c in range(3) for s in ("train", "valid", "test")])
+    key = lambda t: set(map(tuple, t.tolist()))  # noqa: E731
+    assert key(dealt) == key(pool) and dealt.shape[0] == len(key(pool))  # each triple exactly once
+    sizes = [sum(fkg.clients[c].triples(s).shape[0] for s in ("train", "valid", "test")) for c in range(3)]
+    assert max(sizes) - min(sizes) <= 1
+    shared = fkg.relation_existence().all(dim=0).sum().item()
+    assert shared > 0.8 * kg.num_relations  # relations overlap, unlike the relation partition
+    for c, client in enumerate(fkg.clients):  # the input policy holds: eval items are in train
+        train = client.triples("train")
+        for split in ("valid", "test"):
+            t = client.triples(split)
+            assert torch.isin(t[:, [0, 2]], train[:, [0, 2]]).all() and torch.isin(t[:, 1], train[:, 1]).all()
+    assert torch.equal(partition_randomly(kg, 3, seed=7).global_triples(1), fkg.global_triples(1))
+
+
+def test_fedr_averages_the_relations_clients_share_on_a_random_partition():
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.orchestrator import FederatedRun
+
+    cfg = load_config(None, ["data.name=umls", "data.partition=random", "model.dim=8", "train.num_negatives=8",
+                             "train.negative_mode=shared", "trainer.accelerator=cpu", "federated.strategy=fedr",
+                             "federated.local_epochs=1"])
+    run = FederatedRun(cfg, run_dir=None)
+    run.train_round(1)
+    run.load_evaluation_state(1, "val")  # every client now holds the aggregated relation rows
+    a, b = run.clients[0], run.clients[1]
+    shared = sorted(set(a.names["relation"]) & set(b.names["relation"]))
+    assert len(shared) > 10
+    for name in shared:
+        row_a = a.model.relation_emb[a.names["relation"].index(name)]
+        row_b = b.model.relation_emb[b.names["relation"].index(name)]
+        assert torch.equal(row_a, row_b), name  # one averaged row, where Single keeps two

@@ -7,6 +7,7 @@ from .federated import (
     load_federated_folder,
     load_fedlu_folder,
     partition_by_relation,
+    partition_randomly,
     resample_split,
 )
 from .kg import (
@@ -39,6 +40,7 @@ __all__ = [
     "load_pyg",
     "load_triples_folder",
     "partition_by_relation",
+    "partition_randomly",
     "resample_split",
     "triple_keys",
     "unique_triples",

@@ -289,6 +289,39 @@ def partition_by_relation(
     the procedure of ``shared/tools/make_fed_splits.py`` but uses torch's RNG, so it is not
     bit-identical to that script's numpy output. Global ids are ``kg``'s ids.
     """
+    pool = _pooled_triples(kg, num_clients)
+    relations = torch.unique(pool[:, 1])
+    if relations.numel() < num_clients:
+        raise ValueError(f"{relations.numel()} relations cannot be split among {num_clients} clients")
+    gen = torch.Generator().manual_seed(seed)
+    rel_perm = relations[torch.randperm(relations.numel(), generator=gen)]
+    groups = [pool[torch.isin(pool[:, 1], group)] for group in torch.tensor_split(rel_perm, num_clients)]
+    return _federate(kg, groups, gen, valid_frac, test_frac, f"{kg.name}-Fed{num_clients}")
+
+
+def partition_randomly(
+    kg: KnowledgeGraph,
+    num_clients: int,
+    seed: int = 12345,
+    valid_frac: float = 0.1,
+    test_frac: float = 0.1,
+) -> FederatedKG:
+    """Split ``kg``'s triples among clients at random, so relations (and entities) overlap.
+
+    As :func:`partition_by_relation`, except step 2-3: the pooled triples are permuted and
+    cut into ``num_clients`` contiguous groups of near-equal size. Every client then sees
+    most relations, which is the setting where relation aggregation (FedR) differs from
+    isolated training (FedLU's random split, Zhu et al., WWW 2023, §5.1).
+    """
+    pool = _pooled_triples(kg, num_clients)
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(pool.shape[0], generator=gen)
+    groups = list(torch.tensor_split(pool[perm], num_clients))
+    return _federate(kg, groups, gen, valid_frac, test_frac, f"{kg.name}-Random{num_clients}")
+
+
+def _pooled_triples(kg: KnowledgeGraph, num_clients: int) -> Tensor:
+    """``kg``'s train + valid + test triples, each once (step 1 of both partitioners)."""
     if num_clients < 1:
         raise ValueError("num_clients must be >= 1")
     pool = torch.cat([kg.triples(s) for s in SPLITS])
@@ -296,15 +329,14 @@ def partition_by_relation(
     if unique.shape[0] < pool.shape[0]:
         logger.warning("%s: %d triples occur in more than one split; each is used once",
                        kg.name, pool.shape[0] - unique.shape[0])
-    pool = unique
-    relations = torch.unique(pool[:, 1])
-    if relations.numel() < num_clients:
-        raise ValueError(f"{relations.numel()} relations cannot be split among {num_clients} clients")
-    gen = torch.Generator().manual_seed(seed)
-    rel_perm = relations[torch.randperm(relations.numel(), generator=gen)]
+    return unique
+
+
+def _federate(kg: KnowledgeGraph, groups: list[Tensor], gen: torch.Generator, valid_frac: float,
+              test_frac: float, name: str) -> FederatedKG:
+    """Per group, a train/valid/test split by :func:`resample_split` (step 4), then the federation."""
     client_splits = []
-    for group in torch.tensor_split(rel_perm, num_clients):
-        rows = pool[torch.isin(pool[:, 1], group)]
+    for rows in groups:
         n = rows.shape[0]
         perm = torch.randperm(n, generator=gen)
         n_valid, n_test = int(round(valid_frac * n)), int(round(test_frac * n))
@@ -312,7 +344,7 @@ def partition_by_relation(
         client_splits.append({"train": train, "valid": valid, "test": test})
     return FederatedKG.from_global_splits(
         client_splits, kg.num_entities, kg.num_relations, kg.entity_names, kg.relation_names,
-        name=f"{kg.name}-Fed{num_clients}", clean=False)
+        name=name, clean=False)
 
 
 # --------------------------------------------------------------------------------------
@@ -419,14 +451,21 @@ def load_fedlu_folder(path: str | Path) -> FederatedKG:
     return _load_named_clients(files, folder.resolve().name)
 
 
+#: ``data.partition`` → how one KG is split among clients.
+PARTITIONERS = {"relation": partition_by_relation, "random": partition_randomly}
+
+
 def load_federated(name_or_path: str | Path, num_clients: int = 3, seed: int = 12345,
-                   **kwargs) -> FederatedKG:
+                   partition: str = "relation", **kwargs) -> FederatedKG:
     """Dispatch: a folder with ``client_0/`` -> :func:`load_federated_folder`; with ``0/``
-    -> :func:`load_fedlu_folder`; otherwise ``partition_by_relation(load_kg(x), ...)``
-    (``kwargs`` go to :func:`partition_by_relation`)."""
+    -> :func:`load_fedlu_folder`; otherwise one KG split by ``partition`` (``"relation"``:
+    :func:`partition_by_relation`, ``"random"``: :func:`partition_randomly`; ``kwargs`` go
+    to the partitioner)."""
     folder = Path(name_or_path)
     if folder.is_dir() and (folder / "client_0").is_dir():
         return load_federated_folder(folder)
     if folder.is_dir() and (folder / "0").is_dir():
         return load_fedlu_folder(folder)
-    return partition_by_relation(load_kg(name_or_path), num_clients, seed=seed, **kwargs)
+    if partition not in PARTITIONERS:
+        raise ValueError(f"unknown partition {partition!r}; valid: {', '.join(PARTITIONERS)}")
+    return PARTITIONERS[partition](load_kg(name_or_path), num_clients, seed=seed, **kwargs)

@@ -213,12 +213,13 @@ def build_party(cfg, task, name: str, kg, names: dict[str, list[str]], run_dir=N
 
 def load_federated_kg(cfg):
     """The :class:`~lightning_fedkg.data.federated.FederatedKG` that ``cfg.data`` describes."""
-    from lightning_fedkg.data import load_federated, load_kg, partition_by_relation
+    from lightning_fedkg.data import load_federated, load_kg
+    from lightning_fedkg.data.federated import PARTITIONERS
 
     d = cfg.data
     if d.format == "auto":
-        return load_federated(d.name, num_clients=d.num_clients, seed=d.partition_seed)
-    return partition_by_relation(load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
+        return load_federated(d.name, num_clients=d.num_clients, seed=d.partition_seed, partition=d.partition)
+    return PARTITIONERS[d.partition](load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
 
 
 def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
