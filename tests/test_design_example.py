@@ -39,5 +39,7 @@ def test_design_example_strategy_runs_and_damps_the_update(one_thread):
     from lightning_fedkg.federated.strategies.base import STRATEGIES
 
     assert STRATEGIES.get("damped_fede").__name__ == "DampedFedE"
-    with pytest.raises(Exception):
+    from lightning_fedkg.registry import RegistryError
+
+    with pytest.raises(RegistryError, match="already registered"):
         STRATEGIES.register("damped_fede")(type("Other", (namespace["Strategy"],), {}))

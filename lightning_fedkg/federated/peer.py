@@ -266,6 +266,5 @@ def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
 
 def is_peer_strategy(name: str) -> bool:
     """Whether ``federated.strategy`` names a :class:`PeerStrategy`."""
-    cls = STRATEGIES.get(name)
-    return isinstance(cls, type) and issubclass(cls, PeerStrategy)
+    return issubclass(STRATEGIES.get(name), PeerStrategy)
 

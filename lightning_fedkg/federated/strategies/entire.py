@@ -71,9 +71,9 @@ class EntireServer(ServerHalf):
         state["central"] = self.central.state_dict()
         return state
 
-    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+    def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.central.load_state_dict(state["central"], weights_only=weights_only)
+        self.central.load_state_dict(state["central"])
 
 
 @STRATEGIES.register()

@@ -63,6 +63,7 @@ class HolderMeanServer(ServerHalf):
         self.table: dict[str, Tensor] = {}
         #: ``{tensor: parties that declare it}`` (parties may run different models).
         self.holders_of: dict[str, list[str]] = {}
+        self._holder_counts: dict[str, Tensor] = {}  # derived from the two above, cached
 
     # ---------------------------------------------------------------- round 0
     def configure_align(self) -> dict[str, Message]:
@@ -93,6 +94,7 @@ class HolderMeanServer(ServerHalf):
                 tensors.setdefault(tensor, declared)
                 self.holders_of.setdefault(tensor, []).append(name)
         self.alignment = union_alignment({n: replies[n].arrays[f"{index}_digests"] for n in self.clients})
+        self._holder_counts = {}
         self.table = {
             t: initial_rows(self.alignment.digests, s["shape"], InitSpec.from_json(s["init"]), self.cfg.seed, t)
             for t, s in tensors.items()
@@ -117,10 +119,16 @@ class HolderMeanServer(ServerHalf):
             indices = [self.alignment.index[n] for n in order]
             rows = [replies[n].arrays[t] for n in order]
             if self.aggregation == "all_holders":
-                holders = holder_counts(self.alignment.size, [self.alignment.index[n] for n in self.holders_of[t]])
-                self.table[t] = damped_holder_mean(table, indices, rows, holders)
+                self.table[t] = damped_holder_mean(table, indices, rows, self.holder_counts(t))
             else:
                 self.table[t] = holder_mean(table, indices, rows)
+
+    def holder_counts(self, tensor: str) -> Tensor:
+        """``N_i`` of tensor ``tensor``: how many parties hold row ``i`` of it (computed once)."""
+        if tensor not in self._holder_counts:
+            holders = [self.alignment.index[n] for n in self.holders_of[tensor]]
+            self._holder_counts[tensor] = holder_counts(self.alignment.size, holders)
+        return self._holder_counts[tensor]
 
     def configure_evaluate(self, round, split):
         """Each client evaluates with the aggregated rows and its own other tables."""
@@ -141,6 +149,7 @@ class HolderMeanServer(ServerHalf):
         a = state.get("alignment")
         self.alignment = None if a is None else Alignment(a["digests"], dict(a["index"]), a["holders"])
         self.holders_of = {t: list(v) for t, v in state.get("holders_of", {}).items()}
+        self._holder_counts = {}
 
 
 @STRATEGIES.register()
