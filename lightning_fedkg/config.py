@@ -33,6 +33,8 @@ __all__ = [
     "ConfigError",
     "FedEConfig",
     "FedProxConfig",
+    "FedLUConfig",
+    "UnlearnConfig",
     "Range",
     "DataConfig",
     "ModelConfig",
@@ -237,6 +239,59 @@ class FedProxConfig:
 
 
 @dataclass
+class FedLUConfig:
+    """``federated.fedlu``: FedLU's mutual distillation (Zhu et al., WWW 2023, §4.2).
+
+    Each client keeps local entity embeddings and an avatar of the global ones, scored with
+    its own relations (:class:`~lightning_fedkg.models.distillation.DistillationModule`).
+    ``mu`` weighs the KL term between the two score distributions (FedLU's script: 2.0).
+    ``schedule``: ``always`` distils from the first round (the paper's text); ``gated``
+    switches each direction on once validation says so, as the official code does
+    (:class:`~lightning_fedkg.federated.strategies.fedlu.DistillationGate`), never before
+    round ``wait_rounds`` unless a side stops improving. ``init_local_from_global`` starts
+    the local entity table as a copy of the first avatar the client receives (the code's
+    ``E_loc = E_glb = E_0[idx]``).
+    """
+
+    mu: float = field(default=2.0, metadata={"range": Range(min=0)})
+    schedule: Literal["gated", "always"] = "gated"
+    wait_rounds: int = field(default=20, metadata={"range": Range(min=0)})
+    init_local_from_global: bool = True
+
+
+@dataclass
+class UnlearnConfig:
+    """``unlearn``: federated unlearning of a finished run (``fedkg unlearn``; FedLU §4.3).
+
+    ``forget``: ``file`` takes each client's ``unlearn`` split (FedLU's ``unlearn.txt``);
+    ``sample`` draws ``fraction`` of each client's training triples (seeded by ``seed``).
+    Retroactive interference runs ``interference_epochs`` over the forgetting set (hard
+    confusion with the forgotten triple weighted ``forget_weight``, soft confusion weighted
+    ``mu_soft``, distillation weighted ``mu_distill``); passive decay runs at most
+    ``decay_epochs`` of mutual distillation on the retained triples, stopping at the first
+    epoch whose local validation MRR does not improve. ``propagate_rounds`` normal
+    aggregation rounds then carry the change into the global model (0: as the official
+    code, the client's own avatar only). ``retrain`` trains the gold standard from scratch
+    without the forgotten triples; ``mia`` reports the membership-inference AUC.
+    ``lr``/``batch_size`` None take ``train.lr``/``train.batch_size``.
+    """
+
+    forget: Literal["file", "sample"] = "file"
+    fraction: float = field(default=0.01, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
+    seed: int = field(default=0, metadata={"range": SEED_RANGE})
+    interference_epochs: int = field(default=10, metadata={"range": Range(min=0)})
+    decay_epochs: int = field(default=10, metadata={"range": Range(min=0)})
+    forget_weight: float = field(default=10.0, metadata={"range": Range(min=0)})
+    mu_soft: float = field(default=0.05, metadata={"range": Range(min=0)})
+    mu_distill: float = field(default=2.0, metadata={"range": Range(min=0)})
+    lr: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
+    batch_size: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
+    propagate_rounds: int = field(default=1, metadata={"range": Range(min=0)})
+    retrain: bool = True
+    mia: bool = True
+
+
+@dataclass
 class FederatedConfig:
     """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
 
@@ -262,7 +317,7 @@ class FederatedConfig:
     ``record_payloads`` keeps every serialized message under ``<run_dir>/payloads/`` (for
     tests and privacy audits; large). ``parties`` holds per-party overrides of the
     ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
-    Method settings live in the method's section (``fede``, ``fedprox``).
+    Method settings live in the method's section (``fede``, ``fedprox``, ``fedlu``).
     """
 
     strategy: str = "none"
@@ -282,6 +337,7 @@ class FederatedConfig:
     parties: Dict[str, Any] = field(default_factory=dict)
     fede: FedEConfig = field(default_factory=FedEConfig)
     fedprox: FedProxConfig = field(default_factory=FedProxConfig)
+    fedlu: FedLUConfig = field(default_factory=FedLUConfig)
 
 
 #: Flat keys of the first config layout → their place in the method's section.
@@ -306,6 +362,8 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
+    # Read only by ``fedkg unlearn``, which writes its own run directory.
+    unlearn: UnlearnConfig = field(default_factory=UnlearnConfig, metadata={"resume": "free"})
 
 
 def _valid_keys(schema: DictConfig, dotted: str) -> list[str]:

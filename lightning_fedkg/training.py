@@ -82,9 +82,18 @@ def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **ove
 
 
 def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int) -> KGEModule:
-    """A :class:`KGEModule` with the model and optimisation settings of ``cfg``."""
+    """A :class:`KGEModule` with the model and optimisation settings of ``cfg``, or the
+    module class the federated strategy trains (FedLU's
+    :class:`~lightning_fedkg.models.DistillationModule`) with its extra arguments."""
     m, t = cfg.model, cfg.train
-    return KGEModule(
+    module_class, extra = KGEModule, {}
+    if cfg.federated.strategy != "none":
+        from lightning_fedkg.federated.strategies.base import STRATEGIES
+
+        learner = STRATEGIES.get(cfg.federated.strategy).learner(cfg)
+        if learner is not None:
+            module_class, extra = learner
+    return module_class(
         model=m.name,
         num_entities=num_entities,
         num_relations=num_relations,
@@ -100,6 +109,7 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int) -
         reset_optimizer=t.reset_optimizer,
         eval_chunk_size=t.eval_chunk_size,
         model_kwargs=m.options(),
+        **extra,
     )
 
 

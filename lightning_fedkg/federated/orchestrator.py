@@ -439,6 +439,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         "validation": history,
         "failures": run.failures,
     }
+    metrics.update(run.server.report())
     run.log_server({**{f"test/{k}": v for k, v in avg.items()},
                     "comm/bytes_total": float(metrics["bytes_sent"])}, last_round)
     metrics.update(run_phases(run.strategy.phases(cfg), PhaseContext(cfg, run, run_dir, run.writer)))

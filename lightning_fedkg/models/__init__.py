@@ -13,10 +13,12 @@ from .kge import (
     build_model,
 )
 from .kge_module import KGEModule
+from .distillation import DistillationModule
 from .fusion import ScoreFusion, evaluate_fusion, fit_fusion
 
 __all__ = [
     "KGEModule",
+    "DistillationModule",
     "ScoreFusion",
     "fit_fusion",
     "evaluate_fusion",

@@ -170,14 +170,16 @@ class KGEModule(L.LightningModule):
         return self.model.shareable_groups()
 
     # ------------------------------------------------------------------ training
-    def negative_scores(self, batch: dict) -> Tensor:
-        """``[B, n]`` scores of the batch's negatives according to ``batch["mode"]``."""
+    def negative_scores(self, batch: dict, model: KGEModel | None = None) -> Tensor:
+        """``[B, n]`` scores of the batch's negatives according to ``batch["mode"]``, under
+        ``model`` (default ``self.model``; FedLU also scores its avatar)."""
+        model = self.model if model is None else model
         positive, negatives, mode = batch["positive"], batch["negatives"], batch["mode"]
         h, r, t = positive[:, 0], positive[:, 1], positive[:, 2]
         if mode == "tail":
-            return self.model.score_tails(h, r, negatives)
+            return model.score_tails(h, r, negatives)
         if mode == "head":
-            return self.model.score_heads(r, t, negatives)
+            return model.score_heads(r, t, negatives)
         if mode != "mixed":
             raise ValueError(f"batch mode must be 'tail', 'head' or 'mixed', got {mode!r}")
         # Score each row only on its own corruption side; shared negatives serve both sides.
@@ -189,9 +191,9 @@ class KGEModule(L.LightningModule):
 
         parts = []
         if len(tail_rows):
-            parts.append((tail_rows, self.model.score_tails(h[tail_rows], r[tail_rows], rows_of(tail_rows))))
+            parts.append((tail_rows, model.score_tails(h[tail_rows], r[tail_rows], rows_of(tail_rows))))
         if len(head_rows):
-            parts.append((head_rows, self.model.score_heads(r[head_rows], t[head_rows], rows_of(head_rows))))
+            parts.append((head_rows, model.score_heads(r[head_rows], t[head_rows], rows_of(head_rows))))
         scores = parts[0][1].new_empty(positive.shape[0], negatives.shape[-1])
         for rows, part in parts:
             scores[rows] = part.to(scores.dtype)
@@ -238,6 +240,10 @@ class KGEModule(L.LightningModule):
         self._optimizer.load_state_dict(state)
 
     # ------------------------------------------------------------------ evaluation
+    def evaluation_model(self) -> KGEModel:
+        """The score function validation and test rank with (``self.model``)."""
+        return self.model
+
     @torch.no_grad()
     def rank_batch(self, batch: dict) -> Tensor:
         """Filtered ranks ``[B]`` of an evaluation batch, scored in fp32 against all entities."""
@@ -252,15 +258,16 @@ class KGEModule(L.LightningModule):
         if len(triples) == 0:
             return torch.zeros(0, device=self.device)
         chunk = self.hparams.eval_chunk_size or len(triples)
+        model = self.evaluation_model()
         ranks = []
         # bf16 autocast collapses distinct scores into ties (LIBRARIES §2d): rank in fp32.
         with torch.autocast(device_type=self.device.type, enabled=False):
             for start in range(0, len(triples), chunk):
                 part = triples[start : start + chunk]
                 if mode == "tail":
-                    scores = self.model.score_tails(part[:, 0], part[:, 1])
+                    scores = model.score_tails(part[:, 0], part[:, 1])
                 else:
-                    scores = self.model.score_heads(part[:, 1], part[:, 2])
+                    scores = model.score_heads(part[:, 1], part[:, 2])
                 in_part = (filter_row >= start) & (filter_row < start + len(part))
                 ranks.append(
                     filtered_ranks(

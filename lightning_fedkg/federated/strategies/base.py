@@ -120,6 +120,10 @@ class ServerHalf:
         """Every client evaluates ``split`` with what it holds (default: nothing sent but the split)."""
         return {name: Message(config={"split": split}) for name in self.clients}
 
+    def report(self) -> dict:
+        """Extra ``metrics.json`` blocks of the method, read after the final test (default none)."""
+        return {}
+
     def aggregate_evaluate(
         self, round: int, split: str, replies: dict[str, Message], failures: dict[str, str]
     ) -> tuple[dict, list[dict]]:
@@ -242,13 +246,19 @@ class Strategy:
     config_class: type | None = None
 
     @classmethod
+    def learner(cls, cfg: "ExperimentConfig") -> tuple[type, dict] | None:
+        """``(LightningModule class, extra keyword arguments)`` the method's parties train,
+        or None for the task's default module (:class:`~lightning_fedkg.models.KGEModule`)."""
+        return None
+
+    @classmethod
     def phases(cls, cfg: "ExperimentConfig") -> list[str]:
         """Post-training phases this method runs under ``cfg`` (names in :data:`~..phases.PHASES`)."""
         return []
 
 
 def _load_builtin_strategies() -> None:
-    from lightning_fedkg.federated.strategies import entire, fede, fedprox, fedr, single  # noqa: F401
+    from lightning_fedkg.federated.strategies import entire, fede, fedlu, fedprox, fedr, single  # noqa: F401
 
 
 #: ``federated.strategy`` name → :class:`Strategy` subclass (or an import path in the config).
