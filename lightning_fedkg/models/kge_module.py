@@ -60,16 +60,29 @@ def kge_loss(
             average over negatives runs over the valid entries only. A row with no valid
             negative contributes no negative term.
     """
-    if negative_mask is None:
-        if loss == "margin":
-            return F.relu(margin - positive_scores.unsqueeze(1) + negative_scores).mean()
-        valid = None
-    else:
+    if loss == "margin":
+        hinge = F.relu(margin - positive_scores.unsqueeze(1) + negative_scores)
+        if negative_mask is None:
+            return hinge.mean()
         valid = negative_mask.to(negative_scores.dtype)
-        if loss == "margin":
-            hinge = F.relu(margin - positive_scores.unsqueeze(1) + negative_scores)
-            return (hinge * valid).sum() / valid.sum().clamp(min=1)
+        return (hinge * valid).sum() / valid.sum().clamp(min=1)
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     positive_term = -F.logsigmoid(positive_scores)
+    negative_term = negative_loss_term(negative_scores, loss, adversarial_temperature, negative_mask)
+    return 0.5 * (positive_term.mean() + negative_term.mean())
+
+
+def negative_loss_term(
+    negative_scores: Tensor,
+    loss: str = "self_adversarial",
+    adversarial_temperature: float = 1.0,
+    negative_mask: Tensor | None = None,
+) -> Tensor:
+    """``[B]`` negative part of :func:`kge_loss`: ``−Σ_j p_j log σ(−s_neg_j)`` with
+    self-adversarial (``p = softmax(α·s)``, constant) or uniform weights over the valid
+    negatives. FedLU's unlearning reuses it next to its own positive term."""
+    valid = None if negative_mask is None else negative_mask.to(negative_scores.dtype)
     log_not_negative = F.logsigmoid(-negative_scores)
     if loss == "self_adversarial":
         logits = adversarial_temperature * negative_scores.detach()
@@ -85,8 +98,8 @@ def kge_loss(
         else:
             negative_term = -(valid * log_not_negative).sum(dim=1) / valid.sum(dim=1).clamp(min=1)
     else:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    return 0.5 * (positive_term.mean() + negative_term.mean())
+        raise ValueError(f"negative_loss_term needs 'self_adversarial' or 'uniform', got {loss!r}")
+    return negative_term
 
 
 class KGEModule(L.LightningModule):
