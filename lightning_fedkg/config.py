@@ -111,7 +111,9 @@ class DataConfig:
     federated run a single KG is split into ``num_clients`` clients, seeded by
     ``partition_seed``: ``partition: relation`` gives each client whole relations (FedE's
     procedure; clients share entities, not relations), ``random`` deals out triples at
-    random (clients share relations too, where FedR differs from Single). A folder of
+    random (clients share relations too, where FedR differs from Single), ``clustered``
+    gives each client one spectral cluster of co-occurring relations (FedLU's C-k split; needs
+    the ``clustered`` extra, scikit-learn). A folder of
     pre-split clients (``client_<k>/`` or FedLU's ``<k>/``) is loaded as it is.
     """
 
@@ -119,7 +121,7 @@ class DataConfig:
     format: Literal["auto", "triples", "openke", "pyg_fb15k237", "pyg_wn18rr"] = "auto"
     num_clients: int = field(default=3, metadata={"range": Range(min=1)})
     partition_seed: int = field(default=12345, metadata={"range": SEED_RANGE})
-    partition: Literal["relation", "random"] = "relation"
+    partition: Literal["relation", "random", "clustered"] = "relation"
 
 
 #: ModelConfig fields that are keyword options of particular models (None = model default).

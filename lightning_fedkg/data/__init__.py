@@ -6,8 +6,10 @@ from .federated import (
     load_federated,
     load_federated_folder,
     load_fedlu_folder,
+    partition_by_clusters,
     partition_by_relation,
     partition_randomly,
+    relation_cooccurrence,
     resample_split,
 )
 from .kg import (
@@ -39,8 +41,10 @@ __all__ = [
     "load_openke",
     "load_pyg",
     "load_triples_folder",
+    "partition_by_clusters",
     "partition_by_relation",
     "partition_randomly",
+    "relation_cooccurrence",
     "resample_split",
     "triple_keys",
     "unique_triples",
