@@ -159,6 +159,39 @@ def cmd_test(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_unlearning_table(metrics: dict) -> str:
+    """One row per model (before, after, retrain): forgetting-set and test metrics, MIA AUC, seconds."""
+    cols = ("forget MRR", "forget H@1", "forget H@10", "test MRR", "test H@10", "MIA AUC", "seconds")
+    lines = [f"{'':<9}" + "".join(f"{c:>12}" for c in cols)]
+    for stage in ("before", "after", "retrain"):
+        block = metrics.get(stage)
+        if block is None:
+            continue
+        f, t = block.get("forget", {}), block["test"]
+        values = (f.get("mrr"), f.get("hits@1"), f.get("hits@10"), t["mrr"], t["hits@10"], block["mia_auc"],
+                  block.get("seconds"))
+        lines.append(f"{stage:<9}" + "".join(f"{'-':>12}" if v is None else f"{float(v):>12.4f}" for v in values))
+    return "\n".join(lines)
+
+
+def cmd_unlearn(args: argparse.Namespace) -> int:
+    """``fedkg unlearn``: forget triples from a finished run into a new run directory."""
+    from lightning_fedkg.federated.unlearning import run_unlearn
+
+    source = Path(args.from_run)
+    if not (source / "config.yaml").is_file():
+        raise ConfigError(f"{source} is not a run directory (no config.yaml)")
+    # Without -c the source run's own config is the base; overrides apply either way.
+    cfg = load_config(args.config or source / "config.yaml", args.overrides)
+    configure_torch(cfg.trainer)
+    out = Path(args.out) if args.out else source.with_name(source.name + "-unlearn")
+    print(f"unlearning run directory: {out}")
+    metrics = run_unlearn(resolve_auto_settings(cfg), source, out)
+    print(format_unlearning_table(metrics))
+    print(f"metrics written to {out / 'metrics.json'}")
+    return 0
+
+
 def cmd_data_stats(args: argparse.Namespace) -> int:
     """``fedkg data stats``: sizes of a KG, or of every client of a federated folder."""
     from lightning_fedkg.data import load_federated, load_kg
@@ -186,7 +219,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fedkg`` argument parser (sub-commands fit, test, data stats)."""
+    """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, data stats)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="evaluate a finished run's best state with its own config (writes nothing)")
     test.add_argument("overrides", nargs="*", help="key=value overrides")
     test.set_defaults(func=cmd_test)
+
+    unlearn = sub.add_parser("unlearn", help="forget triples from a finished federated run (FedLU)")
+    unlearn.add_argument("-c", "--config", help="YAML config of the source run with an unlearn section "
+                                                "(default: the source run's config.yaml)")
+    unlearn.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True,
+                         help="the finished run to unlearn from (only read)")
+    unlearn.add_argument("--out", help="new run directory (default: RUN_DIR-unlearn)")
+    unlearn.add_argument("overrides", nargs="*", help="key=value overrides, e.g. unlearn.forget=sample")
+    unlearn.set_defaults(func=cmd_unlearn)
 
     data = sub.add_parser("data", help="dataset utilities")
     data_sub = data.add_subparsers(dest="data_command", required=True)

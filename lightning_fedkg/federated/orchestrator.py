@@ -336,7 +336,9 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     ``best_round``, ``bytes_sent`` (tensor bytes of rounds >= 1, evaluation downloads
     included), ``alignment_bytes`` (round 0), ``wire_bytes`` (serialized, all rounds),
     ``strategy``, ``validation`` (``[{round, mrr}]``), ``failures`` (``[{round, stage, party,
-    error}]``) and one block per phase (FedE's ``fusion``).
+    error}]``), ``seconds`` (wall time of the rounds, validation included, summed over
+    resumes), the strategy's own blocks (FedLU's ``test_global``, ``distillation``) and one
+    block per phase (FedE's ``fusion``).
     """
     from lightning_fedkg.federated.peer import is_peer_strategy, run_peer_to_peer
     from lightning_fedkg.rundir import RunDirectory
@@ -363,6 +365,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     stopper = EarlyStopping(patience=fc.patience)
     history: list[dict] = []
     stopped = False
+    seconds = 0.0  # wall time of the round loop, summed over the processes of a resumed run
     if manifest is not None:
         runner = load_party(manifest_path, manifest, RUNNER)
         run.load_party_states(lambda party: load_party(manifest_path, manifest, party))
@@ -371,6 +374,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         # The patience may be changed on resume; the counters carry over.
         stopper = EarlyStopping(**{**runner["early_stopping"], "patience": fc.patience})
         history = list(runner["history"])
+        seconds = float(runner.get("seconds", 0.0))
         stopped = stopper.should_stop
         restore_rng(runner["rng"])
         run.last_round = last_round
@@ -388,6 +392,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         for r in range(last_round + 1, fc.rounds + 1):
             if stopped:
                 break
+            started = time.perf_counter()
             run.train_round(r)
             scalars = {}
             if r % fc.eval_every == 0 or r == fc.rounds:
@@ -404,7 +409,9 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
             scalars["comm/bytes_total"] = float(round_bytes(run.channel))
             run.log_server(scalars, r)
             last_round = r
+            seconds += time.perf_counter() - started
             runner_state = {
+                "seconds": seconds,
                 "early_stopping": asdict(stopper),
                 "history": history,
                 "rng": capture_rng(),
@@ -438,6 +445,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         "strategy": fc.strategy,
         "validation": history,
         "failures": run.failures,
+        "seconds": round(seconds, 3),
     }
     metrics.update(run.server.report())
     run.log_server({**{f"test/{k}": v for k, v in avg.items()},

@@ -12,7 +12,7 @@ settings. A phase may start sub-runs in sub-folders (:meth:`PhaseContext.subrun_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,14 @@ __all__ = ["Phase", "PhaseContext", "PHASES", "run_phases"]
 @dataclass
 class PhaseContext:
     """What a phase runs with: the config, the tested run (parties at their best state),
-    the run directory and the server's TensorBoard writer (may be None)."""
+    the run directory (where the phase writes) and the server's TensorBoard writer (may be None)."""
 
     cfg: Any
     run: Any
     run_dir: Path
     writer: Any = None
+    #: Facts about the run the phase starts from (``fedkg unlearn``: its training ``seconds``).
+    source: dict = field(default_factory=dict)
 
     def subrun_dir(self, name: str) -> Path:
         """A folder of the run directory for a sub-run started by the phase."""
@@ -50,7 +52,7 @@ class Phase:
 
 
 def _load_builtin_phases() -> None:
-    from lightning_fedkg.federated import fusion_runner  # noqa: F401
+    from lightning_fedkg.federated import fusion_runner, unlearning  # noqa: F401
 
 
 PHASES: Registry[Phase] = Registry("phase", base=Phase, loader=_load_builtin_phases)

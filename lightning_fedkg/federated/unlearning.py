@@ -1,0 +1,415 @@
+"""``fedkg unlearn``: forget triples from a finished FedLU (or FedE) run, checked against retraining.
+
+Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
+WWW 2023, §4.3. :func:`run_unlearn` reads a finished run directory (never writing to
+it), restores its parties at their best state and runs the :class:`UnlearnPhase` into a
+new run directory:
+
+1. **forgetting sets** per client (:func:`forget_sets`): FedLU's ``unlearn.txt`` split
+   (``unlearn.forget: file``) or a seeded sample of ``unlearn.fraction`` of the client's
+   train triples (``sample``); the retain set is the rest of its train triples;
+2. **before**: each client's filtered metrics on its forgetting set (filter: every true
+   triple *except* the forgotten ones, FedLU's protocol) and on its test set, plus the
+   membership-inference AUC (:func:`membership_auc`);
+3. **unlearning** on the clients that have something to forget
+   (:class:`~lightning_fedkg.models.unlearning.ClientUnlearner`: retroactive interference,
+   then passive decay on the retained triples); then ``unlearn.propagate_rounds``
+   aggregation rounds carry the change to the global model: first the clients' unlearned
+   shared rows are uploaded and averaged (so no download overwrites them), then normal
+   rounds train on the retained triples only. With 0 rounds (the official pipeline) only
+   each client's own avatar changes;
+4. **after**: the same metrics;
+5. **retrain** (gold standard): the same config and budget trained from scratch on the
+   retained triples, as a resumable sub-run in ``<out>/retrain/``, and the same metrics.
+
+``metrics.json`` of the new run: ``before``, ``after``, ``retrain``, each with
+``forget`` and ``test`` blocks (triple-weighted over clients: MRR, MR, Hits@1/3/5/10,
+count), ``seconds`` (training of the source run, the unlearning, the retraining) and
+per-client entries; FedLU runs add ``forget_global``/``test_global`` (the avatar); and
+``mia_auc: {before, after, retrain}``. The phase's block is its resume point
+(``phases/unlearn.json``); the retrain sub-run resumes by itself.
+
+Membership inference (beyond the paper): a threshold on the triple score separating
+forgotten triples (members) from the client's never-seen test triples; its AUC is
+``P(score(forgotten) > score(test))``. A model that never saw the forgotten triples scores
+them like test triples (AUC near the retrained model's); the score-based AUC of the
+trained model is well above it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from lightning_fedkg.config import ConfigError, ExperimentConfig, fingerprint_differences, resume_fingerprint
+from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
+from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
+from lightning_fedkg.federated.phases import PHASES, Phase, PhaseContext, run_phases
+from lightning_fedkg.federated.strategies.base import SERVER
+from lightning_fedkg.federated.tasks import METRIC_KEYS, client_entry, weighted_average, with_count
+from lightning_fedkg.seeding import derive_seed
+
+__all__ = [
+    "UnlearnPhase",
+    "run_unlearn",
+    "forget_sets",
+    "split_retain",
+    "membership_auc",
+    "evaluate_unlearning",
+]
+
+log = logging.getLogger("lightning_fedkg")
+
+RETRAIN_DIR = "retrain"
+
+
+# ---------------------------------------------------------------------- forgetting sets
+def split_retain(train: Tensor, forget: Tensor, num_entities: int, num_relations: int) -> Tensor:
+    """``train`` without the triples of ``forget`` (every copy of them)."""
+    if forget.numel() == 0:
+        return train
+    drop = torch.isin(triple_keys(train, num_entities, num_relations), triple_keys(forget, num_entities, num_relations))
+    return train[~drop]
+
+
+def sample_forget_set(train: Tensor, fraction: float, generator: torch.Generator, num_entities: int,
+                      num_relations: int) -> Tensor:
+    """``⌈fraction·|train|⌉`` random train triples, each accepted only if its head, relation
+    and tail keep at least one retained triple (FedLU's ``sample_unlearn.py`` rule, so the
+    retrained model still knows every entity). Fewer are returned if the rule runs out."""
+    wanted = min(len(train), max(1, math.ceil(fraction * len(train))))
+    ent_left = torch.bincount(train[:, [0, 2]].reshape(-1), minlength=num_entities).tolist()
+    rel_left = torch.bincount(train[:, 1], minlength=num_relations).tolist()
+    chosen = []
+    # A scan in random order (not a hot path: it stops after ~|forget| accepted triples).
+    for i in torch.randperm(len(train), generator=generator).tolist():
+        h, r, t = train[i].tolist()
+        need_e = 2 if h == t else 1
+        if ent_left[h] <= need_e or ent_left[t] <= need_e or rel_left[r] <= 1:
+            continue
+        ent_left[h] -= 1
+        ent_left[t] -= 1
+        rel_left[r] -= 1
+        chosen.append(i)
+        if len(chosen) == wanted:
+            break
+    return train[torch.tensor(sorted(chosen), dtype=torch.long)] if chosen else train[:0]
+
+
+def forget_sets(cfg: ExperimentConfig, parties: list[Party]) -> dict[str, Tensor]:
+    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets."""
+    u = cfg.unlearn
+    out = {}
+    for party in parties:
+        kg, train = party.kg, party.kg.triples("train")
+        if u.forget == "file":
+            if "unlearn" not in kg.split_names:
+                out[party.name] = train[:0]
+                continue
+            forget = kg.triples("unlearn")
+            # FedLU's forgetting sets are subsets of train; anything else cannot be forgotten.
+            inside = torch.isin(triple_keys(forget, kg.num_entities, kg.num_relations),
+                                triple_keys(train, kg.num_entities, kg.num_relations))
+            if not bool(inside.all()):
+                log.warning("%s: %d forgetting triples are not training triples; ignored",
+                            party.name, int((~inside).sum()))
+            out[party.name] = forget[inside]
+        else:
+            g = torch.Generator().manual_seed(derive_seed(u.seed, party.name, "forget"))
+            out[party.name] = sample_forget_set(train, u.fraction, g, kg.num_entities, kg.num_relations)
+    if not any(f.numel() for f in out.values()):
+        hint = " (no client has an 'unlearn' split; use unlearn.forget=sample)" if u.forget == "file" else ""
+        raise ConfigError(f"nothing to forget{hint}")
+    return out
+
+
+def _view(kg: KnowledgeGraph, train: Tensor, extra: dict[str, Tensor]) -> KnowledgeGraph:
+    """``kg`` with another train split and extra splits (ids and names unchanged)."""
+    splits = {s: kg.triples(s) for s in SPLITS}
+    splits.update(train=train, **extra)
+    return KnowledgeGraph(splits, kg.num_entities, kg.num_relations, kg.entity_names, kg.relation_names, name=kg.name)
+
+
+# ---------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def membership_auc(model, members: Tensor, non_members: Tensor) -> float:
+    """AUC of "score above a threshold" separating ``members`` from ``non_members``:
+    ``P(s(member) > s(non-member)) + ½ P(tie)`` (Mann–Whitney), NaN if a side is empty."""
+    if members.numel() == 0 or non_members.numel() == 0:
+        return math.nan
+    device = next(model.parameters()).device
+    score = lambda t: model(*(t.to(device)[:, i] for i in range(3))).float().cpu()  # noqa: E731
+    s_in, s_out = score(members), score(non_members)
+    scores = torch.cat([s_in, s_out])
+    # Average ranks handle ties exactly; the rank-sum formula of the AUC follows.
+    order = torch.argsort(scores)
+    ranks = torch.empty_like(scores)
+    ranks[order] = torch.arange(1, len(scores) + 1, dtype=scores.dtype)
+    uniq, inverse = torch.unique(scores, return_inverse=True)
+    sums = torch.zeros(len(uniq), dtype=scores.dtype).index_add_(0, inverse, ranks)
+    counts = torch.bincount(inverse, minlength=len(uniq)).to(scores.dtype)
+    ranks = (sums / counts)[inverse]
+    n1, n0 = len(s_in), len(s_out)
+    return float((ranks[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def _rank_split(party: Party, kg: KnowledgeGraph, split: str) -> dict:
+    """Filtered metrics of ``party``'s module on ``kg``'s ``split`` (filter: train ∪ valid ∪ test of ``kg``)."""
+    from lightning_fedkg.training import build_datamodule
+
+    dm = build_datamodule(kg, party.cfg, seed=0)
+    with quiet_lightning():
+        party.trainer.validate(party.module, dataloaders=dm.eval_dataloader(split), verbose=False)
+    return client_entry(party.module.last_metrics["val"], int(kg.triples(split).shape[0]))
+
+
+def _sides(party: Party) -> list[str]:
+    return ["local", "global"] if hasattr(party.module, "avatar") else ["local"]
+
+
+def evaluate_unlearning(parties: list[Party], forget: dict[str, Tensor], seconds: float | None) -> dict:
+    """``{"forget", "test", ["forget_global", "test_global"], "clients", "mia_auc", "seconds"}``.
+
+    ``forget`` ranks each client's forgetting set with the filter train ∪ valid ∪ test
+    *minus* the forgetting set; ``test`` ranks the test set with the usual filter (the
+    forgotten triples included, also for a model that never trained on them); the MIA AUC is the
+    forget-count-weighted mean over clients of :func:`membership_auc` (local side).
+    """
+    per_client, blocks = [], {}
+    for party in parties:
+        kg, f = party.kg, forget[party.name]
+        retain = split_retain(kg.triples("train"), f, kg.num_entities, kg.num_relations)
+        # The forgotten triples are not filtered when they are the queries, and are (as the
+        # true facts they are) when other queries are ranked, for every model alike.
+        forget_view = _view(kg, retain, {"forget": f})
+        test_view = _view(kg, torch.cat([retain, f]), {})
+        entry = {"name": party.name, "forgotten": int(f.shape[0])}
+        for side in _sides(party):
+            suffix = "" if side == "local" else "_global"
+            if hasattr(party.module, "eval_side"):
+                party.module.eval_side = side
+            try:
+                if f.numel():
+                    entry[f"forget{suffix}"] = _rank_split(party, forget_view, "forget")
+                entry[f"test{suffix}"] = _rank_split(party, test_view, "test")
+            finally:
+                if hasattr(party.module, "eval_side"):
+                    party.module.eval_side = "local"
+        entry["mia_auc"] = membership_auc(party.model, f, kg.triples("test"))
+        per_client.append(entry)
+    for key in ("forget", "test", "forget_global", "test_global"):
+        entries = [e[key] for e in per_client if key in e]
+        if entries:
+            blocks[key] = with_count(weighted_average(entries, METRIC_KEYS), entries)
+    weights = [(e["forgotten"], e["mia_auc"]) for e in per_client if e["forgotten"] and not math.isnan(e["mia_auc"])]
+    total = sum(w for w, _ in weights)
+    mia = sum(w * a for w, a in weights) / total if total else math.nan
+    return {**blocks, "seconds": seconds, "mia_auc": mia, "clients": per_client}
+
+
+# ---------------------------------------------------------------------- unlearning
+def _settings(cfg: ExperimentConfig):
+    from lightning_fedkg.models.unlearning import UnlearningSettings
+
+    u = cfg.unlearn
+    return UnlearningSettings(
+        interference_epochs=u.interference_epochs, decay_epochs=u.decay_epochs,
+        forget_weight=u.forget_weight, mu_soft=u.mu_soft, mu_distill=u.mu_distill,
+        lr=u.lr if u.lr is not None else cfg.train.lr,
+    )
+
+
+def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[float]:
+    """Interference on ``forget``, then decay on the retained triples; returns the decay's
+    local validation MRRs."""
+    from lightning_fedkg.models.unlearning import ClientUnlearner
+    from lightning_fedkg.training import build_datamodule
+
+    kg = party.kg
+    retain = split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations)
+    batch_size = cfg.unlearn.batch_size or cfg.train.batch_size
+    seed = derive_seed(cfg.seed, party.name, "unlearn")
+    forget_dm = build_datamodule(_view(kg, forget, {}), cfg, seed=seed, batch_size=batch_size)
+    retain_dm = build_datamodule(_view(kg, retain, {}), cfg, seed=seed + 1, batch_size=batch_size)
+    unlearner = ClientUnlearner(party.module, _settings(cfg))
+    unlearner.interfere(forget_dm.train_dataloader)
+    return unlearner.decay(retain_dm.train_dataloader, lambda: party.run_evaluation("val")["mrr"])
+
+
+def retain_only(party: Party, forget: Tensor, cfg: ExperimentConfig) -> None:
+    """From now on ``party`` trains on its retained triples only."""
+    from lightning_fedkg.training import build_datamodule
+
+    kg = party.kg
+    party.kg = _view(kg, split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations), {})
+    party.datamodule = build_datamodule(party.kg, party.cfg, seed=derive_seed(cfg.seed, party.name, "retain"))
+
+
+def propagate(run, rounds: int) -> int:
+    """``rounds`` aggregation rounds after unlearning; returns the last round number.
+
+    The first uploads the clients' current shared rows (nothing is downloaded before, so
+    the unlearned rows are what the server averages); the others are normal rounds.
+    """
+    r = run.last_round
+    if rounds == 0:
+        return r
+    r += 1
+    replies = {}
+    for party in run.clients:
+        message = Message(arrays=run.client_halves[party.name].upload())
+        replies[party.name] = run.channel.send(party.name, SERVER, "upload", message, r)
+    run.server.aggregate_train(r, replies, {})
+    for _ in range(rounds - 1):
+        r += 1
+        run.train_round(r)
+    run.last_round = r
+    run.load_evaluation_state(r)
+    return r
+
+
+# ---------------------------------------------------------------------- retraining
+def write_retain_folder(folder: Path, parties: list[Party], forget: dict[str, Tensor]) -> Path:
+    """FedLU-layout folder ``<k>/{train,valid,test,unlearn}.txt`` of named triples, train
+    without the forgotten triples (written once; an existing complete folder is reused)."""
+    done = folder / "COMPLETE"
+    if done.is_file():
+        return folder
+    for k, party in enumerate(parties):
+        kg, f = party.kg, forget[party.name]
+        ent, rel = party.names["entity"], party.names["relation"]
+        splits = {s: kg.triples(s) for s in SPLITS}
+        splits["train"] = split_retain(splits["train"], f, kg.num_entities, kg.num_relations)
+        splits["unlearn"] = f
+        d = folder / str(k)
+        d.mkdir(parents=True, exist_ok=True)
+        for s, t in splits.items():
+            lines = [f"{ent[h]}\t{rel[r]}\t{ent[tail]}" for h, r, tail in t.tolist()]
+            (d / f"{s}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+    done.write_text("")
+    return folder
+
+
+def retrain_config(cfg: ExperimentConfig, data_dir: Path) -> ExperimentConfig:
+    """``cfg`` on the retained triples (same model, schedule and budget)."""
+    rcfg = copy.deepcopy(cfg)
+    rcfg.name = f"{cfg.name}-retrain"
+    rcfg.data.name = str(data_dir)
+    rcfg.data.format = "auto"
+    return rcfg
+
+
+def retrain(cfg: ExperimentConfig, ctx: PhaseContext, forget: dict[str, Tensor]) -> dict:
+    """Train the gold standard in ``<out>/retrain`` and evaluate it like the others."""
+    from lightning_fedkg.federated.orchestrator import restore_finished_run, run_federated
+
+    sub = ctx.subrun_dir(RETRAIN_DIR)
+    data_dir = write_retain_folder(sub / "data", ctx.run.clients, forget)
+    rcfg = retrain_config(cfg, data_dir)
+    metrics = run_federated(rcfg, sub / "run")
+    rrun, _ = restore_finished_run(rcfg, sub / "run")
+    try:
+        r_forget = {p.name: p.kg.triples("unlearn") for p in rrun.clients}
+        return evaluate_unlearning(rrun.clients, r_forget, metrics.get("seconds"))
+    finally:
+        rrun.close()
+
+
+# ---------------------------------------------------------------------- the phase
+def _log(writer, block: dict, stage: str, step: int) -> None:
+    if writer is None:
+        return
+    scalars = {f"unlearn/{stage}/{k}_mrr": v["mrr"] for k, v in block.items() if isinstance(v, dict) and "mrr" in v}
+    scalars[f"unlearn/{stage}/mia_auc"] = block["mia_auc"]
+    writer.log({k: v for k, v in scalars.items() if v is not None and not math.isnan(v)}, step)
+
+
+@PHASES.register()
+class UnlearnPhase(Phase):
+    """Unlearning of ``cfg.unlearn``'s forgetting sets, with before/after/retrain metrics."""
+
+    name = "unlearn"
+
+    def settings(self, cfg) -> dict:
+        from dataclasses import asdict
+
+        return asdict(cfg.unlearn)
+
+    def run(self, ctx: PhaseContext) -> dict:
+        cfg, run = ctx.cfg, ctx.run
+        forget = forget_sets(cfg, run.clients)
+        step = run.last_round
+        before = evaluate_unlearning(run.clients, forget, ctx.source.get("seconds"))
+        _log(ctx.writer, before, "before", step)
+        start = time.perf_counter()
+        decay = {}
+        for party in run.clients:
+            if forget[party.name].numel():
+                decay[party.name] = unlearn_client(party, forget[party.name], cfg)
+        for party in run.clients:
+            retain_only(party, forget[party.name], cfg)
+        propagate(run, cfg.unlearn.propagate_rounds)
+        seconds = time.perf_counter() - start
+        after = evaluate_unlearning(run.clients, forget, seconds)
+        for entry in after["clients"]:
+            entry["decay_val_mrr"] = decay.get(entry["name"], [])
+        _log(ctx.writer, after, "after", step)
+        block = {"before": before, "after": after,
+                 "forget": {"mode": cfg.unlearn.forget, "triples": int(sum(len(f) for f in forget.values()))}}
+        if cfg.unlearn.retrain:
+            block["retrain"] = retrain(cfg, ctx, forget)
+            _log(ctx.writer, block["retrain"], "retrain", step)
+        block["mia_auc"] = {k: block[k]["mia_auc"] for k in ("before", "after", "retrain") if k in block}
+        return block
+
+
+def check_source_config(cfg: ExperimentConfig, source: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` when ``cfg`` describes another run than ``source`` (the
+    ``unlearn`` section and resume-free fields may differ)."""
+    differences = fingerprint_differences(resume_fingerprint(source), resume_fingerprint(cfg))
+    if differences:
+        raise ConfigError("the config does not describe the source run; it differs in "
+                          + ", ".join(differences) + " (only the unlearn section may change)")
+
+
+def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: str | Path) -> dict:
+    """Unlearn from the finished run in ``source_dir`` into ``out_dir``; returns its metrics.
+
+    ``cfg`` (None: the source's own config) must describe the source run; its ``unlearn``
+    section says what and how to forget. ``source_dir`` is only read.
+    """
+    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.rundir import RunDirectory
+
+    source_dir, out_dir = Path(source_dir), Path(out_dir)
+    if out_dir.resolve() == source_dir.resolve():
+        raise ConfigError("--out must differ from --from: the source run is never written")
+    source_cfg, run = load_run_from(source_dir)
+    if cfg is None:
+        cfg = source_cfg
+    else:
+        check_source_config(cfg, source_cfg)
+    if cfg.federated.strategy in ("single", "entire"):
+        raise ConfigError(f"unlearning needs a federated run (fedlu, fede, ...), got {cfg.federated.strategy!r}")
+    source_metrics = source_dir / "metrics.json"
+    source = json.loads(source_metrics.read_text()) if source_metrics.is_file() else {}
+    with RunDirectory.open(out_dir, cfg):
+        writer = RoundWriter(out_dir, SERVER)
+        run.channel.open_log(out_dir / "channel_log.jsonl")
+        ctx = PhaseContext(cfg, run, out_dir, writer, source={"seconds": source.get("seconds")})
+        try:
+            block = run_phases(["unlearn"], ctx)["unlearn"]
+        finally:
+            writer.close()
+            run.close()
+        metrics = {**block, "source": str(source_dir), "strategy": cfg.federated.strategy}
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

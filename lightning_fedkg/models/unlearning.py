@@ -1,0 +1,174 @@
+"""FedLU's client-side unlearning: retroactive interference, then passive decay.
+
+Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
+WWW 2023, §4.3 (REFERENCE §4.4). Given a trained client module and its forgetting set
+``G_u`` (with retain set ``G_c = G \\ G_u``):
+
+1. **Retroactive interference**, for ``interference_epochs`` over ``G_u``; per forget batch
+   a step of the local side, then of the avatar with the roles reversed:
+
+   ``L = ½ (w · mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft · mean ‖S(negs) − S(u)‖₂
+   + μ_distill · KL(P_teacher ‖ P_student)``
+
+   *hard confusion* (the forgotten triple scored as a negative, weighted ``w``; the
+   official code uses w = 10), *soft confusion* (the L2 norm of the gap between the
+   negatives' scores and the forgotten triple's: pull it into the crowd) and distillation
+   from the other side (the paper's formulation; the official local step has none).
+2. **Passive decay**, at most ``decay_epochs`` over ``G_c``: mutual distillation with
+   teacher and student alternating by batch (even batches train the local side with the
+   avatar as teacher, odd batches the avatar with the local side as teacher), each step
+   with its prediction loss; after every epoch the local side is validated and decay stops
+   at the first epoch that does not improve, keeping the best epoch's tables.
+
+Relations are frozen throughout (only entity-indexed tables move, the official choice):
+the knowledge to remove is carried by the forgotten triples' entities, and the relation
+table is shared by both scorers. Both optimizers are fresh Adams.
+
+A plain :class:`~lightning_fedkg.models.KGEModule` (a FedE client) has no avatar: its
+interference has no distillation term and its decay is plain training on ``G_c``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_fedkg.models.distillation import DistillationModule, candidate_scores, distillation_kl
+from lightning_fedkg.models.kge import KGEModel
+from lightning_fedkg.models.kge_module import KGEModule, kge_loss, negative_loss_term
+
+__all__ = ["UnlearningSettings", "confusion_loss", "ClientUnlearner"]
+
+
+@dataclass
+class UnlearningSettings:
+    """Weights and budgets of one client's unlearning (``cfg.unlearn``)."""
+
+    interference_epochs: int = 10
+    decay_epochs: int = 10
+    forget_weight: float = 10.0
+    mu_soft: float = 0.05
+    mu_distill: float = 2.0
+    lr: float = 1e-4
+
+
+def confusion_loss(positive: Tensor, negatives: Tensor, forget_weight: float, mu_soft: float,
+                   loss: str = "uniform", adversarial_temperature: float = 1.0) -> Tensor:
+    """Hard + soft confusion of forgotten triples (``positive`` ``[B]``) and their
+    negatives (``[B, n]``): ``½ (w·mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft·mean_B ‖S(negs) − S(u)‖₂``."""
+    neg_loss = "uniform" if loss == "margin" else loss
+    hard = 0.5 * (forget_weight * (-F.logsigmoid(-positive)).mean()
+                  + negative_loss_term(negatives, neg_loss, adversarial_temperature).mean())
+    soft = (negatives - positive.unsqueeze(1)).norm(dim=1).mean()
+    return hard + mu_soft * soft
+
+
+def _logits(positive: Tensor, negatives: Tensor) -> Tensor:
+    return torch.cat([positive.unsqueeze(1), negatives], dim=1)
+
+
+class ClientUnlearner:
+    """Runs both unlearning steps on one client's module, in place.
+
+    Args:
+        module: a trained :class:`DistillationModule` (FedLU) or :class:`KGEModule` (FedE).
+        settings: :class:`UnlearningSettings`.
+    """
+
+    def __init__(self, module: KGEModule, settings: UnlearningSettings) -> None:
+        self.module = module
+        self.settings = settings
+        self.has_avatar = isinstance(module, DistillationModule)
+        lr = settings.lr
+        self.local_params = [getattr(module.model, n) for n in module.model.entity_parameter_names()]
+        self.local_opt = torch.optim.Adam(self.local_params, lr=lr)
+        if self.has_avatar:
+            self.global_params = module.avatar_parameters()
+            self.global_opt = torch.optim.Adam(self.global_params, lr=lr)
+
+    # ------------------------------------------------------------------ steps
+    def _sides(self, student: str) -> tuple[KGEModel, KGEModel | None, list, torch.optim.Optimizer]:
+        m = self.module
+        if student == "local":
+            return m.model, (m.avatar if self.has_avatar else None), self.local_params, self.local_opt
+        return m.avatar, m.model, self.global_params, self.global_opt
+
+    def _step(self, loss: Tensor, params: list, optimizer: torch.optim.Optimizer) -> float:
+        optimizer.zero_grad()
+        # Only the student's entity tables get gradients: relations stay frozen.
+        loss.backward(inputs=params)
+        optimizer.step()
+        return float(loss.detach())
+
+    def _distillation(self, positive: Tensor, negatives: Tensor, teacher: KGEModel | None, batch: dict) -> Tensor:
+        if teacher is None or self.settings.mu_distill == 0:
+            return positive.new_zeros(())
+        with torch.no_grad():
+            t_pos, t_neg = candidate_scores(self.module, teacher, batch)
+        return self.settings.mu_distill * distillation_kl(_logits(positive, negatives), _logits(t_pos, t_neg))
+
+    def interference_step(self, batch: dict, student: str = "local") -> float:
+        """One step of hard + soft confusion (+ distillation from the other side)."""
+        hp, s = self.module.hparams, self.settings
+        model, teacher, params, opt = self._sides(student)
+        positive, negatives = candidate_scores(self.module, model, batch)
+        loss = confusion_loss(positive, negatives, s.forget_weight, s.mu_soft, hp.loss, hp.adversarial_temperature)
+        loss = loss + self._distillation(positive, negatives, teacher, batch)
+        return self._step(loss, params, opt)
+
+    def decay_step(self, batch: dict, student: str = "local") -> float:
+        """One step of prediction loss on retained triples + distillation from the other side."""
+        hp = self.module.hparams
+        model, teacher, params, opt = self._sides(student)
+        positive, negatives = candidate_scores(self.module, model, batch)
+        loss = kge_loss(positive, negatives, hp.loss, hp.adversarial_temperature, hp.margin,
+                        negative_mask=batch.get("negative_mask"))
+        loss = loss + self._distillation(positive, negatives, teacher, batch)
+        return self._step(loss, params, opt)
+
+    # ------------------------------------------------------------------ loops
+    def _to_device(self, batch: dict) -> dict:
+        device = self.module.device
+        return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+    def interfere(self, forget_batches: Callable[[], Iterable[dict]]) -> None:
+        """``interference_epochs`` passes over the forget batches (local, then avatar, per batch)."""
+        self.module.train()
+        for _ in range(self.settings.interference_epochs):
+            for batch in forget_batches():
+                batch = self._to_device(batch)
+                self.interference_step(batch, "local")
+                if self.has_avatar:
+                    self.interference_step(batch, "global")
+
+    def decay(self, retain_batches: Callable[[], Iterable[dict]], validate: Callable[[], float]) -> list[float]:
+        """Passive decay until local validation stops improving; returns the validation
+        scores (first: before decay). The tables of the best epoch are kept."""
+        scores = [validate()]
+        best = self._snapshot()
+        for _ in range(self.settings.decay_epochs):
+            self.module.train()
+            for i, batch in enumerate(retain_batches()):
+                batch = self._to_device(batch)
+                student = "local" if (i % 2 == 0 or not self.has_avatar) else "global"
+                self.decay_step(batch, student)
+            scores.append(validate())
+            if not scores[-1] > max(scores[:-1]):
+                self._restore(best)
+                break
+            best = self._snapshot()
+        return scores
+
+    def _snapshot(self) -> list[Tensor]:
+        params = self.local_params + (self.global_params if self.has_avatar else [])
+        return [p.detach().clone() for p in params]
+
+    @torch.no_grad()
+    def _restore(self, snapshot: list[Tensor]) -> None:
+        params = self.local_params + (self.global_params if self.has_avatar else [])
+        for p, saved in zip(params, snapshot):
+            p.copy_(saved)
