@@ -33,6 +33,7 @@ __all__ = [
     "ConfigError",
     "FedEConfig",
     "FedProxConfig",
+    "FedECConfig",
     "FedLUConfig",
     "UnlearnConfig",
     "Range",
@@ -241,6 +242,19 @@ class FedProxConfig:
 
 
 @dataclass
+class FedECConfig:
+    """``federated.fedec``: FedEC (Chen et al., "Federated Knowledge Graph Embedding with
+    Embedding-Contrastive learning") on FedE's entity rows, FedLU's baseline (Zhu et al.,
+    WWW 2023): each client adds ``−mu · log(e^{g} / (e^{g} + e^{p}))`` to its local loss, ``g``
+    and ``p`` being the mean row-wise cosine similarity of its entity rows to the rows it
+    received that round and to its own rows after its previous local fit, divided by
+    ``temperature`` (FedLU's code: μ = 0.1, τ = 0.2)."""
+
+    mu: float = field(default=0.1, metadata={"range": Range(min=0)})
+    temperature: float = field(default=0.2, metadata={"range": Range(min=0, min_exclusive=True)})
+
+
+@dataclass
 class FedLUConfig:
     """``federated.fedlu``: FedLU's mutual distillation (Zhu et al., WWW 2023, §4.2).
 
@@ -319,7 +333,7 @@ class FederatedConfig:
     ``record_payloads`` keeps every serialized message under ``<run_dir>/payloads/`` (for
     tests and privacy audits; large). ``parties`` holds per-party overrides of the
     ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
-    Method settings live in the method's section (``fede``, ``fedprox``, ``fedlu``).
+    Method settings live in the method's section (``fede``, ``fedprox``, ``fedec``, ``fedlu``).
     """
 
     strategy: str = "none"
@@ -339,6 +353,7 @@ class FederatedConfig:
     parties: Dict[str, Any] = field(default_factory=dict)
     fede: FedEConfig = field(default_factory=FedEConfig)
     fedprox: FedProxConfig = field(default_factory=FedProxConfig)
+    fedec: FedECConfig = field(default_factory=FedECConfig)
     fedlu: FedLUConfig = field(default_factory=FedLUConfig)
 
 

@@ -3,6 +3,7 @@
 from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, ServerHalf, Strategy
 from lightning_fedkg.federated.strategies.entire import Entire
 from lightning_fedkg.federated.strategies.fede import FedE, HolderMeanServer
+from lightning_fedkg.federated.strategies.fedec import FedEC
 from lightning_fedkg.federated.strategies.fedprox import FedProx
 from lightning_fedkg.federated.strategies.fedr import FedR
 from lightning_fedkg.federated.strategies.single import Single
@@ -13,5 +14,5 @@ def build_strategy(name: str) -> type[Strategy]:
     return STRATEGIES.get(name)
 
 
-__all__ = ["Strategy", "ServerHalf", "ClientHalf", "Single", "Entire", "FedE", "FedR", "FedProx", "HolderMeanServer",
-           "STRATEGIES", "build_strategy"]
+__all__ = ["Strategy", "ServerHalf", "ClientHalf", "Single", "Entire", "FedE", "FedR", "FedProx", "FedEC",
+           "HolderMeanServer", "STRATEGIES", "build_strategy"]
