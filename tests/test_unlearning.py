@@ -1,0 +1,147 @@
+"""Federated unlearning (FedLU §4.3): losses, forgetting sets, the MIA AUC, ``fedkg unlearn`` end to end."""
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_fedkg.cli import main
+from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.data.kg import triple_keys
+from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.federated.unlearning import membership_auc, run_unlearn, sample_forget_set, split_retain
+from lightning_fedkg.models.unlearning import confusion_loss
+
+SOURCE = ["data.name=umls", "model.dim=32", "train.lr=0.02", "train.batch_size=128", "train.num_negatives=32",
+          "train.negative_mode=shared", "train.loss=uniform", "trainer.accelerator=cpu", "trainer.progress_bar=false",
+          "federated.local_epochs=1", "federated.eval_every=1", "federated.rounds=6", "federated.strategy=fedlu",
+          "federated.fedlu.schedule=always"]
+#: An aggressive unlearning (the issue's bar: forgotten MRR at most half, test within 10%).
+#: UMLS is so regular that a model retrained without the forgotten triples still ranks them
+#: at ~90% of the original MRR, so reaching the bar means forgetting more than retraining does.
+AGGRESSIVE = ["unlearn.forget=sample", "unlearn.fraction=0.05", "unlearn.lr=0.01", "unlearn.interference_epochs=20",
+              "unlearn.decay_epochs=3", "unlearn.forget_weight=30"]
+
+
+def test_confusion_loss_by_hand():
+    # Uniform negatives, all scores 0: hard = ½ (w·log 2 + log 2), soft = ‖0‖ = 0.
+    zero = confusion_loss(torch.zeros(1), torch.zeros(1, 2), forget_weight=10.0, mu_soft=1.0)
+    assert zero.item() == pytest.approx(0.5 * 11 * math.log(2), rel=1e-6)
+    # Soft term alone: the gap vector (4 - 1, 1 - 1) has norm 3.
+    hard = confusion_loss(torch.tensor([1.0]), torch.tensor([[4.0, 1.0]]), 10.0, 0.0)
+    both = confusion_loss(torch.tensor([1.0]), torch.tensor([[4.0, 1.0]]), 10.0, 0.5)
+    assert (both - hard).item() == pytest.approx(1.5, rel=1e-6)
+
+
+def test_split_retain_removes_every_copy_of_the_forgotten_triples():
+    train = torch.tensor([[0, 0, 1], [1, 0, 2], [0, 0, 1], [2, 1, 0]])
+    retain = split_retain(train, torch.tensor([[0, 0, 1]]), 3, 2)
+    assert retain.tolist() == [[1, 0, 2], [2, 1, 0]]
+
+
+def test_sampled_forgetting_sets_keep_every_entity_and_relation_in_the_retained_triples():
+    g = torch.Generator().manual_seed(0)
+    train = torch.randint(0, 30, (400, 3))
+    train[:, 1] %= 5
+    forget = sample_forget_set(train, 0.2, g, 30, 5)
+    assert len(forget) == 80
+    retain = split_retain(train, forget, 30, 5)
+    for column, size in ((0, 30), (1, 5)):
+        present = torch.zeros(size, dtype=torch.bool)
+        used = train[:, [0, 2]].reshape(-1) if column == 0 else train[:, 1]
+        kept = retain[:, [0, 2]].reshape(-1) if column == 0 else retain[:, 1]
+        present[used] = True
+        assert bool(torch.isin(torch.nonzero(present).squeeze(1), kept).all())
+    again = sample_forget_set(train, 0.2, torch.Generator().manual_seed(0), 30, 5)
+    assert torch.equal(forget, again)
+    assert bool(torch.isin(triple_keys(forget, 30, 5), triple_keys(train, 30, 5)).all())
+
+
+class FixedScores(torch.nn.Module):
+    """A 'model' whose score of (h, r, t) is a table entry of h."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.tensor(scores))
+
+    def forward(self, h, r, t):
+        return self.table[h]
+
+
+def test_membership_auc_equals_the_pairwise_count():
+    scores = [0.9, 0.3, 0.5, 0.5, 0.1, 0.7, 0.5]
+    model = FixedScores(scores)
+    members = torch.tensor([[0, 0, 0], [2, 0, 0], [5, 0, 0]])
+    others = torch.tensor([[1, 0, 0], [3, 0, 0], [4, 0, 0], [6, 0, 0]])
+    pairs = [(scores[m], scores[o]) for m in (0, 2, 5) for o in (1, 3, 4, 6)]
+    brute = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
+    assert membership_auc(model, members, others) == pytest.approx(brute)
+    assert math.isnan(membership_auc(model, members[:0], others))
+
+
+def tree_hash(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("source")
+    run_federated(load_config(None, SOURCE), folder)
+    return folder
+
+
+def test_unlearning_forgets_keeps_the_rest_and_leaves_the_source_alone(source_run, tmp_path):
+    before_hash = tree_hash(source_run)
+    out = tmp_path / "unlearned"
+    metrics = run_unlearn(load_config(None, SOURCE + AGGRESSIVE), source_run, out)
+    assert tree_hash(source_run) == before_hash  # not one byte of the source run changed
+
+    before, after, retrain = metrics["before"], metrics["after"], metrics["retrain"]
+    assert after["forget"]["mrr"] <= 0.5 * before["forget"]["mrr"], (before["forget"], after["forget"])
+    assert after["test"]["mrr"] >= 0.9 * before["test"]["mrr"], (before["test"], after["test"])
+    # Membership inference: the trained model gives its training triples away; the retrained
+    # one cannot tell the forgotten triples from test triples.
+    assert before["mia_auc"] > 0.55 and abs(retrain["mia_auc"] - 0.5) < 0.15
+    assert after["mia_auc"] < before["mia_auc"]
+    assert metrics["mia_auc"] == {k: metrics[k]["mia_auc"] for k in ("before", "after", "retrain")}
+    for block in (before, after, retrain):
+        assert {"forget", "test", "seconds", "mia_auc", "clients"} <= set(block)
+        assert {"mrr", "hits@1", "hits@10", "count"} <= set(block["forget"])
+    assert after["seconds"] > 0 and retrain["seconds"] > 0 and before["seconds"] > 0
+    assert metrics["forget"]["triples"] == before["forget"]["count"] // 2  # head and tail queries
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk["after"]["forget"] == after["forget"] and on_disk["source"] == str(source_run)
+    # The propagation round moved avatars only.
+    records = [json.loads(line) for line in (out / "channel_log.jsonl").read_text().splitlines()]
+    assert {n for r in records for n in r["shapes"]} == {"avatar_entity_emb"}
+    assert (out / "phases" / "unlearn.json").is_file() and (out / "retrain" / "run" / "metrics.json").is_file()
+
+
+def test_a_fede_run_can_be_unlearned_too(tmp_path, one_thread):
+    source = tmp_path / "fede"
+    fede = [s for s in SOURCE if not s.startswith("federated.fedlu")]
+    fede = [s if s != "federated.strategy=fedlu" else "federated.strategy=fede" for s in fede]
+    run_federated(load_config(None, fede + ["federated.rounds=3"]), source)
+    metrics = run_unlearn(load_config(None, fede + ["federated.rounds=3", "unlearn.retrain=false"] + AGGRESSIVE),
+                          source, tmp_path / "out")
+    assert "retrain" not in metrics and "test_global" not in metrics["after"]
+    assert metrics["after"]["forget"]["mrr"] < metrics["before"]["forget"]["mrr"]
+
+
+def test_unlearn_refuses_a_config_of_another_run_and_writing_into_the_source(source_run, tmp_path):
+    with pytest.raises(ConfigError, match="model.dim"):
+        run_unlearn(load_config(None, SOURCE + ["model.dim=8"]), source_run, tmp_path / "x")
+    with pytest.raises(ConfigError, match="--out"):
+        run_unlearn(None, source_run, source_run)
+    assert main(["unlearn", "--from", str(tmp_path / "missing")]) == 2
+
+
+def test_nothing_to_forget_is_a_clear_error(source_run, tmp_path):
+    # The bundled UMLS has no unlearn.txt: forget=file finds nothing.
+    with pytest.raises(ConfigError, match="unlearn.forget=sample"):
+        run_unlearn(load_config(None, SOURCE + ["unlearn.forget=file"]), source_run, tmp_path / "x")
