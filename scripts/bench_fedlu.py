@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""FedE vs FedProx vs FedLU on FB15k-237-R10 for a bounded number of rounds, then unlearning.
+
+Each strategy runs its config ``configs/fedlu/fb15k237_r10_<strategy>.yaml`` (the official
+FedLU code's hyperparameters; see the configs' headers) for ``--rounds`` rounds with early
+stopping disabled, in its own child process so that its peak memory is its own. Per
+strategy it records the wall-clock seconds of every round's training (``train_round``:
+download, E local epochs on every client, upload, aggregation), of every evaluation
+(validation every ``federated.eval_every`` rounds and at the last round; the final test),
+the peak resident memory, and the test metrics (FedLU: the local embeddings' ``test`` and
+the avatar's ``test_global``).
+
+``--unlearn`` then runs ``fedkg unlearn`` with ``configs/fedlu/fb15k237_r10_unlearn.yaml``
+on the FedLU run (each client forgets its ``unlearn.txt``; the retrained gold standard
+gets the same round budget) and records forgetting-set and test metrics, the
+membership-inference AUC and the seconds of unlearning and retraining.
+
+    python scripts/bench_fedlu.py --rounds 5 --threads 1 --unlearn --json-out docs/bench_fedlu_r10.json
+    python scripts/bench_fedlu.py --rounds 1 --strategies fedlu model.dim=64     # a quick look
+
+``scripts/bench_official_fedlu.py`` runs the official code on the same split for the
+side-by-side in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # runnable without installing the package
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_DATA = "../shared/data/FB15k-237-R10"
+CONFIGS = REPO / "configs" / "fedlu"
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def overrides(args) -> list[str]:
+    return [f"data.name={args.data}", f"federated.rounds={args.rounds}", "federated.patience=100000",
+            f"trainer.threads={args.threads}", "trainer.progress_bar=false", *args.overrides]
+
+
+def run_strategy(args) -> dict:
+    """Child process: one strategy's run with every round and evaluation timed."""
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated import orchestrator
+    from lightning_fedkg.runtime import configure_torch
+
+    cfg = load_config(CONFIGS / f"fb15k237_r10_{args.one}.yaml", overrides(args))
+    configure_torch(cfg.trainer)
+    rounds, evaluations = [], []
+    train_round, evaluate = orchestrator.FederatedRun.train_round, orchestrator.FederatedRun.evaluate
+
+    def timed_train_round(self, r):
+        start = time.perf_counter()
+        out = train_round(self, r)
+        rounds.append({"round": int(r), "seconds": time.perf_counter() - start})
+        print(f"[{args.one}] round {r}: {rounds[-1]['seconds']:.1f} s", flush=True)
+        return out
+
+    def timed_evaluate(self, split, r):
+        start = time.perf_counter()
+        out = evaluate(self, split, r)
+        evaluations.append({"split": split, "round": int(r), "seconds": time.perf_counter() - start,
+                            "mrr": float(out[0]["mrr"])})
+        print(f"[{args.one}] {split} at round {r}: {evaluations[-1]['seconds']:.1f} s, MRR {out[0]['mrr']:.4f}",
+              flush=True)
+        return out
+
+    orchestrator.FederatedRun.train_round = timed_train_round
+    orchestrator.FederatedRun.evaluate = timed_evaluate
+    start = time.perf_counter()
+    metrics = orchestrator.run_federated(cfg, args.run_dir)
+    total = time.perf_counter() - start
+    later = [r["seconds"] for r in rounds[1:]] or [r["seconds"] for r in rounds]
+    return {
+        "strategy": args.one,
+        "rounds": rounds,
+        "seconds_per_round": sum(r["seconds"] for r in rounds) / len(rounds),
+        "seconds_per_round_after_first": sum(later) / len(later),
+        "evaluations": evaluations,
+        "wall_seconds": total,
+        "peak_rss_mib": peak_rss_mib(),
+        "test": metrics["test"],
+        "test_global": metrics.get("test_global", {}).get("mrr") and {
+            k: v for k, v in metrics["test_global"].items() if k != "clients"},
+        "distillation": metrics.get("distillation"),
+        "bytes_sent": metrics["bytes_sent"],
+        "config": str(CONFIGS / f"fb15k237_r10_{args.one}.yaml"),
+        "overrides": overrides(args),
+    }
+
+
+def run_unlearning(args) -> dict:
+    """Child process: unlearning of the FedLU run, with retraining and the MIA AUC."""
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.unlearning import run_unlearn
+    from lightning_fedkg.runtime import configure_torch
+
+    cfg = load_config(CONFIGS / "fb15k237_r10_unlearn.yaml", overrides(args))
+    configure_torch(cfg.trainer)
+    start = time.perf_counter()
+    metrics = run_unlearn(cfg, Path(args.run_dir).parent / "fedlu", args.run_dir)
+    keep = ("forget", "test", "forget_global", "test_global", "seconds", "mia_auc")
+    return {
+        "strategy": "unlearn",
+        **{stage: {k: metrics[stage][k] for k in keep if k in metrics[stage]}
+           for stage in ("before", "after", "retrain") if stage in metrics},
+        "mia_auc": metrics["mia_auc"],
+        "wall_seconds": time.perf_counter() - start,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def child(args) -> int:
+    result = run_unlearning(args) if args.one == "unlearn" else run_strategy(args)
+    Path(args.json_out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'strategy':<10}{'s/round':>10}{'s/val':>9}{'s/test':>9}{'peak MiB':>10}{'test MRR':>10}"
+             f"{'H@1':>8}{'H@10':>8}{'global MRR':>12}"]
+    for r in results:
+        if r["strategy"] == "unlearn":
+            continue
+        val = [e["seconds"] for e in r["evaluations"] if e["split"] == "val"]
+        test = [e["seconds"] for e in r["evaluations"] if e["split"] == "test"]
+        g = r.get("test_global") or {}
+        lines.append(f"{r['strategy']:<10}{r['seconds_per_round']:>10.1f}{(sum(val) / len(val) if val else 0):>9.1f}"
+                     f"{(test[-1] if test else 0):>9.1f}{r['peak_rss_mib']:>10.0f}{r['test']['mrr']:>10.4f}"
+                     f"{r['test']['hits@1']:>8.4f}{r['test']['hits@10']:>8.4f}"
+                     f"{g.get('mrr', float('nan')):>12.4f}")
+    for r in results:
+        if r["strategy"] != "unlearn":
+            continue
+        lines.append(f"{'unlearning':<10}{'forget MRR':>12}{'forget H@10':>12}{'test MRR':>10}{'MIA AUC':>9}{'seconds':>10}")
+        for stage in ("before", "after", "retrain"):
+            b = r.get(stage)
+            if b:
+                secs = b.get("seconds")
+                lines.append(f"{stage:<10}{b['forget']['mrr']:>12.4f}{b['forget']['hits@10']:>12.4f}"
+                             f"{b['test']['mrr']:>10.4f}{b['mia_auc']:>9.4f}"
+                             f"{(secs if secs is not None else float('nan')):>10.1f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=DEFAULT_DATA)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--strategies", default="fede,fedprox,fedlu")
+    parser.add_argument("--unlearn", action="store_true", help="unlearn from the FedLU run afterwards")
+    parser.add_argument("--runs-dir", help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--json-out")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
+    args = parser.parse_args()
+    if args.one:
+        return child(args)
+
+    runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench_fedlu_"))
+    steps = [s for s in args.strategies.split(",") if s]
+    if args.unlearn:
+        if "fedlu" not in steps:
+            raise SystemExit("--unlearn needs the fedlu strategy")
+        steps.append("unlearn")
+    results = []
+    for step in steps:
+        out = runs / f"{step}.json"
+        cmd = [sys.executable, __file__, "--one", step, "--run-dir", str(runs / step), "--json-out", str(out),
+               "--data", args.data, "--rounds", str(args.rounds), "--threads", str(args.threads), *args.overrides]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        results.append(json.loads(out.read_text()))
+    print(table(results))
+    report = {"machine": platform.platform(), "python": platform.python_version(), "rounds": args.rounds,
+              "threads": args.threads, "data": args.data, "results": results}
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        print(f"written {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
