@@ -145,3 +145,14 @@ def test_nothing_to_forget_is_a_clear_error(source_run, tmp_path):
     # The bundled UMLS has no unlearn.txt: forget=file finds nothing.
     with pytest.raises(ConfigError, match="unlearn.forget=sample"):
         run_unlearn(load_config(None, SOURCE + ["unlearn.forget=file"]), source_run, tmp_path / "x")
+
+
+def test_fedkg_unlearn_command(source_run, tmp_path, capsys):
+    out = tmp_path / "cli"
+    code = main(["unlearn", "--from", str(source_run), "--out", str(out), "unlearn.forget=sample",
+                 "unlearn.retrain=false", "unlearn.interference_epochs=2", "unlearn.decay_epochs=1"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "before" in printed and "after" in printed and "retrain" not in printed.split("MIA AUC")[1]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["mia_auc"]) == {"before", "after"} and metrics["forget"]["mode"] == "sample"
