@@ -183,3 +183,14 @@ def test_fedlu_learns_on_umls(tmp_path, one_thread):
     metrics = run_federated(cfg, tmp_path)  # measured: local 0.56, avatar 0.44
     assert metrics["test"]["mrr"] > 0.45, metrics["test"]
     assert metrics["test_global"]["mrr"] > 0.35, metrics["test_global"]
+
+
+def test_a_resumed_fedlu_run_equals_an_uninterrupted_one(tmp_path, one_thread):
+    # Gate state, distillation flags, local_initialized and the local Adam all persist.
+    base = BASE + ["federated.fedlu.wait_rounds=0"]
+    straight = run_federated(load_config(None, base + ["federated.rounds=4"]), tmp_path / "straight")
+    run_federated(load_config(None, base + ["federated.rounds=2"]), tmp_path / "resumed")
+    resumed = run_federated(load_config(None, base + ["federated.rounds=4"]), tmp_path / "resumed")
+    for metrics in (straight, resumed):
+        metrics.pop("seconds")
+    assert resumed == straight
