@@ -135,7 +135,10 @@ def _fedlu_bench_install():
         torch.nn.Module.cuda = _module_cuda
 
     def emit(event, who):
-        _sys.stderr.write("@@FEDLU_BENCH %s %s %.6f\n" % (event, who, _time.time()))
+        # wall clock, and CPU seconds of this process plus its reaped children (DataLoader
+        # workers are joined when their loader is exhausted)
+        cpu = sum(_os.times()[:4])
+        _sys.stderr.write("@@FEDLU_BENCH %s %s %.6f %.3f\n" % (event, who, _time.time(), cpu))
         _sys.stderr.flush()
 
     def wrap(cls, meth):
@@ -461,6 +464,10 @@ def main() -> int:
         "stopped_by_time_limit": killed["by_limit"],
         "time_limit_s": a.time_limit or None,
         "wall_s": round(t_end - t0, 3),
+        "cpu_s_children": round(ru.ru_utime + ru.ru_stime, 3),
+        "timing_note": "wall times are affected by other jobs on this 2-core machine (the child is "
+                       "pinned to one CPU); *_cpu_s are CPU seconds of fedlu.py plus its reaped "
+                       "DataLoader workers over the same span (os.times in the shim's markers)",
         "memory": {
             "child_peak_rss_mib_vmhwm": round(poller.vm_hwm_kb / 1024, 1),
             "tree_peak_rss_mib_summed": round(poller.tree_rss_peak_kb / 1024, 1),
@@ -497,9 +504,9 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
     in_train = None  # index into train_logs while inside Client.train
     for t, line in lines:
         if line.startswith(MARK):
-            _, ev, who, tc = line.split()
+            _, ev, who, tc, cpu = line.split()
             name, phase = ev.rsplit(":", 1)
-            events.append((name, phase, who, float(tc)))
+            events.append((name, phase, who, float(tc), float(cpu)))
             if name == "Client.train":
                 if phase == "begin":
                     train_logs.append({"client": int(who), "local": {}, "transfer": {}})
@@ -548,16 +555,20 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
     # ---- pair begin/end events into calls, in order
     calls = []
     open_calls = {}
-    for name, phase, who, tc in events:
+    for name, phase, who, tc, cpu in events:
         key = (name, who)
         if phase == "begin":
-            open_calls[key] = tc
+            open_calls[key] = (tc, cpu)
         elif phase == "end" and key in open_calls:
-            calls.append({"name": name, "who": who, "t0": open_calls.pop(key), "t1": tc})
+            (b, bc) = open_calls.pop(key)
+            calls.append({"name": name, "who": who, "t0": b, "t1": tc, "c0": bc, "c1": cpu})
     calls.sort(key=lambda c: c["t0"])
 
     def dur(c):
         return c["t1"] - c["t0"]
+
+    def cdur(c):
+        return c["c1"] - c["c0"]
 
     def rel(t):
         return round(t - t0, 3)
@@ -579,7 +590,9 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
         "data_loading_s": round(sum(dur(c) for c in cinit), 3),
         "init_model_presampling_s": round(sum(dur(c) for c in minit), 3),
         "init_model_per_client_s": {c["who"]: round(dur(c), 3) for c in minit},
+        "init_model_presampling_cpu_s": round(sum(cdur(c) for c in minit), 3),
         "total_s": rel(init_tests[0]["t0"]) if init_tests else None,
+        "total_cpu_s": round(init_tests[0]["c0"], 3) if init_tests else None,
         "note": "total = child start (interpreter, imports, Server, Client data, global init, "
                 "init_model: model + every training DataLoader iterated once) to the first test",
     }
@@ -589,7 +602,9 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
         if not group:
             return None
         return {"total_s": round(group[-1]["t1"] - group[0]["t0"], 3),
+                "total_cpu_s": round(group[-1]["c1"] - group[0]["c0"], 3),
                 "per_client_s": {c["who"]: round(dur(c), 3) for c in group},
+                "per_client_cpu_s": {c["who"]: round(cdur(c), 3) for c in group},
                 "complete": len(group) == n_clients}
 
     out["initial_test"] = eval_summary(init_tests)
@@ -619,7 +634,10 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
             "complete": len(grp) == n_clients,
             "train_per_client_s": {c["who"]: round(dur(c), 3) for c in grp},
             "train_s": round(grp[-1]["t1"] - start, 3),
+            "train_cpu_s": round(grp[-1]["c1"] - grp[0]["c0"], 3),
+            "train_per_client_cpu_s": {c["who"]: round(cdur(c), 3) for c in grp},
             "valid_s": round(valid[-1]["t1"] - valid[0]["t0"], 3) if valid else None,
+            "valid_cpu_s": round(valid[-1]["c1"] - valid[0]["c0"], 3) if valid else None,
             "valid_per_client_s": {c["who"]: round(dur(c), 3) for c in valid} if valid else None,
             "checkpoint_save_s": round(sum(dur(c) for c in saves), 3) if saves else None,
             "aggregation_s": round(sum(dur(c) for c in agg), 3) if agg else None,
@@ -635,17 +653,21 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
     bs = int((args_ns or {}).get("batch_size", 512)) if isinstance(args_ns, dict) else 512
     ep = int((args_ns or {}).get("max_epoch", 3)) if isinstance(args_ns, dict) else 3
     batches = {k: 2 * math.ceil(v["train"] / bs) * ep for k, v in data_summary.items()}
-    done = [(c["who"], dur(c)) for c in ctrain]
+    done = [(c["who"], dur(c), cdur(c)) for c in ctrain]
     if done:
-        sec = sum(d for _, d in done)
-        nb = sum(batches[w] for w, _ in done)
+        sec = sum(d for _, d, _ in done)
+        csec = sum(d for _, _, d in done)
+        nb = sum(batches[w] for w, _, _ in done)
         per_batch = sec / nb
+        per_batch_cpu = csec / nb
         out["training_cost"] = {
             "batches_per_round_per_client": batches,
             "batches_per_round": sum(batches.values()),
             "measured_client_rounds": len(done),
             "measured_batches": nb,
             "s_per_batch_pair": round(per_batch, 4),
+            "cpu_s_per_batch_pair": round(per_batch_cpu, 4),
+            "estimated_train_cpu_s_per_round": round(per_batch_cpu * sum(batches.values()), 1),
             "note": "one 'batch' = one pre-drawn (head- or tail-mode) batch: a local train_step and a "
                     "global transfer_step; batches per client per round = 2*ceil(train/batch_size)*max_epoch",
             "estimated_train_s_per_round": round(per_batch * sum(batches.values()), 1),
@@ -677,20 +699,24 @@ def print_table(r: dict) -> None:
     print("\n== official FedLU", "(stopped by time limit)" if r["stopped_by_time_limit"] else "",
           f"rc={r['returncode']}  wall {r['wall_s']:.1f}s")
     s = r["setup"]
-    print(f"setup {f(s['total_s'])}s  (server index {f(s['server_entity_index_s'])}s, data {f(s['data_loading_s'])}s, "
+    print(f"setup {f(s['total_s'])}s wall, {f(s['total_cpu_s'])}s CPU  (server index {f(s['server_entity_index_s'])}s, data {f(s['data_loading_s'])}s, "
           f"init_model/pre-sampling {f(s['init_model_presampling_s'])}s)")
     if r["initial_test"]:
-        print(f"initial test {f(r['initial_test']['total_s'])}s  complete={r['initial_test']['complete']}")
-    print(f"{'round':>5} {'train s':>9} {'valid s':>9} {'save s':>7} {'agg s':>7} {'wall s':>9}")
+        print(f"initial test {f(r['initial_test']['total_s'])}s wall, {f(r['initial_test']['total_cpu_s'])}s CPU"
+              f"  complete={r['initial_test']['complete']}")
+    print(f"{'round':>5} {'train s':>9} {'train cpu':>9} {'valid s':>9} {'valid cpu':>9} {'save s':>7} {'agg s':>7} {'wall s':>9}")
     for rd in r["rounds"]:
-        print(f"{rd['round']:>5} {f(rd['train_s']):>9} {f(rd['valid_s']):>9} {f(rd['checkpoint_save_s'], 2):>7} "
+        print(f"{rd['round']:>5} {f(rd['train_s']):>9} {f(rd['train_cpu_s']):>9} {f(rd['valid_s']):>9} "
+              f"{f(rd['valid_cpu_s']):>9} {f(rd['checkpoint_save_s'], 2):>7} "
               f"{f(rd['aggregation_s'], 2):>7} {f(rd['wall_s']):>9}" + ("" if rd["complete"] else "  (partial)"))
     if r.get("training_cost"):
         tc = r["training_cost"]
-        print(f"training: {tc['s_per_batch_pair']:.3f} s per batch (local+transfer step), "
-              f"{tc['batches_per_round']} batches/round -> ~{tc['estimated_train_s_per_round']:.0f} s/round")
+        print(f"training: {tc['s_per_batch_pair']:.3f} s wall / {tc['cpu_s_per_batch_pair']:.3f} s CPU per batch "
+              f"(local+transfer step), {tc['batches_per_round']} batches/round -> ~{tc['estimated_train_s_per_round']:.0f} s "
+              f"wall / ~{tc['estimated_train_cpu_s_per_round']:.0f} s CPU per round")
     if r["final_test"]:
-        print(f"final test {f(r['final_test']['total_with_reload_s'])}s (incl. reload)")
+        print(f"final test {f(r['final_test']['total_with_reload_s'])}s (incl. reload), "
+              f"test alone {f(r['final_test']['total_s'])}s wall, {f(r['final_test']['total_cpu_s'])}s CPU")
     for v in r["valid_weighted_mrr"]:
         print(f"valid iter {v['iter']}: local MRR {v['local']:.4f}  global MRR {v['global']:.4f}")
     for name in ("initial_test_weighted", "final_test_weighted"):
