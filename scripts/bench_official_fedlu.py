@@ -33,6 +33,11 @@ interpreter start it
     <unix time>`` to stderr. The wrappers pass arguments and results through untouched and
     draw no random numbers; they only mark phase boundaries that the official output does not
     print (the end of setup, aggregation, checkpoint saving, the final checkpoint reload).
+  * only where they are missing (numpy >= 2, no Tk; e.g. on the GPU machine): aliases for
+    what the official files import under old names: ``numpy.in1d`` (= ``numpy.isin``),
+    ``numpy.lib.function_base.copy`` (= ``numpy.copy``), and an empty ``turtle.left`` (an
+    unused import in ``server.py``).
+``--extra --cuda`` runs it on the GPU as its authors did (no ``.cuda`` replacement then).
 Also set for the child: ``PYTHONHASHSEED`` (``--hashseed``, default 0): ``Server.load_entities``
 orders the global entity table by ``list(set(<entity names>))``, so without a fixed string hash
 seed every run maps entities to different rows of the (seeded) global initial embedding.
@@ -114,6 +119,29 @@ import sys as _sys
 import time as _time
 
 
+def _compat_imports():
+    # The official code was written for numpy 1.x and a desktop Python: server.py imports
+    # numpy.lib.function_base (private since numpy 2) and turtle (an unused IDE auto-import
+    # that needs Tk), dataloader.py calls np.in1d (removed in numpy 2.4). Where these are
+    # missing, provide exactly what it uses: the same functions under the old names.
+    import types
+    import numpy
+    if not hasattr(numpy, "in1d"):
+        numpy.in1d = numpy.isin
+    try:
+        import numpy.lib.function_base  # noqa: F401
+    except Exception:
+        module = types.ModuleType("numpy.lib.function_base")
+        module.copy = numpy.copy
+        _sys.modules["numpy.lib.function_base"] = module
+    try:
+        import turtle  # noqa: F401
+    except Exception:
+        module = types.ModuleType("turtle")
+        module.left = None  # imported, never used
+        _sys.modules["turtle"] = module
+
+
 def _fedlu_bench_install():
     threads = int(_os.environ.get("FEDLU_BENCH_THREADS", "1"))
     code_dir = _os.path.realpath(_os.environ["FEDLU_BENCH_CODE_DIR"])
@@ -124,6 +152,7 @@ def _fedlu_bench_install():
         torch.set_num_interop_threads(threads)
     except RuntimeError:
         pass
+    _compat_imports()
     if not torch.cuda.is_available():
         def _tensor_cuda(self, *args, **kwargs):
             return self
