@@ -67,8 +67,16 @@ What is measured (child's stdout+stderr are read line by line and each line is t
 what was measured so far; per-batch training cost is then extrapolated to a whole round from
 the clients that finished (``2 * ceil(train / batch_size) * max_epoch`` batches per client).
 
-    python scripts/bench_official_fedlu.py --fedlu-dir /path/to/FedLU \\
-        --python /path/to/venv/bin/python --rounds 6 --out docs/official_fedlu_r10_transe.json
+``--reestimate JSON`` recomputes those estimates (and the data summary) in an existing JSON.
+
+``docs/official_fedlu_r10_transe.json`` came from (one thread, 45-minute limit; the run covers
+setup, the complete initial test and two clients' training of round 0):
+
+    python scripts/bench_official_fedlu.py --fedlu-dir /work/fedlu_official \\
+        --python /work/venv_fedlu/bin/python --rounds 1 --threads 1 --time-limit 2700 \\
+        --out docs/official_fedlu_r10_transe.json
+    python scripts/bench_official_fedlu.py --fedlu-dir /work/fedlu_official \\
+        --reestimate docs/official_fedlu_r10_transe.json
 
 The interpreter given by ``--python`` needs what ``Code/fedlu.py`` imports: torch, numpy < 2
 (``server.py`` imports ``numpy.lib.function_base``, ``dataloader.py`` uses ``np.in1d``),
@@ -335,6 +343,52 @@ def child_versions(python: str) -> dict:
         return {"error": repr(exc)}
 
 
+def summarize_data(data_dir: Path) -> dict:
+    out = {}
+    for k in sorted(int(p.name) for p in data_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+        d = data_dir / str(k)
+        out[str(k)] = {n: count_lines(d / f"{n}.txt") for n in ("train", "valid", "test", "unlearn")}
+        out[str(k)]["entities"] = count_lines(d / "entities.dict")
+        out[str(k)]["relations"] = count_lines(d / "relations.dict")
+    return out
+
+
+def estimates(r: dict) -> dict:
+    """Whole-run costs from the measured parts (for runs stopped by --time-limit)."""
+    clients = r["data"]["clients"]
+    n_test = sum(v["test"] for v in clients.values())
+    n_valid = sum(v["valid"] for v in clients.values())
+    args = r.get("effective_args") or {}
+    valid_iter = int(args.get("valid_iter", 5))
+    est: dict = {"note": "validation = local test_step + global_test over the validation triples "
+                         "(both directions), so ~2 x the initial test scaled by valid/test triples; "
+                         "final test ~ initial test; rounds at the measured s/batch of round 0, which "
+                         "has no distillation (it switches on only after a validation without "
+                         "improvement, and then adds a forward pass per step)"}
+    it = r.get("initial_test")
+    if it and it.get("complete"):
+        rows = 2 * n_test
+        est["eval_ranked_rows_test"] = rows
+        est["eval_ms_per_ranked_row"] = round(it["total_s"] / rows * 1e3, 2)
+        est["eval_cpu_ms_per_ranked_row"] = round(it["total_cpu_s"] / rows * 1e3, 2)
+        est["validation_s"] = round(2 * it["total_s"] * n_valid / n_test, 1)
+        est["validation_cpu_s"] = round(2 * it["total_cpu_s"] * n_valid / n_test, 1)
+        est["final_test_s"] = it["total_s"]
+    tc = r.get("training_cost")
+    if tc:
+        est["round_train_s"] = tc["estimated_train_s_per_round"]
+        est["round_train_cpu_s"] = tc["estimated_train_cpu_s_per_round"]
+    setup = (r.get("setup") or {}).get("total_s")
+    if tc and setup is not None and "validation_s" in est:
+        full = {}
+        for rr in (1, 5, 6, 10, 200):
+            nval = len(range(0, rr, valid_iter))
+            full[str(rr)] = round(setup + it["total_s"] + rr * est["round_train_s"]
+                                  + nval * est["validation_s"] + est["final_test_s"], 0)
+        est["full_run_s_by_max_iter"] = full
+    return est
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fedlu-dir", required=True, type=Path, help="official checkout root (holds Code/)")
@@ -350,9 +404,22 @@ def main() -> int:
     ap.add_argument("--log", type=Path, default=None, help="also write the timestamped child log here")
     ap.add_argument("--time-limit", type=float, default=0.0, help="seconds; 0 = none")
     ap.add_argument("--keep-save-dir", action="store_true")
+    ap.add_argument("--reestimate", type=Path, default=None,
+                    help="recompute the 'data' and 'estimates' sections of an existing JSON and rewrite it")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                     help="further flags for fedlu.py, appended last (argparse: last one wins)")
     a = ap.parse_args()
+
+    if a.reestimate:
+        res = json.loads(a.reestimate.read_text())
+        ddir = Path((res.get("effective_args") or {}).get("local_file_dir") or a.data).resolve()
+        res["data"] = {"dir": str(ddir), "clients": summarize_data(ddir)}
+        res["estimates"] = estimates(res)
+        for rd in res.get("rounds", []):
+            rd["losses"] = {k: v for k, v in rd["losses"].items() if v.get("local") or v.get("transfer")}
+        a.reestimate.write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps(res["estimates"], indent=1))
+        return 0
 
     fedlu_dir = a.fedlu_dir.resolve()
     code_dir = fedlu_dir / "Code"
@@ -369,12 +436,7 @@ def main() -> int:
         got = git_blob_id(p) if p.is_file() else None
         blobs[name] = {"blob": got, "matches_43d8cb5": got == expected}
 
-    data_summary = {}
-    for k in clients:
-        d = data_dir / str(k)
-        data_summary[str(k)] = {n: count_lines(d / f"{n}.txt") for n in ("train", "valid", "test", "unlearn")}
-        data_summary[str(k)]["entities"] = count_lines(d / "entities.dict")
-        data_summary[str(k)]["relations"] = count_lines(d / "relations.dict")
+    data_summary = summarize_data(data_dir)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_official_fedlu_"))
     shim_dir = tmp / "shim"
@@ -506,8 +568,10 @@ def main() -> int:
                     "DataLoader workers (shared-memory pages counted in each); ru_maxrss: largest "
                     "single process among the harness's reaped children",
         },
+        "data": {"dir": str(data_dir), "clients": data_summary},
         "child_log_tail": [ln for _, ln in lines[-40:]],
     })
+    result["estimates"] = estimates(result)
     if rc != 0 and not killed["by_limit"]:
         result["error_tail"] = [ln for _, ln in lines[-60:]]
 
@@ -673,6 +737,7 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
             "wall_s": round(stop - start, 3) if (nxt is not None or lm or final_tests) else None,
             "losses": {str(tl["client"]): tl for tl in train_logs[r * n_clients:(r + 1) * n_clients]},
         }
+        rec["losses"] = {k: v for k, v in rec["losses"].items() if v["local"] or v["transfer"]}
         for v in rec["losses"].values():
             v.pop("client", None)
         rounds.append(rec)
