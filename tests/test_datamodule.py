@@ -194,8 +194,12 @@ def test_negative_pool_and_shared_mode():
     assert ((b["negatives"] >= 0) & (b["negatives"] < kg.num_entities)).all()
 
 
+@pytest.mark.parametrize("dense_limit", [0, 2**26])  # the sorted-key path and the dense table
 @pytest.mark.parametrize("corruption", ["tail", "head"])
-def test_filtered_shared_negatives_mask_equals_bruteforce(corruption):
+def test_filtered_shared_negatives_mask_equals_bruteforce(corruption, dense_limit, monkeypatch):
+    import lightning_fedkg.data.datamodule as datamodule
+
+    monkeypatch.setattr(datamodule, "DENSE_MASK_ELEMENTS", dense_limit)
     kg = small_kg(seed=3, num_entities=8, num_relations=2)
     dm = KGDataModule(kg, batch_size=16, num_negatives=8, negative_mode="shared",
                       filter_negatives=True, corruption=corruption, seed=1)
