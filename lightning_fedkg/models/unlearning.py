@@ -14,9 +14,9 @@ WWW 2023, §4.3 (REFERENCE §4.4). Given a trained client module and its forgett
    official code uses w = 10), *soft confusion* (the L2 norm of the gap between the
    negatives' scores and the forgotten triple's: pull it into the crowd), and for the
    avatar distillation from the local side that has just forgotten. The paper also
-   distils into the local step; the official code does not, and neither do we: its
-   teacher, the avatar, still remembers and pulls the forgotten triples back (measured on
-   UMLS: forgetting-set MRR 0.31 with the term, see docs/BENCHMARKS.md).
+   distils into the local step; the official code does not, and neither do we: measured on
+   UMLS (docs/BENCHMARKS.md, "Unlearning on UMLS"), the term moved the result away from
+   the retrained model (more forgetting than retraining, lower test MRR).
 2. **Passive decay**, at most ``decay_epochs`` over ``G_c``: mutual distillation with
    teacher and student alternating by batch (even batches train the local side with the
    avatar as teacher, odd batches the avatar with the local side as teacher), each step
