@@ -283,12 +283,13 @@ class UnlearnConfig:
     ``sample`` draws ``fraction`` of each client's training triples (seeded by ``seed``).
     Retroactive interference runs ``interference_epochs`` over the forgetting set (hard
     confusion with the forgotten triple weighted ``forget_weight``, soft confusion weighted
-    ``mu_soft``, distillation weighted ``mu_distill``); passive decay runs at most
-    ``decay_epochs`` of mutual distillation on the retained triples, stopping at the first
+    ``mu_soft``, and for the avatar distillation from the local side weighted
+    ``mu_distill``); passive decay runs at most ``decay_epochs`` of mutual distillation
+    (also weighted ``mu_distill``) on the retained triples, stopping at the first
     epoch whose local validation MRR does not improve. ``propagate_rounds`` normal
     aggregation rounds then carry the change into the global model (0: as the official
     code, the client's own avatar only). ``retrain`` trains the gold standard from scratch
-    without the forgotten triples; ``mia`` reports the membership-inference AUC.
+    without the forgotten triples (the membership-inference AUC is always reported).
     ``lr``/``batch_size`` None take ``train.lr``/``train.batch_size``.
     """
 
@@ -304,7 +305,6 @@ class UnlearnConfig:
     batch_size: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
     propagate_rounds: int = field(default=1, metadata={"range": Range(min=0)})
     retrain: bool = True
-    mia: bool = True
 
 
 @dataclass
