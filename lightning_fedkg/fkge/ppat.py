@@ -1,0 +1,467 @@
+"""PPAT: privacy-preserving adversarial translation between two KGs (FKGE's GAN).
+
+Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
+§3.2 (Eq. 3-7, Alg. 2; REFERENCE §5.2). Two parties share ``m`` aligned items, row ``i``
+of each side's matrix being the same item. The **client** holds ``X`` (``[m, d]``, its
+embeddings of the aligned items) and the generator ``G(x) = W x`` (rows: ``X W^T``); the
+**host** holds ``Y`` (``[m, d]``, its own embeddings of the same items), ``|T|`` teacher
+discriminators trained on disjoint partitions of the aligned rows and a student
+discriminator trained only on generated samples labelled by the noisy PATE vote. The two
+halves exchange :class:`~lightning_fedkg.federated.message.Message` objects and nothing else:
+
+* client -> host, ``"ppat_fake"``: ``G(X_batch)`` (``[B, d]``) and, in the config, the
+  batch's aligned row ids (``"rows"``; both sides know the alignment order, and the host
+  receives all of ``G(X)`` in row order after PPAT anyway);
+* host -> client, ``"ppat_grad"``: ``dL_G / dG(X_batch)`` (``[B, d]``).
+
+The client forms ``dL_G/dW = sum_b grad_b x_b^T`` itself through autograd. The paper says
+the host returns a ``(d, d)`` gradient, which the host cannot compute without ``X``
+(REFERENCE §5.2 "Correction"). ``Y``, the discriminators, their losses and ``X`` never
+cross; :func:`run_ppat` reads the host's own local log (:attr:`PPATHost.last`) to report
+losses, as each party reports its own metrics, not through the wire.
+
+One batch is a real alternating game (Goodfellow et al. 2014; PATE-GAN, Jordon et al.
+ICLR 2019), on the host in this order:
+
+1. **Teachers** ``T_i`` step on BCE: the batch's real rows ``Y[rows ∩ D_i]`` (label 1) vs
+   the generated rows of the same partition (label 0), so over an epoch teacher ``i`` sees
+   exactly its partition ``D_i`` of ``Y`` (``teacher_fakes="own"``, the default). The
+   paper's teacher loss (PATE-GAN's; REFERENCE §5.2) gives every teacher *all* fakes:
+   ``teacher_fakes="all"``. The fakes are not the host's data, so either choice keeps the
+   partitions of ``Y`` disjoint, which is what PATE's sensitivity argument needs.
+2. **Student** ``S`` steps on the generated batch only, with labels
+   ``gamma_b = argmax_c (n_c(G(x_b)) + Lap(1/lambda))`` (Eq. 6; hard teacher votes,
+   threshold 0.5) and the log-likelihood of Eq. 7 (printed without its leading minus).
+   Each label is one PATE query, charged to the host's
+   :class:`~lightning_fedkg.privacy.PateMomentsAccountant` from that sample's vote gap
+   (one query per labelled sample, REFERENCE §5.3). The student never sees ``Y``: the
+   noisy labels are its only supervision, so they matter (``tests/test_ppat.py``).
+3. **Generator gradient** through the (just updated) student only:
+   ``L_G = mean_b -log S(G(x_b))``, the non-saturating form (Goodfellow et al. 2014 §3):
+   the generator wants the student to say "real". The paper's
+   ``L_G = (1/n) sum log(1 - S(G(x)))`` (the saturating minimax form, whose gradient
+   vanishes while the student rejects the fakes) is ``saturating=True``. Only
+   ``dL_G/dG(X_batch)`` is returned.
+
+Where we differ from the official code (``HKUST-KnowComp/FKGE``,
+``hetro_AGCN_mul_dataset_pate.py``; REFERENCE §5.4 items) and why:
+
+* 7-8: there the student loss ``BCE(S, a) + BCE(S, 1 - a)`` does not depend on the PATE
+  label ``a``, the student also sees real rows, and one Adam minimises the sum of all
+  losses over ``W``, the teachers and the student jointly (so ``W`` helps the teachers
+  and no min-max game is played). Here: one optimizer per net, the order above, the
+  student on noisy labels of fakes only, the generator through the student only.
+* 6: probabilities summed, ``Lap`` scale 0.05, a ``(4, B)`` noise tensor, inverted
+  labels. Here hard votes + ``Lap(1/lambda)`` (:func:`~lightning_fedkg.privacy.noisy_argmax`).
+* 4: the code's discriminators are three ``Dense`` layers without activations, i.e.
+  affine classifiers (a linear decision boundary). Here ``d -> hidden -> 1`` with
+  LeakyReLU(0.2) (MUSE's discriminator nonlinearity), logits with BCE; ``hidden=1024``
+  is the code's width.
+* 5: each batch of 32 cut into 4 contiguous slices of reals *and* fakes, one per teacher.
+  Here a seeded partition of the aligned rows
+  (:func:`~lightning_fedkg.privacy.split_teacher_partitions`), fixed for the whole run.
+* 3 and §5.7: ``W`` Xavier-initialised, Adam lr 0.01. The paper only says ``G(x) = W x``
+  is "MUSE-style", and MUSE initialises ``W`` to the identity. With the identity the first
+  batch the host receives *is* ``X_batch`` (and stays close to it while ``W ≈ I``); with
+  Xavier ``W`` is far from an isometry. Default ``init="orthogonal"``: a random orthogonal
+  ``W`` (seeded, known only to the client), as well conditioned as the identity, so the
+  host only ever sees ``X`` through a map it does not know. The final ``G(X)`` still
+  shows the host ``X``'s Gram matrix, as any near-isometric translation must (REFERENCE
+  §5.3: PATE protects the teachers' data, not the transmitted ``G(X)``).
+  ``init="identity"`` (MUSE) and ``"xavier"`` (code) are options; so is MUSE's
+  orthogonalisation ``W <- (1 + beta) W - beta W W^T W`` after each step
+  (``orthogonalize=beta``, default 0: neither the paper nor the code has it). Every net
+  defaults to the paper's SGD, lr 0.02, momentum 0.9.
+* 9: the code runs one epoch with an early exit on a repeated loss; the paper trains
+  "until converged" without a criterion. :func:`run_ppat` runs a fixed number of epochs
+  (default 1, the code's; every epoch costs ``m`` PATE queries) and optionally stops
+  before a batch whose worst-case charge would push ``epsilon`` past ``max_epsilon``.
+* The code has no accountant; here one accountant per host spans all its PPAT runs.
+* No CSLS: the paper names it once without detail and the code has none.
+
+What we measured on the synthetic task of ``tests/test_ppat.py`` (``Y = R X`` + noise,
+``R`` Haar-random orthogonal, ``X`` a cloud around a mean, ``d = 8``, ``m = 256``, 18
+epochs of 8 batches; small discriminators, ``hidden = 32``):
+
+* The paper's optimizer setting for the generator (the discriminators' SGD 0.02 with
+  momentum 0.9) does not converge: ``W`` leaves the isometries (Frobenius norm 2.1 to 12
+  over seeds 0-4, against ``sqrt(8) = 2.83``) and the mean cosine between ``W x_i`` and
+  ``y_i`` ends anywhere in ``[-0.5, 0.5]``. A two-timescale setting -- generator SGD lr
+  0.002 without momentum (10x slower than the discriminators), MUSE's identity start and
+  ``beta = 0.01`` -- raises it by 0.17-0.77 over seeds 0-4 (noiseless labels).
+* With the paper's ``lambda = 0.05`` and 4 teachers a label equals the teachers'
+  plurality with probability at most 0.55 (REFERENCE §5.3), and ``W`` does not move
+  (``|change of cosine| <= 0.007``): the privacy noise drowns the signal.
+* The student sees only fakes. Once the teachers reject every fake (few rows per teacher
+  to memorise, e.g. ``m = 64``, or a generator step too large) it only ever gets "fake"
+  labels, and its gradient pushes the fakes away from wherever they are; a run that first
+  aligns can collapse this way later. Hence the fixed epoch count, and more aligned rows
+  per teacher help.
+
+Plain ``torch`` with explicit optimizers, not LightningModules: the host cannot own a
+training loop, since its batches are whatever the client sends, one message at a time
+through the transport, and each message drives ``|T| + 2`` optimizer steps on small nets;
+a Trainer's ``fit`` pulls batches from a DataLoader and would add more per-call overhead
+than the work. Both halves have ``state_dict`` / ``load_state_dict`` (nets, optimizers,
+partition, the noise generator, the accountant) for checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from lightning_fedkg.federated.message import Message
+from lightning_fedkg.privacy import PateMomentsAccountant, noisy_argmax, split_teacher_partitions, teacher_votes
+from lightning_fedkg.seeding import derive_seed
+
+__all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat", "FAKE", "GRAD"]
+
+#: Wire names: the generated batch (client -> host) and its gradient (host -> client).
+FAKE, GRAD = "ppat_fake", "ppat_grad"
+
+
+def discriminator(d: int, hidden: int, slope: float = 0.2) -> nn.Sequential:
+    """``d -> hidden -> 1`` with LeakyReLU; outputs a logit (``> 0`` means "real")."""
+    return nn.Sequential(nn.Linear(d, hidden), nn.LeakyReLU(slope), nn.Linear(hidden, 1))
+
+
+def _initial_w(d: int, init: str, seed: int) -> Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if init == "identity":
+        return torch.eye(d)
+    if init == "orthogonal":  # Haar: QR of a Gaussian with the signs of R's diagonal fixed
+        q, r = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+        return (q * torch.sign(torch.diagonal(r))).float()
+    if init == "xavier":
+        return nn.init.xavier_uniform_(torch.empty(d, d), generator=gen)
+    raise ValueError(f"init must be 'orthogonal', 'identity' or 'xavier', got {init!r}")
+
+
+class PPATClient:
+    """The generator side: ``X`` and ``G(x) = W x`` (rows: ``G(X) = X W^T``).
+
+    Args:
+        x: ``[m, d]``, the client's embeddings of the aligned items (copied, detached).
+        init: ``"orthogonal"`` (default, seeded), ``"identity"`` (MUSE) or ``"xavier"``
+            (official code); see the module docstring.
+        lr, momentum: SGD on ``W`` (paper: 0.02, 0.9; see the module docstring for the
+            two-timescale setting that converges on the synthetic task).
+        orthogonalize: MUSE's ``beta``; after each step ``W <- (1 + beta) W - beta W W^T W``
+            (0 = off, the paper's and the code's choice).
+        seed: for ``W``'s initialisation.
+    """
+
+    def __init__(
+        self,
+        x: Tensor,
+        init: str = "orthogonal",
+        lr: float = 0.02,
+        momentum: float = 0.9,
+        orthogonalize: float = 0.0,
+        seed: int = 0,
+    ):
+        if x.dim() != 2:
+            raise ValueError(f"X must be [m, d], got shape {tuple(x.shape)}")
+        self.x = x.detach().clone().float()
+        self.w = nn.Parameter(_initial_w(self.x.shape[1], init, seed).to(self.x.device))
+        self.optimizer = torch.optim.SGD([self.w], lr=lr, momentum=momentum)
+        self.orthogonalize = float(orthogonalize)
+        self._pending: Tensor | None = None  # G(X_rows), with its graph, until the gradient comes
+
+    @property
+    def num_rows(self) -> int:
+        return self.x.shape[0]
+
+    def fake_message(self, rows: Tensor) -> Message:
+        """``G(X_rows)`` for the host; keeps the graph until :meth:`on_grad`."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        out = self.x[rows.to(self.x.device)] @ self.w.T
+        self._pending = out
+        return Message(arrays={FAKE: out.detach()}, config={"rows": rows.tolist()})
+
+    def on_grad(self, message: Message) -> None:
+        """Backpropagate the host's ``dL_G/dG(X_rows)`` into ``W`` and step (Alg. 2)."""
+        if self._pending is None:
+            raise RuntimeError("no generated batch is waiting for a gradient")
+        if set(message.arrays) != {GRAD}:
+            raise ValueError(f"expected only {GRAD!r}, got {sorted(message.arrays)}")
+        out = self._pending
+        grad = message.arrays[GRAD]
+        if grad.shape != out.shape:
+            raise ValueError(f"gradient shape {tuple(grad.shape)} != batch shape {tuple(out.shape)}")
+        self.optimizer.zero_grad(set_to_none=True)
+        out.backward(grad.to(out.device, out.dtype))  # dL/dW = sum_b grad_b x_b^T
+        self.optimizer.step()
+        if self.orthogonalize:  # MUSE: W <- (1 + beta) W - beta (W W^T) W
+            with torch.no_grad():
+                w = self.w.detach().clone()
+                self.w.copy_((1 + self.orthogonalize) * w - self.orthogonalize * (w @ w.T) @ w)
+        self._pending = None
+
+    @torch.no_grad()
+    def translate(self, rows: Tensor) -> Tensor:
+        """``W`` applied to any embedding rows (``[n, d] -> [n, d]``): ``G(X)``, ``G(N(X))``."""
+        return rows.to(self.w.device, self.w.dtype) @ self.w.T
+
+    def state_dict(self) -> dict:
+        return {"w": self.w.detach().clone(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._pending = None
+
+
+class PPATHost:
+    """The discriminator side: ``Y``, ``num_teachers`` PATE teachers, the student, the accountant.
+
+    Args:
+        y: ``[m, d]``, the host's embeddings of the aligned items (row ``i`` = client row ``i``).
+        num_teachers: ``|T|`` (paper: 4).
+        hidden: discriminator width (official code: 1024).
+        lam: PATE noise parameter, noise ``Lap(1/lam)`` (paper: 0.05).
+        delta, max_order: the accountant's ``delta`` and moment orders.
+        lr, momentum: SGD for every discriminator (paper: 0.02, 0.9).
+        teacher_fakes: ``"own"`` (each teacher gets the fakes of its partition's rows) or
+            ``"all"`` (every teacher gets every fake, PATE-GAN's loss).
+        saturating: use the paper's ``L_G = mean log(1 - S(G(x)))`` instead of
+            ``mean -log S(G(x))``.
+        seed: nets' initialisation and the teacher partition.
+        noise_seed: the PATE noise stream (default: derived from ``seed``).
+        accountant: continue an existing accountant (one per host over all its handshakes).
+    """
+
+    def __init__(
+        self,
+        y: Tensor,
+        num_teachers: int = 4,
+        hidden: int = 1024,
+        lam: float = 0.05,
+        delta: float = 1e-5,
+        max_order: int = 32,
+        lr: float = 0.02,
+        momentum: float = 0.9,
+        teacher_fakes: str = "own",
+        saturating: bool = False,
+        seed: int = 0,
+        noise_seed: int | None = None,
+        accountant: PateMomentsAccountant | None = None,
+    ):
+        if y.dim() != 2:
+            raise ValueError(f"Y must be [m, d], got shape {tuple(y.shape)}")
+        if teacher_fakes not in ("own", "all"):
+            raise ValueError(f"teacher_fakes must be 'own' or 'all', got {teacher_fakes!r}")
+        self.y = y.detach().clone().float()
+        m, d = self.y.shape
+        self.lam, self.teacher_fakes, self.saturating = float(lam), teacher_fakes, bool(saturating)
+        self.partitions = split_teacher_partitions(m, num_teachers, torch.Generator().manual_seed(seed))
+        self.row_teacher = torch.empty(m, dtype=torch.long)  # aligned row -> its teacher
+        for i, part in enumerate(self.partitions):
+            self.row_teacher[part] = i
+        self.row_teacher = self.row_teacher.to(self.y.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.teachers = nn.ModuleList(discriminator(d, hidden) for _ in range(num_teachers)).to(self.y.device)
+            self.student = discriminator(d, hidden).to(self.y.device)
+        self.teacher_opts = [torch.optim.SGD(t.parameters(), lr=lr, momentum=momentum) for t in self.teachers]
+        self.student_opt = torch.optim.SGD(self.student.parameters(), lr=lr, momentum=momentum)
+        if noise_seed is None:
+            noise_seed = derive_seed(seed, "ppat_host", "pate_noise")
+        self.noise = torch.Generator().manual_seed(int(noise_seed))
+        self.accountant = accountant or PateMomentsAccountant(lam, delta=delta, max_order=max_order)
+        if self.accountant.lam != self.lam:
+            raise ValueError(f"accountant lam {self.accountant.lam} != host lam {self.lam}")
+        #: What the last :meth:`on_fake` did (kept here, never sent): losses, votes, labels, gaps.
+        self.last: dict[str, Any] = {}
+
+    @property
+    def num_teachers(self) -> int:
+        return len(self.teachers)
+
+    def on_fake(self, message: Message) -> Message:
+        """One alternating step on a generated batch; returns ``dL_G/dG(X_batch)`` only."""
+        if set(message.arrays) != {FAKE}:
+            raise ValueError(f"expected only {FAKE!r}, got {sorted(message.arrays)}")
+        fake = message.arrays[FAKE].to(self.y.device, torch.float32)
+        rows = torch.as_tensor(message.config["rows"], dtype=torch.long)
+        if fake.dim() != 2 or fake.shape != (rows.numel(), self.y.shape[1]):
+            raise ValueError(
+                f"fake batch shape {tuple(fake.shape)} does not match {rows.numel()} rows of width {self.y.shape[1]}"
+            )
+        if rows.numel() and (rows.min() < 0 or rows.max() >= self.y.shape[0]):
+            raise ValueError("row ids out of range")
+        rows = rows.to(self.y.device)
+
+        # (1) teachers: own real rows (label 1) vs generated rows (label 0)
+        owner = self.row_teacher[rows]
+        teacher_losses = []
+        for i, (teacher, opt) in enumerate(zip(self.teachers, self.teacher_opts)):
+            mine = owner == i
+            if not mine.any():
+                continue
+            real = self.y[rows[mine]]
+            fakes = fake[mine] if self.teacher_fakes == "own" else fake
+            logits = teacher(torch.cat([real, fakes])).squeeze(-1)
+            target = torch.cat([torch.ones(len(real)), torch.zeros(len(fakes))]).to(logits)
+            loss = F.binary_cross_entropy_with_logits(logits, target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            teacher_losses.append(loss.item())
+
+        # (2) student: noisy PATE labels of the generated rows (one query per sample)
+        with torch.no_grad():
+            probs = torch.stack([torch.sigmoid(t(fake).squeeze(-1)) for t in self.teachers])  # [T, B]
+        votes = teacher_votes(probs.cpu())  # [B, 2] hard votes, threshold 0.5
+        labels, gaps = noisy_argmax(votes, self.lam, self.noise)
+        self.accountant.accumulate(gaps)
+        student_loss = F.binary_cross_entropy_with_logits(self.student(fake).squeeze(-1), labels.to(fake))
+        self.student_opt.zero_grad(set_to_none=True)
+        student_loss.backward()
+        self.student_opt.step()
+
+        # (3) generator loss through the (updated) student; gradient w.r.t. the batch only
+        g_in = fake.detach().requires_grad_(True)
+        logits = self.student(g_in).squeeze(-1)
+        if self.saturating:
+            gen_loss = -F.binary_cross_entropy_with_logits(logits, torch.zeros_like(logits))  # mean log(1 - S)
+        else:
+            gen_loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))  # mean -log S
+        (grad,) = torch.autograd.grad(gen_loss, g_in)
+
+        self.last = {
+            "size": rows.numel(),
+            "loss_teachers": sum(teacher_losses) / max(len(teacher_losses), 1),
+            "loss_student": student_loss.item(),
+            "loss_generator": gen_loss.item(),
+            "votes": votes,
+            "labels": labels,
+            "gaps": gaps,
+        }
+        return Message(arrays={GRAD: grad.detach()})
+
+    def epsilon(self) -> float:
+        """The host's ``epsilon`` at its ``delta`` over every label it has answered so far."""
+        return self.accountant.epsilon()
+
+    def epsilon_after(self, queries: int) -> float:
+        """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost.
+
+        A gap of 0 never meets PATE Thm 3's condition, so its charge ``min(di, 2 lambda l)``
+        bounds every query's: the added charge does not depend on the batch to be labelled.
+        """
+        worst = self.accountant.per_query(torch.zeros(1)).squeeze(0) * queries
+        moments = self.accountant.log_moments + worst
+        return float(((moments + math.log(1.0 / self.accountant.delta)) / self.accountant.orders).min())
+
+    def state_dict(self) -> dict:
+        return {
+            "teachers": self.teachers.state_dict(),
+            "student": self.student.state_dict(),
+            "teacher_opts": [o.state_dict() for o in self.teacher_opts],
+            "student_opt": self.student_opt.state_dict(),
+            "partitions": [p.clone() for p in self.partitions],
+            "noise": self.noise.get_state(),
+            "accountant": self.accountant.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.teachers.load_state_dict(state["teachers"])
+        self.student.load_state_dict(state["student"])
+        for opt, s in zip(self.teacher_opts, state["teacher_opts"]):
+            opt.load_state_dict(s)
+        self.student_opt.load_state_dict(state["student_opt"])
+        self.partitions = [p.clone() for p in state["partitions"]]
+        for i, part in enumerate(self.partitions):
+            self.row_teacher[part.to(self.row_teacher.device)] = i
+        self.noise.set_state(state["noise"])
+        self.accountant.load_state_dict(state["accountant"])
+
+
+def run_ppat(
+    client: PPATClient,
+    host: PPATHost,
+    channel,
+    epochs: int = 1,
+    batch_size: int = 32,
+    seed: int = 0,
+    client_name: str = "client",
+    host_name: str = "host",
+    round: int = 0,
+    max_epsilon: float | None = None,
+) -> dict:
+    """Train PPAT for ``epochs`` passes over the aligned rows, every transfer through ``channel``.
+
+    The client draws each epoch's batch order from ``seed`` (its own choice; the host learns
+    the row ids with each batch). Convergence criterion: a fixed number of epochs (the paper
+    gives none, the code runs one); with ``max_epsilon`` the run also stops before a batch
+    whose worst-case charge (:meth:`PPATHost.epsilon_after`) would exceed it.
+
+    Returns ``{"epochs": [per-epoch means of loss_teachers / loss_student / loss_generator,
+    "labelled_real" (share of noisy labels "real"), "agreement" (share of noisy labels equal
+    to the teachers' plurality, untied votes only; None without any), "teachers_fooled" (share of teacher votes
+    "real" on fakes), "epsilon", "queries", "batches"], "epsilon", "queries" (this run),
+    "queries_total" (the host's), "batches", "bytes", "wire_bytes", "stopped" ("epochs" |
+    "budget"), "seconds"}``. The losses come from the host's local log, not the wire.
+    """
+    if client.num_rows != host.y.shape[0]:
+        raise ValueError(f"client has {client.num_rows} aligned rows, host {host.y.shape[0]}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    start, first_record = time.perf_counter(), len(channel)
+    queries_before = host.accountant.queries
+    order = torch.Generator().manual_seed(seed)
+    history, stopped = [], "epochs"
+    for epoch in range(epochs):
+        sums = dict.fromkeys(("loss_teachers", "loss_student", "loss_generator"), 0.0)
+        samples = batches = real = agree = untied = fooled = 0
+        for rows in torch.randperm(client.num_rows, generator=order).split(batch_size):
+            if max_epsilon is not None and host.epsilon_after(rows.numel()) > max_epsilon:
+                stopped = "budget"
+                break
+            fake = channel.send(client_name, host_name, FAKE, client.fake_message(rows), round)
+            grad = channel.send(host_name, client_name, GRAD, host.on_fake(fake), round)
+            client.on_grad(grad)
+            last, n = host.last, rows.numel()
+            for key in sums:
+                sums[key] += last[key] * n
+            samples, batches = samples + n, batches + 1
+            real += int(last["labels"].sum())
+            mask = last["gaps"] > 0
+            agree += int((last["labels"][mask] == last["votes"][mask].argmax(dim=1)).sum())
+            untied += int(mask.sum())
+            fooled += int(last["votes"][:, 1].sum())
+        if batches:
+            history.append(
+                {
+                    "epoch": epoch,
+                    "batches": batches,
+                    **{k: v / samples for k, v in sums.items()},
+                    "labelled_real": real / samples,
+                    "agreement": agree / untied if untied else None,
+                    "teachers_fooled": fooled / (samples * host.num_teachers),
+                    "epsilon": host.epsilon(),
+                    "queries": host.accountant.queries,
+                }
+            )
+        if stopped == "budget":
+            break
+    records = channel.records()[first_record:]
+    return {
+        "epochs": history,
+        "epsilon": host.epsilon(),
+        "queries": host.accountant.queries - queries_before,
+        "queries_total": host.accountant.queries,
+        "batches": sum(h["batches"] for h in history),
+        "bytes": sum(r.bytes for r in records),
+        "wire_bytes": sum(r.wire_bytes for r in records),
+        "stopped": stopped,
+        "seconds": time.perf_counter() - start,
+    }
