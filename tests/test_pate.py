@@ -239,3 +239,10 @@ def test_noisy_labels_depend_on_the_noise():
     assert torch.equal(a, a2)  # reproducible from the generator
     assert (a != b).sum().item() > 300  # about half of 1000 differ: the labels follow the noise
     assert 0.4 < a[:500].double().mean().item() < 0.6
+
+
+def test_a_huge_lambda_costs_the_pure_bound_without_overflow():
+    acc = PateMomentsAccountant(lam=1e6, max_order=4)
+    terms = acc.per_query(torch.tensor([0, 4]))
+    expected = torch.tensor([2e6 * l for l in range(1, 5)], dtype=torch.float64)
+    assert torch.equal(terms, expected.expand(2, 4))

@@ -98,11 +98,14 @@ class PateMomentsAccountant:
         pure = 2.0 * lam * ls
         x = lam * gap
         q = ((self.num_classes - 1) * (2.0 + x) / 4.0 * torch.exp(-x)).clamp_max(1.0 - 1.0 / self.num_classes)
-        valid = q < 1.0 / (math.exp(2.0 * lam) + 1.0)  # == (e^{2 lam} - 1) / (e^{4 lam} - 1)
+        # e^{2 lam} as a float64 tensor: inf for a huge lam (no OverflowError), then no
+        # query is valid for the data-dependent bound and the pure 2*lam*l bound applies.
+        e2l = torch.tensor(2.0 * lam, dtype=torch.float64).exp()
+        valid = q < 1.0 / (e2l + 1.0)  # == (e^{2 lam} - 1) / (e^{4 lam} - 1)
         qv = torch.where(valid, q, torch.zeros_like(q))  # keep the logs finite where unused
         # dd = log( (1-q) * ((1-q)/(1 - e^{2 lam} q))^l + q * e^{2 lam l} ), in log space
         log_1mq = torch.log1p(-qv)
-        first = log_1mq + ls * (log_1mq - torch.log1p(-math.exp(2.0 * lam) * qv))
+        first = log_1mq + ls * (log_1mq - torch.log1p(-e2l * qv))
         second = torch.log(qv) + 2.0 * lam * ls  # log 0 = -inf is fine in logaddexp
         dd = torch.where(valid, torch.logaddexp(first, second), torch.full_like(first, math.inf))
         return torch.minimum(torch.minimum(di, pure), dd)
