@@ -7,8 +7,14 @@ translation.
   teachers and the student) that only exchange :class:`~lightning_fedkg.federated.message.Message`
   objects, and :func:`run_ppat`, which moves them through a
   :class:`~lightning_fedkg.federated.channel.Channel`.
+* :mod:`.update` -- the host's KGEmb-Update (§3.3): translated aligned rows replaced or
+  averaged, virtual entities/relations added for one training run and removed again
+  (:func:`add_virtual_rows`, :func:`remove_virtual_rows`), and :func:`kgemb_update`, which
+  keeps the result only if the evaluation score improved (backtracking, bit for bit).
 """
 
 from .ppat import PPATClient, PPATHost, discriminator, run_ppat
+from .update import VirtualRows, add_virtual_rows, kgemb_update, remove_virtual_rows
 
-__all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat"]
+__all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat",
+           "VirtualRows", "add_virtual_rows", "kgemb_update", "remove_virtual_rows"]
