@@ -189,3 +189,19 @@ def test_transd_two_entity_tables(kg):
                        virtual_relations=1, valid_before=2.0)
     assert out["accepted"] is False
     _assert_state_equal(module, snap)
+
+
+def test_failed_training_leaves_previous_state(kg):
+    module = _module(kg)
+    snap = _snapshot(module)
+
+    def boom():
+        raise RuntimeError("boom")
+
+    module.regularizers.append(boom)
+    ids, trans, virt, triples = _virtual(kg)
+    with pytest.raises(RuntimeError, match="boom"):
+        kgemb_update(kg, module, ids, trans, virt, triples, epochs=1, datamodule_kwargs=DM,
+                     valid_before=-1.0)
+    assert module.model.num_entities == kg.num_entities
+    _assert_state_equal(module, snap)
