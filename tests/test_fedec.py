@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
 from lightning_fedkg.federated.strategies.fedec import (HAS_PREVIOUS, PREVIOUS_PREFIX, FedEC, FedECClient,
                                                         contrastive_term)
@@ -39,7 +40,7 @@ def test_the_contrastive_term_value_by_hand():
     with torch.no_grad():  # E_prev: the rows after the client's previous local fit
         getattr(module, PREVIOUS_PREFIX + "entity_emb").copy_(torch.tensor([[0.0, 1.0], [0.0, -1.0]]))
         getattr(module, HAS_PREVIOUS).fill_(True)
-    client.before_fit()
+    client.before_fit(Message())
     (term,) = module.regularizers
     set_rows(module, [[1.0, 0.0], [0.0, 2.0]])  # E after some local steps
     # cos(E, E_glb) per entity: 1 and 1/√2; cos(E, E_prev): 0 and −1
@@ -59,7 +60,7 @@ def test_before_the_first_local_fit_the_previous_rows_are_the_download():
     module, client = hand_client(mu=0.3, temperature=0.2)
     assert not bool(getattr(module, HAS_PREVIOUS))
     set_rows(module, [[1.0, 2.0], [-1.0, 0.5]])
-    client.before_fit()
+    client.before_fit(Message())
     (term,) = module.regularizers
     set_rows(module, [[0.0, 1.0], [2.0, 2.0]])
     assert term().item() == pytest.approx(0.3 * math.log(2.0), rel=1e-6)

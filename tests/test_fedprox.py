@@ -3,6 +3,7 @@
 import torch
 
 from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
 
 BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared", "train.lr=0.05",
@@ -45,7 +46,7 @@ def test_the_proximal_term_value_and_gradient():
     cfg = load_config(None, ["federated.strategy=fedprox", "federated.fedprox.mu=0.5"])
     party = SimpleNamespace(cfg=cfg, module=module, name="client_0", names={})
     client = FedProxClient(party, FedProx)
-    client.before_fit()
+    client.before_fit(Message())
     (term,) = module.regularizers
     assert term().item() == 0.0  # at the anchor
     with torch.no_grad():

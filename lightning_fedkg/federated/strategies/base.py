@@ -157,6 +157,7 @@ class ClientHalf:
         self.cfg = party.cfg
         self.groups = strategy.groups
         self._key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
+        self._loss_terms: list[Callable] = []
 
     def handle(self, stage: str, message: Message, round: int) -> Message | None:
         """Dispatch ``stage`` to ``on_<stage>``."""
@@ -201,16 +202,30 @@ class ClientHalf:
         arrays = {f"{index}_digests": hash_names(self.party.names[index], self._key) for index in indexes}
         return Message(arrays=arrays, config={"groups": {n: g.spec() for n, g in groups.items()}})
 
-    def before_fit(self) -> None:
-        """Hook after the download is applied and before local training (default: nothing)."""
+    def before_fit(self, message: Message) -> None:
+        """Hook after the download is applied and before local training (default: nothing).
+
+        ``message`` is the round's download (its ``config`` may carry instructions, e.g.
+        FedLU's distillation flags). Extra loss terms go in with :meth:`add_loss_term`.
+        """
+
+    def add_loss_term(self, term: Callable[[], Tensor]) -> None:
+        """Add ``term()`` to every training batch's loss until the end of this local fit
+        (FedProx's proximal term, FedEC's contrastive term)."""
+        self.party.module.regularizers.append(term)
+        self._loss_terms.append(term)
 
     def after_fit(self) -> None:
-        """Hook after local training, before the upload is read (default: nothing)."""
+        """Hook after local training, before the upload is read; the default removes the
+        terms added by :meth:`add_loss_term` (subclasses that override it call super)."""
+        for term in self._loss_terms:
+            self.party.module.regularizers.remove(term)
+        self._loss_terms.clear()
 
     def on_train(self, message: Message, round: int) -> Message:
         """Apply the download, train E local epochs, send back the shared groups."""
         self.receive(message.arrays)
-        self.before_fit()
+        self.before_fit(message)
         try:
             stats = self.party.fit(self.cfg.federated.local_epochs)
         finally:

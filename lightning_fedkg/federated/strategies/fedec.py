@@ -66,11 +66,10 @@ def contrastive_term(local: Tensor, glb: Tensor, previous: Tensor, mu: float, te
 
 
 class FedECClient(ClientHalf):
-    """Installs the contrastive term for the length of each local fit; keeps ``E_prev``."""
+    """Adds the contrastive term to the loss for the length of each local fit; keeps ``E_prev``."""
 
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
-        self._term = None
         module = party.module
         for name, p in self._entity_tensors().items():
             module.register_buffer(PREVIOUS_PREFIX + name, p.detach().clone())
@@ -87,7 +86,7 @@ class FedECClient(ClientHalf):
     def has_previous(self) -> bool:
         return bool(getattr(self.party.module, HAS_PREVIOUS))
 
-    def before_fit(self) -> None:
+    def before_fit(self, message) -> None:
         cfg = self.cfg.federated.fedec
         mu, temperature = float(cfg.mu), float(cfg.temperature)
         if mu == 0.0:
@@ -99,13 +98,7 @@ class FedECClient(ClientHalf):
         def contrastive():
             return contrastive_term(entity_rows(params), glb, previous, mu, temperature)
 
-        self._term = contrastive
-        self.party.module.regularizers.append(contrastive)
-
-    def after_fit(self) -> None:
-        if self._term is not None:
-            self.party.module.regularizers.remove(self._term)
-            self._term = None
+        self.add_loss_term(contrastive)
 
     @torch.no_grad()
     def remember(self) -> None:

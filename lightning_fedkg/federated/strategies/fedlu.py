@@ -169,16 +169,12 @@ class FedLUServer(HolderMeanServer):
 class FedLUClient(ClientHalf):
     """Receives the avatar rows and the flags, trains both sides, uploads the avatar only."""
 
-    def on_train(self, message: Message, round: int) -> Message:
+    def before_fit(self, message: Message) -> None:
         module = self.party.module
-        self.receive(message.arrays)
         if self.cfg.federated.fedlu.init_local_from_global and not bool(module.local_initialized):
             module.copy_avatar_to_local()
         module.distill_local = bool(message.config.get("distill_local", module.distill_local))
         module.distill_global = bool(message.config.get("distill_global", module.distill_global))
-        stats = self.party.fit(self.cfg.federated.local_epochs)
-        self.party.log({"train/loss": stats["loss"]}, round)
-        return Message(arrays=self.upload(), metrics=stats)
 
     def on_evaluate(self, message: Message, round: int) -> Message:
         """Evaluate the local side (the result) and the avatar (``global/<metric>``)."""

@@ -17,13 +17,9 @@ __all__ = ["FedProx", "FedProxClient"]
 
 
 class FedProxClient(ClientHalf):
-    """Installs the proximal term on the module for the length of each local fit."""
+    """Adds the proximal term to the loss for the length of each local fit."""
 
-    def __init__(self, party, strategy) -> None:
-        super().__init__(party, strategy)
-        self._term = None
-
-    def before_fit(self) -> None:
+    def before_fit(self, message) -> None:
         mu = float(self.cfg.federated.fedprox.mu)
         if mu == 0.0:
             return
@@ -32,13 +28,7 @@ class FedProxClient(ClientHalf):
         def proximal():
             return 0.5 * mu * sum((p - anchor).pow(2).sum() for p, anchor in anchors)
 
-        self._term = proximal
-        self.party.module.regularizers.append(proximal)
-
-    def after_fit(self) -> None:
-        if self._term is not None:
-            self.party.module.regularizers.remove(self._term)
-            self._term = None
+        self.add_loss_term(proximal)
 
 
 @STRATEGIES.register()
