@@ -108,10 +108,29 @@ class PeerHalf:
 
 
 class PeerStrategy(Strategy):
-    """A method run by :class:`EventRunner`: no server half, one :attr:`Peer` half per party."""
+    """A method run by :class:`EventRunner`: no server half, one :attr:`Peer` half per party.
+
+    Attributes:
+        checkpoint_events: the events after whose delivery the runner commits a resume
+            point; None commits after every delivery. A method whose inner loop is many
+            small messages (FKGE's PPAT batches) commits at its protocol's boundaries only.
+    """
 
     runner = "event"
     Peer: type[PeerHalf] = PeerHalf
+    checkpoint_events: frozenset[str] | None = None
+
+    @classmethod
+    def build_parties(cls, cfg: ExperimentConfig, task, run_dir: Path | None,
+                      purge_step: int | None) -> list[Party]:
+        """The parties of a run (default: one per client of ``cfg.data``'s federated KG)."""
+        return build_client_parties(cfg, task, load_federated_kg(cfg), run_dir, purge_step)
+
+    @classmethod
+    def summarize(cls, reports: dict[str, dict]) -> dict:
+        """Top-level ``metrics.json`` entries built from every peer's :meth:`PeerHalf.report`
+        (default: none; the reports are always kept under ``"peers"``)."""
+        return {}
 
 
 class EventRunner:
@@ -131,9 +150,8 @@ class EventRunner:
         if not issubclass(self.strategy, PeerStrategy):
             raise ConfigError(f"{cfg.federated.strategy!r} is not a peer-to-peer strategy")
         self.task = TASKS.get(cfg.federated.task)()
-        self.fkg = load_federated_kg(cfg)
         self.channel = transport if transport is not None else Channel()
-        clients = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
+        clients = self.strategy.build_parties(cfg, self.task, self.run_dir, purge_step)
         self.parties = {p.name: p for p in clients}
         names = list(self.parties)
         self.peers = {n: self.strategy.Peer(p, self.strategy, names) for n, p in self.parties.items()}
@@ -242,10 +260,13 @@ def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
                             run_dir / "payloads" if cfg.federated.record_payloads else None)
     if not runner.started:
         runner.start()
+    commit_on = runner.strategy.checkpoint_events
     while runner.pending and runner.events < cfg.federated.rounds:
-        runner.step()
-        commit_round(ckpt_dir, f"round_{runner.events:04d}", runner.states(),
-                     {"version": CHECKPOINT_VERSION, "round": runner.events, "fingerprint": fingerprint(cfg)})
+        delivered = runner.step()
+        if (commit_on is None or delivered.event in commit_on or not runner.pending
+                or runner.events >= cfg.federated.rounds):
+            commit_round(ckpt_dir, f"round_{runner.events:04d}", runner.states(),
+                         {"version": CHECKPOINT_VERSION, "round": runner.events, "fingerprint": fingerprint(cfg)})
     avg, per_party = runner.evaluate("test")
     metrics = {
         "test": with_count(avg, per_party),
@@ -257,8 +278,10 @@ def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         "strategy": cfg.federated.strategy,
         "runner": "event",
         "failures": runner.failures,
-        "peers": {n: runner.peers[n].report() for n in sorted(runner.peers)},
     }
+    reports = {n: runner.peers[n].report() for n in sorted(runner.peers)}
+    metrics.update(runner.strategy.summarize(reports))
+    metrics["peers"] = reports
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     runner.close()
     return metrics
