@@ -108,7 +108,6 @@ partition, the noise generator, the accountant) for checkpoints.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
