@@ -356,6 +356,20 @@ class FKGEPeer(PeerHalf):
         arrays["neighbour_is_head"] = edges[:, 3].contiguous()
         return Message(arrays=arrays, metrics={"seconds_client": float(side["seconds"])})
 
+    @staticmethod
+    def _translation_cosine(host: dict, message: Message) -> dict:
+        """How well PPAT aligned the two spaces, a local diagnostic of the host: the mean
+        cosine between ``G(x_i)`` and its own ``y_i`` (``translation_cosine``) and between
+        ``G(x_i)`` and another item's ``y_{i+1}`` (``mismatched_cosine``, the level any shared
+        direction of the tables gives); the gap is what the translation matched."""
+        translated = torch.cat([message.arrays["entities"], message.arrays["relations"]]).float()
+        y = host["y"]
+        if translated.shape != y.shape or translated.shape[0] < 2:
+            return {"translation_cosine": None, "mismatched_cosine": None}
+        cos = torch.nn.functional.cosine_similarity
+        return {"translation_cosine": float(cos(translated, y, dim=1).mean()),
+                "mismatched_cosine": float(cos(translated, y.roll(1, dims=0), dim=1).mean())}
+
     def _hosting(self, partner: str) -> dict:
         if self.host is None or self.host["partner"] != partner:
             raise RuntimeError(f"{self.name} is not hosting a handshake with {partner}")
@@ -369,7 +383,8 @@ class FKGEPeer(PeerHalf):
                   "aligned_relations": int(host["relations"].numel()),
                   "ppat_batches": host["batches"], "stopped": host["stopped"],
                   "queries": self.accountant.queries - host["queries_before"],
-                  "seconds_ppat": host["seconds"] + float(message.metrics.get("seconds_client", 0.0))}
+                  "seconds_ppat": host["seconds"] + float(message.metrics.get("seconds_client", 0.0)),
+                  **self._translation_cosine(host, message)}
         if host["batches"] == 0:  # the privacy budget allowed no PPAT step: nothing to update with
             record.update(accepted=False, skipped="epsilon", seconds_update=0.0, virtual_entities=0,
                           valid_before=self.best, valid_after=None)

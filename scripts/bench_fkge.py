@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""FKGE benchmarks: per-KG improvement against the control, PPAT vs KGEmb-Update time per
+handshake (the paper's Fig. 6), bytes per PPAT batch, epsilon, ablations, and the
+synchronous vs asynchronous wall time for the same handshake budget.
+
+Each *variant* is a named list of config overrides on top of ``--config``; every variant
+runs once per seed (``seed=<s>``; the sources stay those of ``data.partition_seed``), in a
+fresh run directory, and the script prints one table of means over seeds and writes every
+run's numbers to ``--json-out``:
+
+* per KG: triple-classification accuracy and test MRR / Hits@10 before (after pre-training)
+  and after the handshakes, and the gain;
+* per variant: handshakes hosted / accepted, the mean seconds of PPAT and of the
+  KGEmb-Update per handshake, tensor bytes per PPAT batch, the mean cosine between the
+  translated rows and the host's own (``translation_cosine``: how well PPAT aligned the
+  spaces) and with mismatched rows (``mismatched_cosine``: the level without alignment),
+  the largest epsilon, the run's wall seconds.
+
+Variants (``--variants``, comma-separated; ``all`` = every one):
+
+* ``fkge``: the config as it is;
+* ``control``: ``federated.fkge.mode=none`` -- the same handshakes, updates and backtracking,
+  but the host trains without anything it received (the Independent baseline at equal
+  training; the gain of ``fkge`` over ``control`` is what the federation adds);
+* ``average``: ``mode=average`` (the official code's update);
+* ``nonprivate``: ``lam=100`` (PATE noise ``Lap(0.01)``: labels equal the teachers' vote);
+* ``dp10``: ``max_epsilon=10`` (the budget of configs/fkge/umls_fkge_dp.yaml);
+* ``entities`` / ``relations`` / ``both``: what PPAT aligns, on sources that share 30% of
+  their relations (``shared_relations=0.3``; the three use the same sources);
+* ``frac20`` / ``frac60``: 20% / 60% of the aligned entities (``align_fraction``);
+* ``ray``: the config on ``federated.engine=ray`` (one process per KG) -- compare its wall
+  seconds with ``fkge``'s for the same handshake budget.
+
+Commands (docs/BENCHMARKS.md records their output):
+
+    python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control,average,nonprivate,dp10 \\
+        --json-out docs/bench_fkge_umls.json
+    python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants entities,relations,both,frac20,frac60 \\
+        --json-out docs/bench_fkge_umls_ablations.json
+    python scripts/bench_fkge.py --seeds 0,1,2 --variants fkge,ray --json-out docs/bench_fkge_engines.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # runnable without installing the package
+    sys.path.insert(0, str(REPO))
+
+SHARED = ["federated.fkge.shared_relations=0.3"]
+VARIANTS = {
+    "fkge": [],
+    "control": ["federated.fkge.mode=none"],
+    "average": ["federated.fkge.mode=average"],
+    "nonprivate": ["federated.fkge.lam=100"],
+    "dp10": ["federated.fkge.max_epsilon=10"],
+    "entities": [*SHARED, "federated.fkge.align=entities"],
+    "relations": [*SHARED, "federated.fkge.align=relations"],
+    "both": [*SHARED, "federated.fkge.align=both"],
+    "frac20": ["federated.fkge.align_fraction=0.2"],
+    "frac60": ["federated.fkge.align_fraction=0.6"],
+    "ray": ["federated.engine=ray"],
+}
+BLOCK_KEYS = ("accuracy", "mrr", "hits@10")
+
+
+def run_one(config: str, overrides: list[str], out: Path) -> dict:
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.orchestrator import run_federated
+
+    cfg = load_config(config, overrides)
+    start = time.perf_counter()
+    metrics = run_federated(cfg, out)
+    wall = time.perf_counter() - start
+    hs = metrics["handshakes"]
+    ppat_batches = sum(h["ppat_batches"] for h in hs)
+    return {
+        "overrides": overrides,
+        "wall_seconds": wall,
+        "kgs": [{k: kg[k] for k in ("name", "model", "before", "after", "epsilon", "hosted", "accepted")}
+                for kg in metrics["kgs"]],
+        "handshakes": len(hs),
+        "accepted": sum(bool(h["accepted"]) for h in hs),
+        "seconds_ppat": [h["seconds_ppat"] for h in hs],
+        "seconds_update": [h["seconds_update"] for h in hs],
+        "translation_cosine": [h["translation_cosine"] for h in hs],
+        "mismatched_cosine": [h["mismatched_cosine"] for h in hs],
+        "bytes_per_ppat_batch": (sum(h["bytes_per_ppat_batch"] * h["ppat_batches"] for h in hs) / ppat_batches
+                                 if ppat_batches else None),
+        "bytes_sent": metrics["bytes_sent"],
+        "max_epsilon": max(kg["epsilon"] for kg in metrics["kgs"]),
+        "engine": metrics.get("engine", "local"),
+    }
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def std(xs):
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    kgs = {}
+    for run in runs:
+        for kg in run["kgs"]:
+            entry = kgs.setdefault(kg["name"], {"model": kg["model"], "before": {}, "after": {}})
+            for block in ("before", "after"):
+                for key in BLOCK_KEYS:
+                    entry[block].setdefault(key, []).append(kg[block][key])
+    for entry in kgs.values():
+        for block in ("before", "after"):
+            entry[block] = {k: {"mean": mean(v), "std": std(v)} for k, v in entry[block].items()}
+        entry["gain_mrr"] = entry["after"]["mrr"]["mean"] - entry["before"]["mrr"]["mean"]
+        entry["gain_accuracy"] = entry["after"]["accuracy"]["mean"] - entry["before"]["accuracy"]["mean"]
+    return {
+        "variant": name,
+        "seeds": len(runs),
+        "kgs": kgs,
+        "handshakes": mean([r["handshakes"] for r in runs]),
+        "accepted": mean([r["accepted"] for r in runs]),
+        "seconds_ppat": mean([s for r in runs for s in r["seconds_ppat"]]),
+        "seconds_update": mean([s for r in runs for s in r["seconds_update"]]),
+        "translation_cosine": mean([c for r in runs for c in r["translation_cosine"]]),
+        "mismatched_cosine": mean([c for r in runs for c in r["mismatched_cosine"]]),
+        "bytes_per_ppat_batch": mean([r["bytes_per_ppat_batch"] for r in runs]),
+        "max_epsilon": mean([r["max_epsilon"] for r in runs]),
+        "wall_seconds": mean([r["wall_seconds"] for r in runs]),
+    }
+
+
+def table(summaries: list[dict]) -> str:
+    head = (f"{'variant':<11}{'KG':<12}{'acc before':>11}{'acc after':>10}{'MRR before':>11}{'MRR after':>10}"
+            f"{'gain':>8}{'H@10 after':>11}")
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        for name, kg in s["kgs"].items():
+            b, a = kg["before"], kg["after"]
+            lines.append(f"{s['variant']:<11}{name[-10:]:<12}{b['accuracy']['mean']:>11.4f}{a['accuracy']['mean']:>10.4f}"
+                         f"{b['mrr']['mean']:>11.4f}{a['mrr']['mean']:>10.4f}{kg['gain_mrr']:>+8.4f}"
+                         f"{a['hits@10']['mean']:>11.4f}")
+    head2 = (f"{'variant':<11}{'seeds':>6}{'handshakes':>11}{'accepted':>9}{'s PPAT':>9}{'s update':>9}"
+             f"{'B/batch':>9}{'cos':>7}{'cos mis':>8}{'epsilon':>9}{'wall s':>8}")
+    lines += ["", head2, "-" * len(head2)]
+    for s in summaries:
+        lines.append(f"{s['variant']:<11}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
+                     f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_ppat_batch']:>9.0f}"
+                     f"{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
+                     f"{s['max_epsilon']:>9.2f}{s['wall_seconds']:>8.1f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "fkge" / "umls_fkge.yaml"))
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--variants", default="fkge,control")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs-dir", help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--json-out")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
+    args = parser.parse_args()
+    names = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench_fkge_"))
+    results, summaries = {}, []
+    for name in names:
+        runs = []
+        for seed in seeds:
+            overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false",
+                         *VARIANTS[name], *args.overrides]
+            run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}")
+            print(f"[{name} seed {seed}] {run['accepted']}/{run['handshakes']} accepted, "
+                  f"wall {run['wall_seconds']:.1f} s, epsilon {run['max_epsilon']:.2f}", flush=True)
+            runs.append(run)
+        results[name] = runs
+        summaries.append(summarize(name, runs))
+    print(table(summaries))
+    if args.json_out:
+        report = {"machine": platform.platform(), "python": platform.python_version(), "config": args.config,
+                  "seeds": seeds, "threads": args.threads, "overrides": args.overrides,
+                  "summaries": summaries, "runs": results}
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        print(f"written {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
