@@ -291,7 +291,9 @@ class FKGEConfig:
     entity become virtual entities of the host (0: aligned rows only; the code's strategy_2
     uses 1); ``shared_relations`` is the share of relations dealt to every source when one KG
     is cut into sources (needed for relation alignment). ``mode``: ``replace`` the host's
-    aligned rows (paper) or ``average`` (code).
+    aligned rows (paper) or ``average`` (code); ``none`` is the control that runs the same
+    handshakes and updates but trains without anything received (the Independent baseline
+    at equal training and backtracking).
 
     PPAT (:mod:`lightning_fedkg.fkge.ppat`): ``ppat_epochs`` over the aligned rows in
     batches of ``ppat_batch_size``; ``teachers`` PATE teachers and noise ``Lap(1/lam)``;
@@ -310,7 +312,7 @@ class FKGEConfig:
     align_fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
     neighbours: int = field(default=1, metadata={"range": Range(min=0)})
     shared_relations: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
-    mode: Literal["replace", "average"] = "replace"
+    mode: Literal["replace", "average", "none"] = "replace"
     backtrack_on: Literal["valid", "test"] = "valid"
     ppat_epochs: int = field(default=1, metadata={"range": Range(min=1)})
     ppat_batch_size: int = field(default=32, metadata={"range": Range(min=1)})

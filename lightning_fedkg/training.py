@@ -63,10 +63,10 @@ def trainer_kwargs(trainer: TrainerConfig) -> dict:
     )
 
 
-def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
-    """A :class:`KGDataModule` for ``kg`` with the sampling/evaluation settings of ``cfg.train``."""
+def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
+    """The :class:`KGDataModule` arguments of ``cfg.train`` (sampling and evaluation), no seed."""
     t = cfg.train
-    kwargs = dict(
+    return dict(
         batch_size=t.batch_size,
         num_negatives=t.num_negatives,
         corruption=t.corruption,
@@ -75,8 +75,13 @@ def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **ove
         filter_negatives=t.filter_negatives,
         eval_batch_size=t.eval_batch_size,
         eval_sides=t.eval_sides,
-        seed=seed,
     )
+
+
+def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
+    """A :class:`KGDataModule` for ``kg`` with the sampling/evaluation settings of ``cfg.train``."""
+    kwargs = datamodule_kwargs(cfg)
+    kwargs["seed"] = seed
     kwargs.update(overrides)
     return KGDataModule(kg, **kwargs)
 

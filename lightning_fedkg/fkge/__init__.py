@@ -11,10 +11,14 @@ translation.
   averaged, virtual entities/relations added for one training run and removed again
   (:func:`add_virtual_rows`, :func:`remove_virtual_rows`), and :func:`kgemb_update`, which
   keeps the result only if the evaluation score improved (backtracking, bit for bit).
+* :mod:`.federation` -- the federation: :class:`FKGE` (``federated.strategy: fkge``), one
+  :class:`FKGEPeer` per KG on the core's peer-to-peer runner (handshake queue, Ready / Busy /
+  Sleep, broadcast after an improvement, per-host privacy accountant).
 """
 
 from .ppat import PPATClient, PPATHost, discriminator, run_ppat
 from .update import VirtualRows, add_virtual_rows, kgemb_update, remove_virtual_rows
+from .federation import FKGE, FKGEPeer  # noqa: E402  (after .ppat/.update: it imports them)
 
-__all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat",
+__all__ = ["FKGE", "FKGEPeer", "PPATClient", "PPATHost", "discriminator", "run_ppat",
            "VirtualRows", "add_virtual_rows", "kgemb_update", "remove_virtual_rows"]

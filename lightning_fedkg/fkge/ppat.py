@@ -108,7 +108,6 @@ partition, the noise generator, the accountant) for checkpoints.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -352,14 +351,9 @@ class PPATHost:
         return self.accountant.epsilon()
 
     def epsilon_after(self, queries: int) -> float:
-        """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost.
-
-        A gap of 0 never meets PATE Thm 3's condition, so its charge ``min(di, 2 lambda l)``
-        bounds every query's: the added charge does not depend on the batch to be labelled.
-        """
-        worst = self.accountant.per_query(torch.zeros(1)).squeeze(0) * queries
-        moments = self.accountant.log_moments + worst
-        return float(((moments + math.log(1.0 / self.accountant.delta)) / self.accountant.orders).min())
+        """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost
+        (:meth:`~lightning_fedkg.privacy.PateMomentsAccountant.epsilon_after`)."""
+        return self.accountant.epsilon_after(queries)
 
     def state_dict(self) -> dict:
         return {

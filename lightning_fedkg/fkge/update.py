@@ -81,6 +81,28 @@ def _virtual_relation_values(module, virtual_relations) -> tuple[int, dict[str, 
     return int(values.shape[0]), {"relation_emb": values}
 
 
+def _aligned_relations(model, num_relations: int, ids, values) -> tuple[Tensor, Tensor]:
+    if ids is None and values is None:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, model.relation_emb.shape[1])
+    if ids is None or values is None:
+        raise ValueError("aligned_relation_ids and translated_relations go together")
+    ids = torch.as_tensor(ids).long().reshape(-1)
+    values = torch.as_tensor(values)
+    width = model.relation_emb.shape[1]
+    if values.shape != (ids.numel(), width):
+        raise ValueError(f"translated_relations must have shape {(ids.numel(), width)}, got {tuple(values.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_relations
+                        or torch.unique(ids).numel() != ids.numel()):
+        raise ValueError(f"aligned relation ids must be distinct and lie in [0, {num_relations})")
+    return ids, values
+
+
+def _overwrite(table: Tensor, ids: Tensor, new: Tensor, mode: str) -> None:
+    """``table[ids] <- new`` (replace, the paper) or ``(table[ids] + new) / 2`` (average, the code)."""
+    new = new.to(device=table.device, dtype=table.dtype)
+    table.data[ids] = new if mode == "replace" else (table.data[ids] + new) / 2
+
+
 @torch.no_grad()
 def add_virtual_rows(
     kg: KnowledgeGraph,
@@ -92,6 +114,8 @@ def add_virtual_rows(
     mode: str = "replace",
     virtual_relations: Tensor | int | None = None,
     generator: torch.Generator | None = None,
+    aligned_relation_ids: Tensor | None = None,
+    translated_relations: Tensor | None = None,
 ) -> tuple[KnowledgeGraph, VirtualRows]:
     """Write the client's translated embeddings into ``module`` and build the augmented KG.
 
@@ -113,6 +137,9 @@ def add_virtual_rows(
         mode: ``"replace"`` (paper) or ``"average"`` (official code, REFERENCE §5.4.10).
         virtual_relations: None, a count of fresh relation rows, or ``Tensor[r, d_r]``
             values for ``relation_emb`` (other ``relation_*`` tables get fresh rows).
+        aligned_relation_ids, translated_relations: ``LongTensor[k_r]`` distinct host ids of
+            aligned relations and ``Tensor[k_r, d_r]``, their translated ``relation_emb``
+            rows (FKGE with relation alignment), written with the same ``mode``.
 
     Returns:
         ``(augmented_kg, restore_info)``: ``augmented_kg`` has ``N+v`` entities, ``R+r``
@@ -156,10 +183,13 @@ def add_virtual_rows(
         if int(rel.min()) < 0 or int(rel.max()) >= r + num_vrel:
             raise ValueError(f"virtual_triples: relation id outside [0, {r + num_vrel})")
 
+    rel_ids, rel_trans = _aligned_relations(model, r, aligned_relation_ids, translated_relations)
+
     # 1. aligned rows: replace (paper) or average 50/50 (official code)
     before = table.data[ids].clone()
-    new = trans.to(device=table.device, dtype=table.dtype)
-    table.data[ids] = new if mode == "replace" else (table.data[ids] + new) / 2
+    _overwrite(table, ids, trans, mode)
+    if rel_ids.numel():
+        _overwrite(model.relation_emb, rel_ids, rel_trans, mode)
     # 2. virtual entities / relations appended after the real ones
     if v:
         model.resize_rows("entity", n + v, values={"entity_emb": virtual_entities}, generator=generator)
@@ -236,6 +266,8 @@ def kgemb_update(
     backtrack_on: str = "valid",
     valid_before: float | None = None,
     seed: int = 0,
+    aligned_relation_ids: Tensor | None = None,
+    translated_relations: Tensor | None = None,
 ) -> dict:
     """One FKGE KGEmb-Update on the host with backtracking (paper §3.3, Alg. 1; REFERENCE §5.5).
 
@@ -260,6 +292,7 @@ def kgemb_update(
         eval_datamodule: the host's own datamodule for scoring (must be for ``kg``).
         backtrack_on: ``"valid"`` (default) or ``"test"`` (official code, §5.4.13).
         seed: seed of the augmented datamodule's sampler.
+        aligned_relation_ids, translated_relations: see :func:`add_virtual_rows`.
 
     Returns:
         ``{"accepted", "valid_before", "valid_after", "seconds", "split"}`` (the scores are
@@ -283,7 +316,8 @@ def kgemb_update(
         augmented, info = add_virtual_rows(
             kg, module, aligned_local_ids, translated_aligned, virtual_entities, virtual_triples,
             mode=mode, virtual_relations=virtual_relations,
-            generator=torch.Generator().manual_seed(int(seed)))
+            generator=torch.Generator().manual_seed(int(seed)),
+            aligned_relation_ids=aligned_relation_ids, translated_relations=translated_relations)
         if opt_state is not None or getattr(module, "_optimizer", None) is not None:
             module._optimizer = None  # its state has the old shapes (resize_rows docstring)
         try:

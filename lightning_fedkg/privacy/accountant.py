@@ -123,6 +123,15 @@ class PateMomentsAccountant:
         """``min_l (alpha(l) + log(1/delta)) / l`` (Abadi et al. 2016, Thm 2.2)."""
         return float(self._eps_per_order().min())
 
+    def epsilon_after(self, queries: int) -> float:
+        """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost.
+
+        A gap of 0 never meets PATE Thm 3's condition, so its charge ``min(di, 2 lambda l)``
+        bounds every query's: the added charge does not depend on the samples to be labelled.
+        """
+        worst = self.per_query(torch.zeros(1)).squeeze(0) * queries
+        return float(((self.log_moments + worst + math.log(1.0 / self.delta)) / self.orders).min())
+
     def best_order(self) -> int:
         """The order ``l`` attaining :meth:`epsilon` (the smallest one on ties)."""
         return int(self._eps_per_order().argmin()) + 1

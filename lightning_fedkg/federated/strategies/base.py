@@ -274,6 +274,7 @@ class Strategy:
 
 def _load_builtin_strategies() -> None:
     from lightning_fedkg.federated.strategies import entire, fede, fedec, fedlu, fedprox, fedr, single  # noqa: F401
+    from lightning_fedkg.fkge import federation  # noqa: F401
 
 
 #: ``federated.strategy`` name → :class:`Strategy` subclass (or an import path in the config).

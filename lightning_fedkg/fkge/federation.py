@@ -1,0 +1,512 @@
+"""FKGE's federation: one peer per KG, pairwise PPAT handshakes, KGEmb-Update with backtracking.
+
+Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021, Alg. 1
+(REFERENCE §5.5). There is no server: every KG owner is a :class:`FKGEPeer` on the core's
+peer-to-peer runner (:mod:`lightning_fedkg.federated.peer`), so the same code runs under the
+deterministic FIFO scheduler (``federated.engine: local``) and on Ray actors, one process per
+KG (``engine: ray``); every message crosses the core's transport and lands in its wire log.
+
+Protocol (events; ``C`` the client, whose embeddings are translated, ``H`` the host, whose
+embeddings are updated):
+
+1. ``start``: each peer pre-trains ``pretrain_epochs`` alone, scores its own validation split
+   (the best score so far) and records its ``before`` block, then sends ``fkge_hello`` with
+   the keyed hashes of its entity (and, with relation alignment, relation) names to every
+   other peer. Pairwise alignment (:func:`~lightning_fedkg.federated.alignment.pairwise_alignment`)
+   orders the shared items by digest, so both sides of a pair agree on row ``i`` without
+   either learning the other's unshared names.
+2. ``fkge_request`` (C -> H, "I improved; translate me"): sent to every aligned partner after
+   pre-training and after each accepted update (the paper's broadcast after an improvement).
+   H queues C (once).
+3. H, when not hosting (state ``Ready``/``Sleep``), takes the oldest queued partner, becomes
+   ``Busy`` and sends ``fkge_start``. C snapshots its current rows of the aligned items
+   (``X``) and a fresh generator, and drives PPAT (:mod:`.ppat`): ``ppat_fake`` (C -> H,
+   ``G(X_batch)``) and ``ppat_grad`` (H -> C, the gradient w.r.t. that batch) until its
+   epochs are done, or H answers ``ppat_stop`` because the next batch's PATE labels would
+   take H's epsilon past ``max_epsilon``.
+4. ``fkge_translated`` (C -> H): ``G(X)`` for all aligned rows and ``G(N(X))`` for at most
+   ``neighbours`` non-aligned neighbours per aligned entity, each with the alignment
+   position of its anchor, the joining relation (its relation-alignment position, or -1 for
+   the one fresh virtual relation of the update, as the official code does) and its side.
+   H runs :func:`~.update.kgemb_update` (replace/average the aligned rows, add and later
+   remove the virtual rows, train ``update_epochs``, keep the result only if its validation
+   MRR beat its best, else restore the exact previous state), records the handshake, and
+   after an improvement sends ``fkge_request`` to all its partners. Then it takes the next
+   queued partner, or sleeps (state ``Sleep``) until a request wakes it.
+
+A run ends when no message is pending (no KG improved any more, or every host's budget --
+``handshakes_per_kg``, ``max_seconds``, ``max_epsilon`` -- is spent) or after
+``federated.rounds`` deliveries.
+
+Where this differs from the paper's Alg. 1, and why:
+
+* **Only the host is exclusive.** The paper lets a handshake start only if neither side is
+  Busy. Here a party hosts one handshake at a time (its model changes only then) but serves
+  as a client at any time, from a snapshot of its current (= best, thanks to backtracking)
+  embeddings taken at ``fkge_start``, which is what the official code does too (the host
+  reads the partner's best-embedding file). Requiring both sides idle needs a lock protocol
+  between peers that can deadlock or livelock under a fair scheduler; this rule cannot.
+* No idle self-training (Alg. 1 lines 24-28): a sleeping party waits for requests.
+* Backtracking scores link-prediction MRR on the host's ``backtrack_on`` split; the official
+  code scores triple-classification accuracy on test (REFERENCE §5.4.13).
+* Neighbour choice is vectorised: each non-aligned neighbour is used once (its first joining
+  triple in train order) and each aligned entity keeps its first ``neighbours`` of them; the
+  official code's greedy loop can pick a different neighbour for an entity whose first
+  candidate was taken by another.
+
+Per-KG quality (``before`` after pre-training, ``after`` at the end): filtered link
+prediction on test (both sides) and triple-classification accuracy (one tail-corrupted
+negative per positive, tails drawn among the relation's tails, per-relation thresholds
+tuned on valid; REFERENCE §5.6), with the same negatives before and after.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_fedkg.config import ConfigError, ExperimentConfig
+from lightning_fedkg.evaluation.classification import triple_classification
+from lightning_fedkg.federated.alignment import pairwise_alignment
+from lightning_fedkg.federated.message import Message, tensor_bytes
+from lightning_fedkg.federated.peer import Outgoing, PeerHalf, PeerStrategy
+from lightning_fedkg.federated.strategies.base import STRATEGIES
+from lightning_fedkg.privacy import PateMomentsAccountant
+from lightning_fedkg.seeding import derive_seed
+
+from .ppat import FAKE, GRAD, PPATClient, PPATHost
+from .update import kgemb_update
+
+__all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
+
+#: Link-prediction keys of a ``before``/``after`` block (plus ``"accuracy"``).
+QUALITY_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+HELLO, REQUEST, START, STOP, TRANSLATED = "fkge_hello", "fkge_request", "fkge_start", "ppat_stop", "fkge_translated"
+
+
+def neighbour_edges(train: Tensor, anchors: Tensor, excluded: Tensor, per_anchor: int) -> Tensor:
+    """The client's joining triples for ``G(N(X))``: ``LongTensor[v, 4]`` rows
+    ``(anchor position, relation, neighbour, neighbour_is_head)``.
+
+    A candidate is a train triple with one end an aligned entity (``anchors[p]`` for
+    position ``p``) and the other end an entity not in ``excluded`` (everything the partner
+    already holds). Each neighbour is used once, by its first candidate in train order;
+    each anchor keeps its first ``per_anchor`` neighbours.
+    """
+    if per_anchor <= 0 or anchors.numel() == 0 or train.numel() == 0:
+        return torch.zeros(0, 4, dtype=torch.long)
+    size = int(max(train[:, [0, 2]].max(), anchors.max(), excluded.max() if excluded.numel() else 0)) + 1
+    position = torch.full((size,), -1, dtype=torch.long)
+    position[anchors] = torch.arange(anchors.numel())
+    shut = torch.zeros(size, dtype=torch.bool)
+    shut[excluded] = True
+    shut[anchors] = True
+    h, r, t = train[:, 0], train[:, 1], train[:, 2]
+    tail_side = (position[h] >= 0) & ~shut[t]  # anchor is the head, the neighbour the tail
+    head_side = (position[t] >= 0) & ~shut[h]
+    order = torch.arange(train.shape[0])
+    cand = torch.cat([
+        torch.stack([position[h], r, t, torch.zeros_like(h), order], 1)[tail_side],
+        torch.stack([position[t], r, h, torch.ones_like(h), order], 1)[head_side],
+    ])
+    if cand.numel() == 0:
+        return torch.zeros(0, 4, dtype=torch.long)
+    cand = cand[torch.argsort(cand[:, 4] * 2 + cand[:, 3], stable=True)]  # train order, tail side first
+    # first candidate of each neighbour
+    nb = cand[:, 2]
+    first = torch.full((size,), cand.shape[0], dtype=torch.long).scatter_reduce(
+        0, nb, torch.arange(cand.shape[0]), reduce="amin")
+    cand = cand[first[nb] == torch.arange(cand.shape[0])]
+    # rank within each anchor (stable: train order), keep the first per_anchor
+    by_anchor = torch.argsort(cand[:, 0], stable=True)
+    cand = cand[by_anchor]
+    anchor = cand[:, 0].contiguous()
+    starts = torch.searchsorted(anchor, anchor)
+    keep = (torch.arange(cand.shape[0]) - starts) < per_anchor
+    return cand[keep][:, :4]
+
+
+class FKGEPeer(PeerHalf):
+    """One KG owner of FKGE: host and client of pairwise handshakes (see the module docstring)."""
+
+    def __init__(self, party, strategy, peers) -> None:
+        super().__init__(party, strategy, peers)
+        self.fk = self.cfg.federated.fkge
+        self.entity_pairs: dict[str, tuple[Tensor, Tensor]] = {}  # partner -> (mine, theirs) ids
+        self.relation_pairs: dict[str, tuple[Tensor, Tensor]] = {}
+        self.queue: list[str] = []
+        self.state = "Ready"
+        self.best: float | None = None
+        self.before: dict | None = None
+        self.hosted = 0
+        self.handshakes: list[dict] = []
+        self.accountant = PateMomentsAccountant(self.fk.lam, delta=self.fk.delta)
+        self.host: dict[str, Any] | None = None  # the handshake this peer hosts
+        self.serving: dict[str, dict[str, Any]] = {}  # host name -> this peer's client side
+        self.exhausted = ""  # why this peer hosts no more ("" while it may)
+        self.started_at = time.time()
+
+    def _seed(self, partner: str, number: int, purpose: str) -> int:
+        """A seed for ``purpose`` in this peer's ``number``-th handshake with ``partner``."""
+        return derive_seed(self.cfg.seed, self.name, f"{partner}:{number}:{purpose}")
+
+    # ------------------------------------------------------------------ items
+    @property
+    def uses_relations(self) -> bool:
+        return self.fk.align in ("relations", "both")
+
+    def aligned_ids(self, partner: str) -> tuple[Tensor, Tensor]:
+        """This peer's ``(entity ids, relation ids)`` of the rows PPAT uses with ``partner``, in
+        alignment order; the first ``ceil(align_fraction * k)`` aligned entities (the code's
+        ``gan_ratio``)."""
+        ents = self.entity_pairs.get(partner, (torch.zeros(0, dtype=torch.long),))[0]
+        if self.fk.align == "relations":
+            ents = ents[:0]
+        else:
+            ents = ents[: math.ceil(self.fk.align_fraction * ents.numel())]
+        rels = self.relation_pairs.get(partner, (torch.zeros(0, dtype=torch.long),))[0]
+        return ents, rels if self.uses_relations else rels[:0]
+
+    def rows(self, entity_ids: Tensor, relation_ids: Tensor) -> Tensor:
+        """``[k_e + k_r, d]``: ``entity_emb`` rows then ``relation_emb`` rows (one space for W)."""
+        model = self.party.model
+        ent = model.entity_emb.detach()[entity_ids]
+        if relation_ids.numel() == 0:
+            return ent.float().cpu().clone()
+        rel = model.relation_emb.detach()[relation_ids]
+        if rel.shape[1] != ent.shape[1]:
+            raise ConfigError(f"{self.name}: relation alignment needs relation rows as wide as entity rows "
+                              f"({rel.shape[1]} vs {ent.shape[1]}); use federated.fkge.align=entities")
+        return torch.cat([ent, rel]).float().cpu().clone()
+
+    # ------------------------------------------------------------------ quality
+    def best_score(self) -> float:
+        split = "val" if self.fk.backtrack_on == "valid" else "test"
+        return float(self.party.run_evaluation(split)["mrr"])
+
+    def quality(self) -> dict:
+        """Test link prediction (filtered, both sides) and triple-classification accuracy."""
+        lp = self.party.run_evaluation("test")
+        kg, model = self.party.kg, self.party.model
+        known = torch.cat([kg.triples(s) for s in kg.split_names])
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            tc = triple_classification(
+                lambda h, r, t: model(h.to(device), r.to(device), t.to(device)),
+                kg.triples("valid"), kg.triples("test"), kg.num_entities, known,
+                torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.name, "triple_classification")),
+                num_relations=kg.num_relations, corruption="tail", type_constraint=True, device=device)
+        return {"accuracy": float(tc["accuracy"]), **{k: float(lp[k]) for k in QUALITY_KEYS},
+                "count": int(lp.get("count", 0))}
+
+    # ------------------------------------------------------------------ protocol
+    def start(self) -> list[Outgoing]:
+        self.started_at = time.time()
+        if self.fk.pretrain_epochs:
+            self.party.fit(self.fk.pretrain_epochs)
+        self.best = self.best_score()
+        self.before = self.quality()
+        arrays = {"entity_digests": self.digests("entity")}
+        if self.uses_relations:
+            arrays["relation_digests"] = self.digests("relation")
+        return [(p, HELLO, Message(arrays=arrays)) for p in sorted(self.peers)]
+
+    def on_fkge_hello(self, message: Message, sender: str) -> list[Outgoing]:
+        mine, theirs = pairwise_alignment(self.digests("entity"), message.arrays["entity_digests"])
+        self.entity_pairs[sender] = (mine, theirs)
+        if self.uses_relations and "relation_digests" in message.arrays:
+            self.relation_pairs[sender] = pairwise_alignment(self.digests("relation"),
+                                                             message.arrays["relation_digests"])
+        if sum(t.numel() for t in self.aligned_ids(sender)) == 0:
+            return []
+        return [(sender, REQUEST, Message())]
+
+    def on_fkge_request(self, message: Message, sender: str) -> list[Outgoing]:
+        busy_with = self.host["partner"] if self.host else None
+        if sender not in self.queue and sender != busy_with and not self.exhausted:
+            self.queue.append(sender)
+        return self._next()
+
+    def _budget_left(self) -> str:
+        """Why this peer may host no more handshakes ("" if it may)."""
+        if self.hosted >= self.fk.handshakes_per_kg:
+            return "handshakes"
+        if self.fk.max_seconds is not None and time.time() - self.started_at >= self.fk.max_seconds:
+            return "seconds"
+        if self.fk.max_epsilon is not None and self.accountant.epsilon_after(1) > self.fk.max_epsilon:
+            return "epsilon"
+        return ""
+
+    def _next(self) -> list[Outgoing]:
+        """Host the oldest queued partner if not hosting; otherwise stay Busy or go to Sleep."""
+        if self.host is not None:
+            return []
+        while self.queue:
+            self.exhausted = self._budget_left()
+            if self.exhausted:
+                self.queue.clear()
+                break
+            partner = self.queue.pop(0)
+            ents, rels = self.aligned_ids(partner)
+            if ents.numel() + rels.numel() == 0:
+                continue
+            self.hosted += 1
+            self.host = self._new_host(partner, ents, rels, self.rows(ents, rels))
+            self.state = "Busy"
+            start = Message(config={"handshake": self.hosted})
+            return [(partner, START, start)]
+        self.state = "Sleep"
+        return []
+
+    def _ppat_host(self, y: Tensor, partner: str, number: int) -> PPATHost:
+        fk = self.fk
+        return PPATHost(y, num_teachers=fk.teachers, hidden=fk.hidden, lam=fk.lam, delta=fk.delta,
+                        lr=fk.lr, momentum=fk.momentum, teacher_fakes=fk.teacher_fakes,
+                        saturating=fk.saturating, seed=self._seed(partner, number, "host"),
+                        accountant=self.accountant)
+
+    def _new_host(self, partner: str, ents: Tensor, rels: Tensor, y: Tensor) -> dict:
+        return {"partner": partner, "number": self.hosted, "entities": ents, "relations": rels, "y": y,
+                "ppat": self._ppat_host(y, partner, self.hosted), "batches": 0, "seconds": 0.0,
+                "queries_before": self.accountant.queries, "bytes": 0, "ppat_bytes": 0, "stopped": "epochs"}
+
+    def _ppat_client(self, x: Tensor, seed: int = 0) -> PPATClient:
+        fk = self.fk
+        return PPATClient(x, init=fk.generator_init, lr=fk.generator_lr if fk.generator_lr is not None else fk.lr,
+                          momentum=fk.generator_momentum if fk.generator_momentum is not None else fk.momentum,
+                          orthogonalize=fk.orthogonalize, seed=seed)
+
+    def on_fkge_start(self, message: Message, sender: str) -> list[Outgoing]:
+        ents, rels = self.aligned_ids(sender)
+        number = int(message.config["handshake"])
+        tic = time.perf_counter()
+        ppat = self._ppat_client(self.rows(ents, rels), self._seed(sender, number, "generator"))
+        order = torch.Generator().manual_seed(self._seed(sender, number, "order"))
+        batches = [rows for _ in range(self.fk.ppat_epochs)
+                   for rows in torch.randperm(ppat.num_rows, generator=order).split(self.fk.ppat_batch_size)]
+        self.serving[sender] = {"ppat": ppat, "batches": batches, "entities": ents, "relations": rels,
+                                "pending": None, "seconds": time.perf_counter() - tic}
+        return self._send_next(sender)
+
+    def _send_next(self, host: str) -> list[Outgoing]:
+        side = self.serving[host]
+        tic = time.perf_counter()
+        if side["batches"]:
+            rows = side["batches"].pop(0)
+            side["pending"] = rows
+            out = [(host, FAKE, side["ppat"].fake_message(rows))]
+        else:
+            out = [(host, TRANSLATED, self._translated(host, side))]
+            del self.serving[host]
+        side["seconds"] += time.perf_counter() - tic
+        return out
+
+    def on_ppat_fake(self, message: Message, sender: str) -> list[Outgoing]:
+        host = self._hosting(sender)
+        n = len(message.config["rows"])
+        host["bytes"] += tensor_bytes(message.arrays)
+        host["ppat_bytes"] += tensor_bytes(message.arrays)
+        if self.fk.max_epsilon is not None and self.accountant.epsilon_after(n) > self.fk.max_epsilon:
+            host["stopped"] = "budget"
+            return [(sender, STOP, Message())]
+        tic = time.perf_counter()
+        reply = host["ppat"].on_fake(message)
+        host["seconds"] += time.perf_counter() - tic
+        host["batches"] += 1
+        host["bytes"] += tensor_bytes(reply.arrays)
+        host["ppat_bytes"] += tensor_bytes(reply.arrays)
+        return [(sender, GRAD, reply)]
+
+    def on_ppat_grad(self, message: Message, sender: str) -> list[Outgoing]:
+        side = self.serving[sender]
+        tic = time.perf_counter()
+        side["ppat"].on_grad(message)
+        side["pending"] = None
+        side["seconds"] += time.perf_counter() - tic
+        return self._send_next(sender)
+
+    def on_ppat_stop(self, message: Message, sender: str) -> list[Outgoing]:
+        side = self.serving[sender]
+        side["batches"].clear()
+        side["pending"] = None
+        side["ppat"]._pending = None
+        return self._send_next(sender)
+
+    def _translated(self, host: str, side: dict) -> Message:
+        """``G(X)`` (entity rows, then relation rows) and ``G(N(X))`` with their joining triples."""
+        ppat, ents = side["ppat"], side["entities"]
+        translated = ppat.translate(ppat.x)
+        arrays = {"entities": translated[: ents.numel()].contiguous(),
+                  "relations": translated[ents.numel():].contiguous()}
+        mine_all = self.entity_pairs[host][0]
+        edges = neighbour_edges(self.party.kg.triples("train"), ents, mine_all, self.fk.neighbours)
+        rel_position = torch.full((self.party.kg.num_relations,), -1, dtype=torch.long)
+        if self.uses_relations and host in self.relation_pairs:
+            aligned_rel = self.relation_pairs[host][0]
+            rel_position[aligned_rel] = torch.arange(aligned_rel.numel())
+        model = self.party.model
+        arrays["neighbours"] = ppat.translate(model.entity_emb.detach()[edges[:, 2]].float().cpu())
+        arrays["neighbour_anchor"] = edges[:, 0].contiguous()
+        arrays["neighbour_relation"] = rel_position[edges[:, 1]].contiguous()
+        arrays["neighbour_is_head"] = edges[:, 3].contiguous()
+        return Message(arrays=arrays, metrics={"seconds_client": float(side["seconds"])})
+
+    def _hosting(self, partner: str) -> dict:
+        if self.host is None or self.host["partner"] != partner:
+            raise RuntimeError(f"{self.name} is not hosting a handshake with {partner}")
+        return self.host
+
+    def on_fkge_translated(self, message: Message, sender: str) -> list[Outgoing]:
+        host = self._hosting(sender)
+        host["bytes"] += tensor_bytes(message.arrays)
+        record = {"client": sender, "host": self.name, "number": host["number"],
+                  "aligned_entities": int(host["entities"].numel()),
+                  "aligned_relations": int(host["relations"].numel()),
+                  "ppat_batches": host["batches"], "stopped": host["stopped"],
+                  "queries": self.accountant.queries - host["queries_before"],
+                  "seconds_ppat": host["seconds"] + float(message.metrics.get("seconds_client", 0.0))}
+        if host["batches"] == 0:  # the privacy budget allowed no PPAT step: nothing to update with
+            record.update(accepted=False, skipped="epsilon", seconds_update=0.0, virtual_entities=0,
+                          valid_before=self.best, valid_after=None)
+        else:
+            record.update(self._update(host, message))
+        record.update(epsilon=self.accountant.epsilon(), bytes=host["bytes"],
+                      bytes_per_ppat_batch=host["ppat_bytes"] / max(host["batches"], 1),
+                      finished_at=time.time())
+        self.handshakes.append(record)
+        self.host, self.state = None, "Ready"
+        out = []
+        if record["accepted"]:
+            out = [(p, REQUEST, Message()) for p in sorted(self.entity_pairs)
+                   if sum(t.numel() for t in self.aligned_ids(p))]
+        return out + self._next()
+
+    def _update(self, host: dict, message: Message) -> dict:
+        """The host's KGEmb-Update with what the client sent (``mode: none``: without it)."""
+        if self.fk.mode == "none":  # the control: the same update, nothing received is used
+            width = self.party.model.entity_emb.shape[1]
+            return self._kgemb_update(host, torch.zeros(0, dtype=torch.long), torch.zeros(0, width))
+        a = message.arrays
+        kg = self.party.kg
+        n, r = kg.num_entities, kg.num_relations
+        anchors = host["entities"][a["neighbour_anchor"]]
+        virtual = torch.arange(n, n + anchors.numel())
+        relation_ids = torch.full((anchors.numel(),), r, dtype=torch.long)  # the update's fresh relation
+        known = a["neighbour_relation"] >= 0
+        if known.any():
+            relation_ids[known] = self.relation_pairs[host["partner"]][0][a["neighbour_relation"][known]]
+        is_head = a["neighbour_is_head"].bool()
+        triples = torch.stack([torch.where(is_head, virtual, anchors), relation_ids,
+                               torch.where(is_head, anchors, virtual)], 1)
+        relations = host["relations"].numel() > 0
+        return self._kgemb_update(
+            host, host["entities"], a["entities"], a["neighbours"], triples,
+            virtual_relations=1 if bool((~known).any()) else None,
+            aligned_relation_ids=host["relations"] if relations else None,
+            translated_relations=a["relations"] if relations else None)
+
+    def _kgemb_update(self, host: dict, ids: Tensor, rows: Tensor, virtual_entities: Tensor | None = None,
+                      virtual_triples: Tensor | None = None, **extra) -> dict:
+        from lightning_fedkg.training import datamodule_kwargs, trainer_kwargs
+
+        out = kgemb_update(
+            self.party.kg, self.party.module, ids, rows, virtual_entities, virtual_triples,
+            mode="replace" if self.fk.mode == "none" else self.fk.mode, epochs=self.fk.update_epochs,
+            trainer_kwargs=trainer_kwargs(self.cfg.trainer), datamodule_kwargs=datamodule_kwargs(self.cfg),
+            eval_datamodule=self.party.datamodule, backtrack_on=self.fk.backtrack_on, valid_before=self.best,
+            seed=self._seed(host["partner"], host["number"], "update"), **extra)
+        if out["accepted"]:
+            self.best = out["valid_after"]
+        return {"accepted": out["accepted"], "seconds_update": out["seconds"],
+                "virtual_entities": 0 if virtual_entities is None else int(virtual_entities.shape[0]),
+                "valid_before": out["valid_before"], "valid_after": out["valid_after"]}
+
+    # ------------------------------------------------------------------ reporting and state
+    def report(self) -> dict:
+        return {"name": self.name, "model": self.cfg.model.name, "before": self.before, "after": self.quality(),
+                "epsilon": self.accountant.epsilon(), "queries": self.accountant.queries, "hosted": self.hosted,
+                "accepted": sum(bool(h["accepted"]) for h in self.handshakes), "best": self.best,
+                "state": self.state, "stopped_hosting": self.exhausted or None, "handshakes": self.handshakes}
+
+    def state_dict(self) -> dict:
+        host = None
+        if self.host is not None:
+            host = {k: v for k, v in self.host.items() if k != "ppat"}
+            host["ppat"] = self.host["ppat"].state_dict()
+        serving = {}
+        for name, side in self.serving.items():
+            serving[name] = {k: v for k, v in side.items() if k != "ppat"}
+            serving[name]["ppat"] = side["ppat"].state_dict()
+            serving[name]["x"] = side["ppat"].x
+        return {"entity_pairs": self.entity_pairs, "relation_pairs": self.relation_pairs, "queue": list(self.queue),
+                "state": self.state, "best": self.best, "before": self.before, "hosted": self.hosted,
+                "handshakes": self.handshakes, "accountant": self.accountant.state_dict(), "host": host,
+                "serving": serving, "exhausted": self.exhausted}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entity_pairs = dict(state["entity_pairs"])
+        self.relation_pairs = dict(state["relation_pairs"])
+        self.queue = list(state["queue"])
+        self.state, self.best, self.before = state["state"], state["best"], state["before"]
+        self.hosted, self.handshakes, self.exhausted = state["hosted"], list(state["handshakes"]), state["exhausted"]
+        self.accountant.load_state_dict(state["accountant"])
+        self.host = None
+        if state["host"] is not None:
+            host = dict(state["host"])
+            ppat = self._ppat_host(host["y"], host["partner"], host["number"])
+            ppat.load_state_dict(host["ppat"])
+            host["ppat"] = ppat
+            self.host = host
+        self.serving = {}
+        for name, side in state["serving"].items():
+            side = dict(side)
+            ppat = self._ppat_client(side.pop("x"))
+            ppat.load_state_dict(side["ppat"])
+            if side["pending"] is not None:  # W has not stepped since this batch went out
+                ppat.fake_message(side["pending"])
+            side["ppat"] = ppat
+            self.serving[name] = side
+
+
+def _party_name(kg, k: int, taken: set[str]) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", kg.name or "") or f"kg_{k}"
+    return name if name not in taken else f"{name}_{k}"
+
+
+@STRATEGIES.register()
+class FKGE(PeerStrategy):
+    """FKGE (Peng et al., CIKM 2021): one :class:`FKGEPeer` per KG of a multi-source federation."""
+
+    name = "fkge"
+    Peer = FKGEPeer
+    groups = ()
+    # PPAT's batches are many small messages; a resume point at the protocol's boundaries
+    checkpoint_events = frozenset({HELLO, REQUEST, TRANSLATED})
+
+    @classmethod
+    def build_parties(cls, cfg: ExperimentConfig, task, run_dir, purge_step):
+        from lightning_fedkg.data.multisource import load_multisource
+        from lightning_fedkg.federated.party import build_party
+
+        d = cfg.data
+        sources = load_multisource(d.name, num_sources=d.num_clients, seed=d.partition_seed, fmt=d.format,
+                                   shared_relations=cfg.federated.fkge.shared_relations)
+        parties, taken = [], set()
+        for k, kg in enumerate(sources):
+            name = _party_name(kg, k, taken)
+            taken.add(name)
+            names = {"entity": list(kg.entity_names), "relation": list(kg.relation_names)}
+            parties.append(build_party(cfg, task, name, kg, names, run_dir=run_dir, purge_step=purge_step))
+        return parties
+
+    @classmethod
+    def summarize(cls, reports: dict[str, dict]) -> dict:
+        kgs = [{k: v for k, v in rep.items() if k != "handshakes"} for rep in reports.values()]
+        handshakes = sorted((h for rep in reports.values() for h in rep["handshakes"]),
+                            key=lambda h: h["finished_at"])
+        return {"kgs": kgs, "handshakes": handshakes}

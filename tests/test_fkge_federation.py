@@ -1,0 +1,217 @@
+"""FKGE's federation (lightning_fedkg.fkge.federation): neighbour choice against a brute-force
+oracle, and runs of three UMLS sources through the peer-to-peer runner: the metrics.json
+layout, backtracking invariants, budgets, what crosses the wire, per-party models, resume."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.fkge.federation import QUALITY_KEYS, neighbour_edges
+
+BASE = [
+    "data.name=umls", "data.num_clients=3", "model.name=transe", "model.dim=16", "train.batch_size=512",
+    "train.num_negatives=16", "train.lr=0.01", "train.negative_mode=shared", "trainer.threads=1",
+    "trainer.progress_bar=false", "federated.strategy=fkge", "federated.rounds=100000",
+    "federated.fkge.pretrain_epochs=4", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=2",
+    "federated.fkge.hidden=16", "federated.fkge.generator_lr=0.002", "federated.fkge.generator_momentum=0.0",
+]
+EVENTS = {"fkge_hello", "fkge_request", "fkge_start", "ppat_fake", "ppat_grad", "ppat_stop", "fkge_translated"}
+ARRAYS = {
+    "fkge_hello": {"entity_digests"},
+    "fkge_request": set(),
+    "fkge_start": set(),
+    "ppat_fake": {"ppat_fake"},
+    "ppat_grad": {"ppat_grad"},
+    "ppat_stop": set(),
+    "fkge_translated": {"entities", "relations", "neighbours", "neighbour_anchor", "neighbour_relation",
+                        "neighbour_is_head"},
+}
+
+
+def _run(tmp_path, name, *extra):
+    cfg = load_config(None, [*BASE, *extra])
+    metrics = run_federated(cfg, tmp_path / name)
+    log = [json.loads(line) for line in (tmp_path / name / "channel_log.jsonl").read_text().splitlines()]
+    return metrics, log
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("fkge"), "run")
+
+
+# ------------------------------------------------------------------ neighbours
+def _brute_neighbours(train, anchors, excluded, per_anchor):
+    position = {int(a): p for p, a in enumerate(anchors)}
+    shut = set(int(x) for x in excluded) | set(position)
+    seen, per, out = set(), {}, []
+    cands = []
+    for i, (h, r, t) in enumerate(train.tolist()):
+        if h in position and t not in shut:
+            cands.append((i, 0, position[h], r, t, 0))
+        if t in position and h not in shut:
+            cands.append((i, 1, position[t], r, h, 1))
+    cands.sort()
+    firsts = []
+    for _, _, p, r, n, side in cands:
+        if n in seen:
+            continue
+        seen.add(n)
+        firsts.append((p, r, n, side))
+    for p, r, n, side in sorted(firsts, key=lambda c: c[0]):  # stable: train order within an anchor
+        if per.get(p, 0) < per_anchor:
+            per[p] = per.get(p, 0) + 1
+            out.append((p, r, n, side))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("per_anchor", [1, 2, 5])
+def test_neighbour_edges_match_a_brute_force_oracle(seed, per_anchor):
+    g = torch.Generator().manual_seed(seed)
+    n = 30
+    train = torch.stack([torch.randint(0, n, (80,), generator=g), torch.randint(0, 4, (80,), generator=g),
+                         torch.randint(0, n, (80,), generator=g)], 1)
+    perm = torch.randperm(n, generator=g)
+    excluded = perm[:12]  # every entity the partner holds
+    anchors = excluded[:8]  # the aligned entities PPAT uses (align_fraction < 1 leaves 4 out)
+    got = neighbour_edges(train, anchors, excluded, per_anchor)
+    assert [tuple(row) for row in got.tolist()] == _brute_neighbours(train, anchors, excluded, per_anchor)
+    assert got[:, 2].unique().numel() == got.shape[0]  # a neighbour is used once
+    assert not torch.isin(got[:, 2], excluded).any()
+
+
+def test_neighbour_edges_empty_cases():
+    train = torch.tensor([[0, 0, 1]])
+    assert neighbour_edges(train, torch.tensor([0]), torch.tensor([0]), 0).shape == (0, 4)
+    assert neighbour_edges(train, torch.tensor([0]), torch.tensor([0, 1]), 1).shape == (0, 4)
+
+
+# ------------------------------------------------------------------ a run
+def test_metrics_hold_kgs_and_handshakes(default_run):
+    metrics, _ = default_run
+    assert metrics["strategy"] == "fkge" and metrics["failures"] == []
+    assert [kg["name"] for kg in metrics["kgs"]] == ["umls-src0", "umls-src1", "umls-src2"]
+    for kg in metrics["kgs"]:
+        assert kg["model"] == "transe"
+        for block in ("before", "after"):
+            assert set(QUALITY_KEYS) | {"accuracy"} <= set(kg[block])
+            assert 0.0 < kg[block]["accuracy"] <= 1.0 and 0.0 < kg[block]["mrr"] <= 1.0
+        assert kg["hosted"] <= 2
+    hs = metrics["handshakes"]
+    assert len(hs) == sum(kg["hosted"] for kg in metrics["kgs"]) > 0
+    for h in hs:
+        assert {"client", "host", "accepted", "epsilon", "seconds_ppat", "seconds_update", "bytes"} <= set(h)
+        assert h["client"] != h["host"] and h["bytes"] > 0 and h["seconds_ppat"] > 0
+
+
+def test_accepted_updates_improved_and_the_best_only_rises(default_run):
+    metrics, _ = default_run
+    for kg in metrics["kgs"]:
+        mine = [h for h in metrics["handshakes"] if h["host"] == kg["name"]]
+        best = None
+        for h in mine:
+            if best is not None:
+                assert h["valid_before"] == pytest.approx(best)  # measured against the best so far
+            if h["accepted"]:
+                assert h["valid_after"] > h["valid_before"]
+                best = h["valid_after"]
+            else:
+                best = h["valid_before"]
+        if best is not None:
+            assert kg["best"] == pytest.approx(best)
+
+
+def test_epsilon_is_the_hosts_accountant_over_all_its_handshakes(default_run):
+    from lightning_fedkg.privacy import PateMomentsAccountant
+
+    metrics, _ = default_run
+    for kg in metrics["kgs"]:
+        mine = [h for h in metrics["handshakes"] if h["host"] == kg["name"]]
+        assert kg["queries"] == sum(h["queries"] for h in mine)
+        eps = [h["epsilon"] for h in mine]
+        assert eps == sorted(eps) and kg["epsilon"] == pytest.approx(eps[-1])
+        # every query costs at most the worst-case charge (lambda 0.05, 4 teachers: exactly it)
+        worst = PateMomentsAccountant(0.05, delta=1e-5)
+        worst.accumulate(torch.zeros(kg["queries"]))
+        assert kg["epsilon"] == pytest.approx(worst.epsilon(), rel=1e-6)
+
+
+def test_only_the_protocol_crosses_the_wire(default_run):
+    metrics, log = default_run
+    assert {r["name"] for r in log} <= EVENTS
+    for r in log:
+        assert set(r["shapes"]) == ARRAYS[r["name"]], r
+        if r["name"] == "ppat_fake":
+            assert 1 <= r["shapes"]["ppat_fake"][0] <= 32 and r["shapes"]["ppat_fake"][1] == 16
+        if r["name"] == "ppat_grad":
+            assert r["shapes"]["ppat_grad"][1] == 16
+    assert metrics["bytes_sent"] == sum(r["bytes"] for r in log)
+
+
+def test_host_never_receives_x_and_client_never_receives_y(tmp_path, monkeypatch):
+    from lightning_fedkg.federated.message import decode
+    from lightning_fedkg.fkge.federation import FKGEPeer
+
+    xs, ys = {}, {}  # (client, host) -> the client's X / the host's Y of that handshake
+    on_start, new_host = FKGEPeer.on_fkge_start, FKGEPeer._new_host
+
+    def record_start(self, message, sender):
+        out = on_start(self, message, sender)
+        xs[(self.name, sender)] = self.serving[sender]["ppat"].x.clone()
+        return out
+
+    def record_host(self, partner, ents, rels, y):
+        ys[(partner, self.name)] = y.clone()
+        return new_host(self, partner, ents, rels, y)
+
+    monkeypatch.setattr(FKGEPeer, "on_fkge_start", record_start)
+    monkeypatch.setattr(FKGEPeer, "_new_host", record_host)
+    cfg = load_config(None, [*BASE, "federated.fkge.handshakes_per_kg=1", "federated.record_payloads=true"])
+    run_federated(cfg, tmp_path / "run")
+    assert xs and set(xs) == set(ys)
+    checked = 0
+    for path in sorted((tmp_path / "run" / "payloads").iterdir()):
+        sender, receiver = re.fullmatch(r"r\d+_\d+_(.+?)_to_(.+?)_(?:fkge|ppat)_\w+", path.stem).groups()
+        pair = (sender, receiver) if (sender, receiver) in xs else (receiver, sender)
+        if pair not in xs:
+            continue
+        private = xs[pair] if sender == pair[0] else ys[pair]  # what the sender must not reveal
+        for tensor in decode(path.read_bytes()).arrays.values():
+            if tensor.is_floating_point() and tensor.dim() == 2 and tensor.numel():
+                assert torch.cdist(tensor.float(), private).min() > 1e-3, path.name
+                checked += 1
+    assert checked > 0
+
+
+def test_budget_epsilon_is_never_exceeded(tmp_path):
+    metrics, log = _run(tmp_path, "dp", "federated.fkge.max_epsilon=6.0", "federated.fkge.handshakes_per_kg=3")
+    for kg in metrics["kgs"]:
+        assert kg["epsilon"] <= 6.0
+    stopped = [h for h in metrics["handshakes"] if h["stopped"] == "budget"]
+    assert stopped  # 115-135 queries per handshake: the second one must stop early
+    assert any(r["name"] == "ppat_stop" for r in log)
+
+
+def test_mixed_models_and_control_mode(tmp_path):
+    metrics, _ = _run(tmp_path, "mixed", "federated.fkge.handshakes_per_kg=1", "federated.fkge.mode=none",
+                      "federated.parties={umls-src1: {model: {name: transh}}, umls-src2: {model: {name: transd}}}")
+    assert [kg["model"] for kg in metrics["kgs"]] == ["transe", "transh", "transd"]
+    assert metrics["failures"] == [] and all(h["virtual_entities"] == 0 for h in metrics["handshakes"])
+
+
+def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, default_run):
+    full, _ = default_run
+    cut = load_config(None, [*BASE, "federated.rounds=40"])
+    partial = run_federated(cut, tmp_path / "run")
+    assert partial["events"] == 40 and partial["pending"] > 0
+    resumed = run_federated(load_config(None, BASE), tmp_path / "run")
+    assert resumed["events"] == full["events"]
+    strip = lambda hs: [{k: v for k, v in h.items() if not k.startswith("seconds") and k != "finished_at"}
+                        for h in hs]
+    assert strip(resumed["handshakes"]) == strip(full["handshakes"])
+    assert [kg["after"] for kg in resumed["kgs"]] == [kg["after"] for kg in full["kgs"]]
