@@ -117,3 +117,26 @@ def test_the_ray_engine_is_for_peer_to_peer_strategies_only(tmp_path):
     cfg = load_config(None, ["data.name=umls", "federated.strategy=fede", "federated.engine=ray"])
     with pytest.raises(ConfigError, match="peer-to-peer strategies only"):
         run_federated(cfg, tmp_path / "run")
+
+
+def test_a_build_parties_override_without_only_still_gives_each_actor_its_party(monkeypatch, one_thread):
+    """An actor builds only its own party; a strategy whose build_parties predates ``only``
+    (and has no party_names) still runs, building every party and keeping its own."""
+    from lightning_fedkg.federated.peer import PeerStrategy, build_named_party
+    from lightning_fedkg.federated.tasks import TASKS
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from tests.plugin_peer import Gossip
+
+    class Legacy(Gossip):
+        @classmethod
+        def build_parties(cls, cfg, task, run_dir, purge_step):
+            return PeerStrategy.build_parties.__func__(cls, cfg, task, run_dir, purge_step)
+
+    cfg = load_config(None, overrides(GOSSIP, 3, "ray"))
+    task = TASKS.get(cfg.federated.task)()
+    assert Gossip.party_names(cfg) == Legacy.party_names(cfg) == ["client_0", "client_1", "client_2"]
+    for strategy in (Gossip, Legacy):
+        assert build_named_party(strategy, cfg, task, None, None, "client_1").name == "client_1"
+    with pytest.raises(ConfigError, match="party_names"):
+        build_named_party(Gossip, cfg, task, None, None, "client_7")

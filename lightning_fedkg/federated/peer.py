@@ -22,6 +22,7 @@ message is pending.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections import deque
@@ -132,7 +133,8 @@ class PeerStrategy(Strategy):
 
         ``only``: build just the party of that name (a process that runs one party, such
         as a Ray actor, builds nothing else). A strategy that overrides this builds the
-        parties :meth:`party_names` lists.
+        parties :meth:`party_names` lists; an override without ``only`` still works (see
+        :func:`build_named_party`), at the cost of building every party in every process.
         """
         return build_client_parties(cfg, task, load_federated_kg(cfg), run_dir, purge_step, only=only)
 
@@ -140,10 +142,14 @@ class PeerStrategy(Strategy):
     def party_names(cls, cfg: ExperimentConfig) -> list[str]:
         """The names of the parties :meth:`build_parties` builds, without building them (the
         Ray engine's driver addresses one actor per name). Default: ``client_<k>`` for each
-        client of ``cfg.data``'s federated KG (the KG is loaded, no module is built)."""
+        client of ``cfg.data``'s federated KG (the KG is loaded, no module is built); for a
+        strategy that overrides :meth:`build_parties` and not this, the names of parties
+        built here (correct, but it builds every model: override this too)."""
         from lightning_fedkg.federated.strategies.base import client_name
 
-        return [client_name(k) for k in range(load_federated_kg(cfg).num_clients)]
+        if getattr(cls.build_parties, "__func__", None) is PeerStrategy.build_parties.__func__:
+            return [client_name(k) for k in range(load_federated_kg(cfg).num_clients)]
+        return [p.name for p in cls.build_parties(cfg, TASKS.get(cfg.federated.task)(), None, None)]
 
     @classmethod
     def summarize(cls, reports: dict[str, dict]) -> dict:
@@ -245,6 +251,20 @@ def peer_strategy(cfg: ExperimentConfig) -> type[PeerStrategy]:
     if not issubclass(strategy, PeerStrategy):
         raise ConfigError(f"{cfg.federated.strategy!r} is not a peer-to-peer strategy")
     return strategy
+
+
+def build_named_party(strategy: type[PeerStrategy], cfg: ExperimentConfig, task, run_dir: Path | None,
+                      purge_step: int | None, name: str) -> Party:
+    """Only party ``name`` of a run: ``build_parties(..., only=name)``, or, for an override
+    of :meth:`PeerStrategy.build_parties` without ``only``, all parties, keeping that one."""
+    if "only" in inspect.signature(strategy.build_parties).parameters:
+        built = strategy.build_parties(cfg, task, run_dir, purge_step, only=name)
+    else:
+        built = [p for p in strategy.build_parties(cfg, task, run_dir, purge_step) if p.name == name]
+    if [p.name for p in built] != [name]:
+        raise ConfigError(f"{strategy.__name__}.build_parties built no single party {name!r} (built "
+                          f"{[p.name for p in built]}); its parties must be those party_names() lists")
+    return built[0]
 
 
 def party_state(party: Party, peer: PeerHalf) -> dict:

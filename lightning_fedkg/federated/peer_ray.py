@@ -4,10 +4,12 @@
 the same :class:`~.peer.PeerStrategy` as the deterministic :class:`~.peer.EventRunner`, with
 every party in its own process, so parties train at the same time:
 
-* **Actors.** :class:`PartyActor` builds its own :class:`~.party.Party` (``build_parties(...,
-  only=name)``), the strategy's :class:`~.peer.PeerHalf` over it, and its TensorBoard
-  writer; it speaks bytes only: it decodes what it is delivered and returns what its peer
-  sends as ``(receiver, event, bytes)`` (:func:`~.message.encode`, once, in the sender).
+* **Actors.** :class:`PartyActor` builds its own :class:`~.party.Party`
+  (:func:`~.peer.build_named_party`: ``build_parties(..., only=name)``), the strategy's
+  :class:`~.peer.PeerHalf` over it, and its TensorBoard writer; it speaks bytes only: it
+  decodes what it is delivered and returns what its peer sends as ``(receiver, event,
+  bytes)`` (:func:`~.message.encode`, once, in the sender). The driver learns the names
+  from :meth:`~.peer.PeerStrategy.party_names`.
 * **The driver routes.** It is the only place messages pass through: it logs each one in a
   single :class:`~.channel.Channel` (:meth:`~.channel.Channel.relay`: the same
   ``channel_log.jsonl`` records as the local engine; ``round`` = deliveries handled so far)
@@ -102,19 +104,15 @@ class PartyActor:
                  purge_step: int | None) -> None:
         import lightning as L
 
-        from lightning_fedkg.federated.peer import peer_strategy
+        from lightning_fedkg.federated.peer import build_named_party, peer_strategy
         from lightning_fedkg.federated.tasks import TASKS
         from lightning_fedkg.runtime import configure_torch
 
         configure_torch(cfg.trainer)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         strategy = peer_strategy(cfg)
-        built = strategy.build_parties(cfg, TASKS.get(cfg.federated.task)(), Path(run_dir) if run_dir else None,
-                                       purge_step, only=name)
-        if [p.name for p in built] != [name]:
-            raise RuntimeError(f"{strategy.__name__}.build_parties(only={name!r}) built {[p.name for p in built]}; "
-                               f"it must build exactly the parties that party_names() lists, one by one")
-        self.party = built[0]
+        self.party = build_named_party(strategy, cfg, TASKS.get(cfg.federated.task)(),
+                                       Path(run_dir) if run_dir else None, purge_step, name)
         self.peer = strategy.Peer(self.party, strategy, list(names))
 
     def pid(self) -> int:
