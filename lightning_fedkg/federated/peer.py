@@ -38,8 +38,8 @@ from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
-    capture_rng,
     CheckpointError,
+    capture_rng,
     commit_round,
     latest_manifest,
     load_party,
@@ -52,7 +52,8 @@ from lightning_fedkg.federated.party import Party, build_client_parties, load_fe
 from lightning_fedkg.federated.strategies.base import STRATEGIES, Strategy
 from lightning_fedkg.federated.tasks import TASKS, weighted_average, with_count
 
-__all__ = ["PeerHalf", "PeerStrategy", "EventRunner", "Delivery", "run_peer_to_peer", "peer_strategy"]
+__all__ = ["PeerHalf", "PeerStrategy", "EventRunner", "Delivery", "run_peer_to_peer", "peer_strategy",
+           "build_named_party", "evaluate_peer_checkpoint"]
 
 log = logging.getLogger("lightning_fedkg")
 
