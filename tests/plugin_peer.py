@@ -69,3 +69,47 @@ class Gossip(PeerStrategy):
     name = "gossip"
     Peer = GossipPeer
     groups = ("entity",)
+
+
+class RingPeer(GossipPeer):
+    """Gossip that greets its next peer ``greetings`` times, then only answers: a run ends by
+    itself (no message pending) after a known set of messages, whatever the scheduling."""
+
+    greetings = 2
+
+    def __init__(self, party, strategy, peers):
+        super().__init__(party, strategy, peers)
+        self.greeted = 1  # start() greets once
+
+    def on_rows(self, message, sender):
+        average, hello = super().on_rows(message, sender)
+        if self.greeted >= self.greetings:
+            return [average]
+        self.greeted += 1
+        return [average, hello]
+
+    def state_dict(self):
+        return {**super().state_dict(), "greeted": self.greeted}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.greeted = state["greeted"]
+
+
+class FailingRingPeer(RingPeer):
+    """client_1's hello handler raises: its greeter's handshakes never complete."""
+
+    def on_hello(self, message, sender):
+        if self.name == "client_1":
+            raise RuntimeError("injected")
+        return super().on_hello(message, sender)
+
+
+class Ring(Gossip):
+    name = "ring"
+    Peer = RingPeer
+
+
+class FailingRing(Gossip):
+    name = "failing_ring"
+    Peer = FailingRingPeer

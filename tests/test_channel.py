@@ -69,3 +69,22 @@ def test_jsonl_and_state_dict_roundtrip(tmp_path):
     other = Channel()
     other.load_state_dict(ch.state_dict())
     assert other.records() == ch.records() and other.total_bytes == 48
+
+
+def test_relay_logs_bytes_serialized_elsewhere_as_send_does_and_forwards_them_unchanged(tmp_path):
+    from lightning_fedkg.federated.message import Message, encode
+
+    message = Message(arrays={"rows": torch.randn(4, 3), "ids": torch.arange(4)}, metrics={"n": 4},
+                      config={"split": "val"})
+    sent, relayed = Channel(), Channel()
+    sent.send("client_0", "client_1", "rows", message, round=2)
+    relayed.open_log(tmp_path / "log.jsonl", tmp_path / "payloads")
+    data = encode(message)
+    assert relayed.relay("client_0", "client_1", "rows", data, round=2) == data
+    assert relayed.records() == sent.records()
+    assert [p.read_bytes() for p in (tmp_path / "payloads").iterdir()] == [data]
+    with pytest.raises(ValueError, match="itself"):
+        relayed.relay("client_0", "client_0", "rows", data, round=2)
+    with pytest.raises(Exception):
+        relayed.relay("client_0", "client_1", "rows", b"not a message", round=2)
+    assert len(relayed) == 1

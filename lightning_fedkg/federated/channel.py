@@ -114,6 +114,26 @@ class Channel:
                     )
             payload = Message(arrays=dict(payload))
         data = encode(payload)
+        delivered = self._log_transfer(sender, receiver, name, data, round)
+        return delivered.arrays if plain else delivered
+
+    def relay(self, sender: str, receiver: str, name: str, data: bytes, round: int) -> bytes:
+        """Log a message that another process already serialized (:func:`~.message.encode`'s
+        bytes) and return the same bytes, to forward unchanged.
+
+        The record is built from the decoded bytes exactly as :meth:`send` builds it, so a
+        router between processes (the Ray engine, :mod:`.peer_ray`) writes the same log
+        without encoding twice; bytes that are not a valid message raise here, before they
+        are forwarded.
+        """
+        if sender == receiver:
+            raise ValueError(f"a party cannot send to itself ({sender!r})")
+        data = bytes(data)
+        self._log_transfer(sender, receiver, name, data, round)
+        return data
+
+    def _log_transfer(self, sender: str, receiver: str, name: str, data: bytes, round: int) -> Message:
+        """Decode ``data``, record the transfer (log file, payload file) and return the message."""
         delivered = decode(data)
         record = Record(
             round=int(round),
@@ -133,7 +153,7 @@ class Channel:
         if self._payload_dir is not None:
             fname = f"r{int(round):04d}_{len(self._records):06d}_{sender}_to_{receiver}_{name}.safetensors"
             (self._payload_dir / fname).write_bytes(data)
-        return delivered.arrays if plain else delivered
+        return delivered
 
     def broadcast(
         self,

@@ -346,6 +346,9 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     if is_peer_strategy(cfg.federated.strategy):
         return run_peer_to_peer(cfg, run_dir, resume=resume)
     fc = cfg.federated
+    if fc.engine != "local":
+        raise ConfigError(f"federated.engine={fc.engine} runs peer-to-peer strategies only; "
+                          f"{fc.strategy!r} runs in rounds (federated.engine=local)")
     if fc.fede.fusion and fc.strategy != "fede":
         raise ConfigError(f"federated.fede.fusion=true needs federated.strategy=fede, got {fc.strategy!r}")
     # Locked, settings checked and config.yaml saved before anything else is written (the
@@ -487,8 +490,13 @@ def load_run_from(run_dir: str | Path) -> tuple[ExperimentConfig, FederatedRun]:
 def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dict:
     """Test every client with a committed checkpoint of a run of ``cfg``.
 
-    Returns ``{"test", "clients", "strategy", "round"}`` as in ``metrics.json`` (nothing is written).
+    Returns ``{"test", "clients", "strategy", "round"}`` as in ``metrics.json`` (nothing is written);
+    a peer-to-peer run's: :func:`~.peer.evaluate_peer_checkpoint`.
     """
+    from lightning_fedkg.federated.peer import evaluate_peer_checkpoint, is_peer_strategy
+
+    if is_peer_strategy(cfg.federated.strategy):
+        return evaluate_peer_checkpoint(cfg, ckpt_path)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run, round_ = restore_finished_run(cfg, ckpt_path)
     avg, per_client = run.evaluate("test", round_)

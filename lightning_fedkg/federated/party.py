@@ -229,11 +229,13 @@ def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
     return {"entity": list(entities), "relation": list(relations)}
 
 
-def build_client_parties(cfg, task, fkg, run_dir=None, purge_step=None) -> list[Party]:
-    """One :class:`Party` per client KG of ``fkg``, named ``client_<k>``."""
+def build_client_parties(cfg, task, fkg, run_dir=None, purge_step=None, only: str | None = None) -> list[Party]:
+    """One :class:`Party` per client KG of ``fkg``, named ``client_<k>``; with ``only``, just
+    that client's (a process that runs one party, e.g. a Ray actor)."""
     from lightning_fedkg.federated.strategies.base import client_name
 
     return [
         build_party(cfg, task, client_name(k), kg, _item_names(kg, fkg, k), run_dir=run_dir, purge_step=purge_step)
         for k, kg in enumerate(fkg.clients)
+        if only is None or client_name(k) == only
     ]

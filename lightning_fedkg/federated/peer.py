@@ -12,8 +12,9 @@ the same :class:`~.party.Party` objects, with the same per-party checkpoints and
 
 This runner is the deterministic scheduler: pending messages are delivered in the order
 they were sent (FIFO), one at a time, so a run is reproducible and resumable after any
-event. An asynchronous mode (one process per party on a distributed engine) replaces the
-scheduler and the transport, not the peers.
+event. ``federated.engine=ray`` runs the same peers asynchronously, one Ray actor process
+per party (:mod:`.peer_ray`): it replaces the scheduler and the transport, not the peers,
+and writes the same log, checkpoints and ``metrics.json``.
 
 The event budget is ``federated.rounds`` (the number of deliveries); a run also ends when no
 message is pending.
@@ -21,6 +22,7 @@ message is pending.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections import deque
@@ -36,9 +38,13 @@ from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
+    CheckpointError,
     capture_rng,
     commit_round,
+    latest_manifest,
     load_party,
+    read_manifest,
+    resolve_manifest,
     restore_rng,
 )
 from lightning_fedkg.federated.message import Message, decode, encode
@@ -46,7 +52,8 @@ from lightning_fedkg.federated.party import Party, build_client_parties, load_fe
 from lightning_fedkg.federated.strategies.base import STRATEGIES, Strategy
 from lightning_fedkg.federated.tasks import TASKS, weighted_average, with_count
 
-__all__ = ["PeerHalf", "PeerStrategy", "EventRunner", "Delivery", "run_peer_to_peer"]
+__all__ = ["PeerHalf", "PeerStrategy", "EventRunner", "Delivery", "run_peer_to_peer", "peer_strategy",
+           "build_named_party", "evaluate_peer_checkpoint"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -122,9 +129,28 @@ class PeerStrategy(Strategy):
 
     @classmethod
     def build_parties(cls, cfg: ExperimentConfig, task, run_dir: Path | None,
-                      purge_step: int | None) -> list[Party]:
-        """The parties of a run (default: one per client of ``cfg.data``'s federated KG)."""
-        return build_client_parties(cfg, task, load_federated_kg(cfg), run_dir, purge_step)
+                      purge_step: int | None, only: str | None = None) -> list[Party]:
+        """The parties of a run (default: one per client of ``cfg.data``'s federated KG).
+
+        ``only``: build just the party of that name (a process that runs one party, such
+        as a Ray actor, builds nothing else). A strategy that overrides this builds the
+        parties :meth:`party_names` lists; an override without ``only`` still works (see
+        :func:`build_named_party`), at the cost of building every party in every process.
+        """
+        return build_client_parties(cfg, task, load_federated_kg(cfg), run_dir, purge_step, only=only)
+
+    @classmethod
+    def party_names(cls, cfg: ExperimentConfig) -> list[str]:
+        """The names of the parties :meth:`build_parties` builds, without building them (the
+        Ray engine's driver addresses one actor per name). Default: ``client_<k>`` for each
+        client of ``cfg.data``'s federated KG (the KG is loaded, no module is built); for a
+        strategy that overrides :meth:`build_parties` and not this, the names of parties
+        built here (correct, but it builds every model: override this too)."""
+        from lightning_fedkg.federated.strategies.base import client_name
+
+        if getattr(cls.build_parties, "__func__", None) is PeerStrategy.build_parties.__func__:
+            return [client_name(k) for k in range(load_federated_kg(cfg).num_clients)]
+        return [p.name for p in cls.build_parties(cfg, TASKS.get(cfg.federated.task)(), None, None)]
 
     @classmethod
     def summarize(cls, reports: dict[str, dict]) -> dict:
@@ -146,9 +172,7 @@ class EventRunner:
                  transport: Channel | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.strategy = STRATEGIES.get(cfg.federated.strategy)
-        if not issubclass(self.strategy, PeerStrategy):
-            raise ConfigError(f"{cfg.federated.strategy!r} is not a peer-to-peer strategy")
+        self.strategy = peer_strategy(cfg)
         self.task = TASKS.get(cfg.federated.task)()
         self.channel = transport if transport is not None else Channel()
         clients = self.strategy.build_parties(cfg, self.task, self.run_dir, purge_step)
@@ -198,24 +222,15 @@ class EventRunner:
 
     # ------------------------------------------------------------------ state
     def states(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            n: {"party": self.parties[n].state_dict(), "peer": self.peers[n].state_dict()} for n in self.parties
-        }
-        out[RUNNER] = {
-            "events": self.events,
-            "started": self.started,
-            "pending": [(d.sender, d.receiver, d.event, encode(d.message)) for d in self.pending],
-            "channel": self.channel.state_dict(),
-            "failures": self.failures,
-            "rng": capture_rng(),
-        }
+        out: dict[str, Any] = {n: party_state(self.parties[n], self.peers[n]) for n in self.parties}
+        out[RUNNER] = runner_state(self.events, self.started,
+                                   [(d.sender, d.receiver, d.event, encode(d.message)) for d in self.pending],
+                                   self.channel, self.failures)
         return out
 
     def load_states(self, load) -> None:
         for n in self.parties:
-            state = load(n)
-            self.parties[n].load_state_dict(state["party"])
-            self.peers[n].load_state_dict(state["peer"])
+            load_party_state(self.parties[n], self.peers[n], load(n))
         runner = load(RUNNER)
         self.events, self.started = int(runner["events"]), bool(runner["started"])
         self.pending = deque(Delivery(s, r, e, decode(b)) for s, r, e, b in runner["pending"])
@@ -230,14 +245,93 @@ class EventRunner:
                 p.writer.close()
 
 
+# ---------------------------------------------------------------------- shared by both engines
+def peer_strategy(cfg: ExperimentConfig) -> type[PeerStrategy]:
+    """The :class:`PeerStrategy` that ``federated.strategy`` names; ConfigError for any other."""
+    strategy = STRATEGIES.get(cfg.federated.strategy)
+    if not issubclass(strategy, PeerStrategy):
+        raise ConfigError(f"{cfg.federated.strategy!r} is not a peer-to-peer strategy")
+    return strategy
+
+
+def build_named_party(strategy: type[PeerStrategy], cfg: ExperimentConfig, task, run_dir: Path | None,
+                      purge_step: int | None, name: str) -> Party:
+    """Only party ``name`` of a run: ``build_parties(..., only=name)``, or, for an override
+    of :meth:`PeerStrategy.build_parties` without ``only``, all parties, keeping that one."""
+    if "only" in inspect.signature(strategy.build_parties).parameters:
+        built = strategy.build_parties(cfg, task, run_dir, purge_step, only=name)
+    else:
+        built = [p for p in strategy.build_parties(cfg, task, run_dir, purge_step) if p.name == name]
+    if [p.name for p in built] != [name]:
+        raise ConfigError(f"{strategy.__name__}.build_parties built no single party {name!r} (built "
+                          f"{[p.name for p in built]}); its parties must be those party_names() lists")
+    return built[0]
+
+
+def party_state(party: Party, peer: PeerHalf) -> dict:
+    """One party's checkpoint file: its weights/sampler state and its peer's protocol state."""
+    return {"party": party.state_dict(), "peer": peer.state_dict()}
+
+
+def load_party_state(party: Party, peer: PeerHalf, state: dict) -> None:
+    """Undo :func:`party_state` in place."""
+    party.load_state_dict(state["party"])
+    peer.load_state_dict(state["peer"])
+
+
+def runner_state(events: int, started: bool, pending: list[tuple[str, str, str, bytes]], channel: Channel,
+                 failures: list[dict]) -> dict:
+    """The ``runner`` checkpoint file: event count, messages sent and not yet handled
+    (``(sender, receiver, event, bytes)``), the wire log, failures and this process's RNG."""
+    return {"events": int(events), "started": bool(started), "pending": list(pending),
+            "channel": channel.state_dict(), "failures": list(failures), "rng": capture_rng()}
+
+
+def commit_events(ckpt_dir: Path, cfg: ExperimentConfig, events: int, states: dict[str, Any]) -> Path:
+    """Commit ``states`` (every party's and the runner's) as the resume point after ``events``."""
+    from lightning_fedkg.federated.orchestrator import fingerprint
+
+    return commit_round(ckpt_dir, f"round_{events:04d}", states,
+                        {"version": CHECKPOINT_VERSION, "round": int(events), "fingerprint": fingerprint(cfg)})
+
+
+def peer_metrics(cfg: ExperimentConfig, strategy: type[PeerStrategy], task, per_party: list[dict], *,
+                 events: int, pending: int, channel: Channel, failures: list[dict], reports: dict[str, dict],
+                 engine: str) -> dict:
+    """The ``metrics.json`` dict of a peer-to-peer run (see :func:`run_peer_to_peer`)."""
+    metrics = {
+        "test": with_count(weighted_average(per_party, task.metric_keys), per_party),
+        "clients": per_party,
+        "events": int(events),
+        "pending": int(pending),
+        "bytes_sent": int(channel.total_bytes),
+        "wire_bytes": int(channel.total_wire_bytes),
+        "strategy": cfg.federated.strategy,
+        "runner": "event",
+        "engine": engine,
+        "failures": list(failures),
+    }
+    metrics.update(strategy.summarize(reports))
+    metrics["peers"] = reports
+    return metrics
+
+
 def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run a :class:`PeerStrategy` in ``run_dir`` until no message is pending or
     ``federated.rounds`` deliveries were handled; resumable after any delivery.
 
+    ``federated.engine=ray`` hands the run to :func:`~.peer_ray.run_peer_to_peer_ray` (one
+    process per party; needs the ``ray`` extra).
+
     Returns the ``metrics.json`` dict: ``test`` and ``clients`` (each party's own test, after
-    the run, triple-weighted), ``events``, ``bytes_sent``, ``wire_bytes``, ``strategy``,
-    ``runner: "event"``, ``failures`` and ``peers`` (each peer's :meth:`PeerHalf.report`).
+    the run, triple-weighted), ``events``, ``pending``, ``bytes_sent``, ``wire_bytes``,
+    ``strategy``, ``runner: "event"``, ``engine`` (``"local"``), ``failures``, ``peers``
+    (each peer's :meth:`PeerHalf.report`) and the strategy's :meth:`PeerStrategy.summarize`.
     """
+    if cfg.federated.engine == "ray":
+        from lightning_fedkg.federated.peer_ray import run_peer_to_peer_ray
+
+        return run_peer_to_peer_ray(cfg, run_dir, resume=resume)
     from lightning_fedkg.rundir import RunDirectory
 
     with RunDirectory.open(run_dir, cfg):
@@ -245,7 +339,7 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
 
 
 def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
-    from lightning_fedkg.federated.orchestrator import fingerprint, resume_manifest
+    from lightning_fedkg.federated.orchestrator import resume_manifest
     from lightning_fedkg.runtime import configure_torch
 
     configure_torch(cfg.trainer)
@@ -265,26 +359,39 @@ def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         delivered = runner.step()
         if (commit_on is None or delivered.event in commit_on or not runner.pending
                 or runner.events >= cfg.federated.rounds):
-            commit_round(ckpt_dir, f"round_{runner.events:04d}", runner.states(),
-                         {"version": CHECKPOINT_VERSION, "round": runner.events, "fingerprint": fingerprint(cfg)})
-    avg, per_party = runner.evaluate("test")
-    metrics = {
-        "test": with_count(avg, per_party),
-        "clients": per_party,
-        "events": runner.events,
-        "pending": len(runner.pending),
-        "bytes_sent": int(runner.channel.total_bytes),
-        "wire_bytes": int(runner.channel.total_wire_bytes),
-        "strategy": cfg.federated.strategy,
-        "runner": "event",
-        "failures": runner.failures,
-    }
+            commit_events(ckpt_dir, cfg, runner.events, runner.states())
+    _, per_party = runner.evaluate("test")
     reports = {n: runner.peers[n].report() for n in sorted(runner.peers)}
-    metrics.update(runner.strategy.summarize(reports))
-    metrics["peers"] = reports
+    metrics = peer_metrics(cfg, runner.strategy, runner.task, per_party, events=runner.events,
+                           pending=len(runner.pending), channel=runner.channel, failures=runner.failures,
+                           reports=reports, engine="local")
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     runner.close()
     return metrics
+
+
+def evaluate_peer_checkpoint(cfg: ExperimentConfig, ckpt: str | Path) -> dict:
+    """Test every party of a peer-to-peer run with a committed state (``fedkg test``): ``ckpt``
+    is a manifest, or a run or checkpoints folder (its newest committed state, e.g. the end
+    of a finished run of either engine). Writes nothing.
+
+    Returns ``{"test", "clients", "strategy", "events"}`` as in ``metrics.json``.
+    """
+    path = Path(ckpt)
+    if path.is_dir():
+        manifest_path = latest_manifest(path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path)
+        if manifest_path is None:
+            raise CheckpointError(f"no committed peer-to-peer checkpoint under {path}")
+    else:
+        manifest_path = resolve_manifest(path)
+    manifest = read_manifest(manifest_path)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    runner = EventRunner(cfg, run_dir=None)
+    for name, party in runner.parties.items():
+        party.load_state_dict(load_party(manifest_path, manifest, name)["party"], weights_only=True)
+    avg, per_party = runner.evaluate("test")
+    return {"test": with_count(avg, per_party), "clients": per_party, "strategy": cfg.federated.strategy,
+            "events": int(manifest.get("round", 0))}
 
 
 def is_peer_strategy(name: str) -> bool:

@@ -1,0 +1,340 @@
+"""The asynchronous engine for peer-to-peer methods: one Ray actor process per party.
+
+``federated.engine=ray`` (the ``ray`` extra: ``pip install "lightning-fedkg[ray]"``) runs
+the same :class:`~.peer.PeerStrategy` as the deterministic :class:`~.peer.EventRunner`, with
+every party in its own process, so parties train at the same time:
+
+* **Actors.** :class:`PartyActor` builds its own :class:`~.party.Party`
+  (:func:`~.peer.build_named_party`: ``build_parties(..., only=name)``), the strategy's
+  :class:`~.peer.PeerHalf` over it, and its TensorBoard writer; it speaks bytes only: it
+  decodes what it is delivered and returns what its peer sends as ``(receiver, event,
+  bytes)`` (:func:`~.message.encode`, once, in the sender). The driver learns the names
+  from :meth:`~.peer.PeerStrategy.party_names`.
+* **The driver routes.** It is the only place messages pass through: it logs each one in a
+  single :class:`~.channel.Channel` (:meth:`~.channel.Channel.relay`: the same
+  ``channel_log.jsonl`` records as the local engine; ``round`` = deliveries handled so far)
+  and submits ``deliver(sender, event, bytes)`` to the receiver's actor. Ray runs the
+  tasks one caller submits to one actor in submission order, so each party receives its
+  messages in the order they were sent (FIFO per receiver, as locally); different parties
+  work in parallel. Every party's ``start()`` runs in parallel too.
+* **End.** Nothing in flight or pending (quiescence), or ``federated.rounds`` deliveries
+  (the local event budget: the driver submits no delivery beyond it, so exactly that many
+  are handled and the rest stay pending). A peer's handler that raises is recorded in
+  ``metrics["failures"]`` (as :meth:`~.peer.EventRunner.step` does) and the run goes on;
+  anything else that fails (an actor's start, a dead actor) stops the run.
+* **Results.** ``metrics.json`` has the local engine's keys (each party tests itself in its
+  actor) plus ``engine: "ray"`` and ``wall_seconds`` (from the first ``start``/delivery to
+  quiescence or budget).
+
+Checkpoints and resuming: when the run ends, every actor is idle and the undelivered
+messages are held by the driver, so the end state is a consistent cut; it is committed as
+the local engine commits (``checkpoints/<party>/round_<events>.pt``, the ``runner`` file
+with the pending messages as bytes), and a later run of either engine resumes from it (a
+larger ``federated.rounds`` continues the run). A Ray run commits nothing *during* the run
+(a consistent cut with messages in flight is out of scope): a Ray run that is killed
+restarts from the last committed checkpoint, i.e. the end of its last completed run, not
+from mid-run. It resumes from any committed checkpoint, a local run's included (cut short
+or not: the local engine's checkpoints hold the pending messages too), since both engines
+write the same files; ``federated.engine`` is free to change on resume. A Ray run is not
+bit-reproducible: the interleaving of different parties' deliveries depends on timing
+(each actor seeds its own process with ``seed``).
+
+Ray is started here (``num_cpus`` = the number of parties, no dashboard, workers' output
+not forwarded) unless the caller already started it, and shut down again if started here.
+Actors reserve no CPU (Ray's default for actors), so any number of parties fit on a node;
+their torch threads follow ``trainer.threads`` (else Ray's ``OMP_NUM_THREADS=1``). With a
+GPU accelerator and GPUs in the cluster, each actor asks for an equal share of them. Workers
+import the project and a strategy given by import path from the driver's ``sys.path``
+(passed as ``PYTHONPATH``); on a multi-machine cluster the project, the data and the run
+directory must be at the same paths on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterator
+
+from lightning_fedkg.config import ConfigError, ExperimentConfig
+from lightning_fedkg.federated.channel import Channel
+from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, load_party
+from lightning_fedkg.federated.message import Message, decode, encode
+
+__all__ = ["run_peer_to_peer_ray", "PartyActor", "RayNotInstalledError", "import_ray"]
+
+log = logging.getLogger("lightning_fedkg")
+
+#: What an actor sends: ``(receiver, event, encode(message))``.
+Wire = tuple[str, str, bytes]
+
+
+class RayNotInstalledError(ConfigError, ImportError):
+    """``federated.engine=ray`` without Ray installed (a config error for the CLI, an ImportError for code)."""
+
+
+def import_ray():
+    """The ``ray`` module, or :class:`RayNotInstalledError` saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise RayNotInstalledError(
+            f'federated.engine=ray needs Ray, which is not installed ({err}): pip install "lightning-fedkg[ray]"'
+        ) from None
+    return ray
+
+
+# ---------------------------------------------------------------------- the actor
+class PartyActor:
+    """One party in its own process: its :class:`~.party.Party` and :class:`~.peer.PeerHalf`.
+
+    Wrapped by ``ray.remote`` in the driver (this module imports no Ray). Everything that
+    crosses between parties is :func:`~.message.encode`'s bytes; checkpoint states (the
+    party's own) go to and from the driver as Python objects.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, name: str, names: list[str], run_dir: str | None,
+                 purge_step: int | None) -> None:
+        import lightning as L
+
+        from lightning_fedkg.federated.peer import build_named_party, peer_strategy
+        from lightning_fedkg.federated.tasks import TASKS
+        from lightning_fedkg.runtime import configure_torch
+
+        configure_torch(cfg.trainer)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        strategy = peer_strategy(cfg)
+        self.party = build_named_party(strategy, cfg, TASKS.get(cfg.federated.task)(),
+                                       Path(run_dir) if run_dir else None, purge_step, name)
+        self.peer = strategy.Peer(self.party, strategy, list(names))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load_state(self, state: dict) -> None:
+        from lightning_fedkg.federated.peer import load_party_state
+
+        load_party_state(self.party, self.peer, state)
+
+    def state(self) -> dict:
+        from lightning_fedkg.federated.peer import party_state
+
+        return party_state(self.party, self.peer)
+
+    def start(self) -> list[Wire]:
+        return self._wire(self.peer.start())
+
+    def deliver(self, sender: str, event: str, data: bytes) -> tuple[list[Wire], str | None]:
+        """Handle one message: ``(what the peer sends, None)``, or ``([], "Error: reason")``
+        when its handler raised (the driver records the failure; the party goes on)."""
+        message = decode(data)
+        try:
+            outgoing = self.peer.handle(event, message, sender)
+        except Exception as err:  # a failing handler must not take the party down
+            return [], f"{type(err).__name__}: {err}"
+        return self._wire(outgoing), None
+
+    def evaluate(self, split: str) -> dict:
+        return {"name": self.party.name, **self.party.evaluate(split)}
+
+    def report(self) -> dict:
+        return self.peer.report()
+
+    def close(self) -> None:
+        if self.party.writer is not None:
+            self.party.writer.close()
+
+    def _wire(self, outgoing) -> list[Wire]:
+        out = []
+        for receiver, event, message in outgoing:
+            if not isinstance(message, Message):
+                raise TypeError(f"{self.party.name} sent {event!r} to {receiver!r} as "
+                                f"{type(message).__name__}; peers send Message objects")
+            out.append((receiver, event, encode(message)))
+        return out
+
+
+# ---------------------------------------------------------------------- the driver
+class Router:
+    """The driver's side: routes actors' messages through one Channel, FIFO per receiver.
+
+    Attributes:
+        pending: ``(sender, receiver, event, bytes)`` sent (logged) and not yet submitted.
+        events: deliveries handled so far; ``failures`` as in :class:`~.peer.EventRunner`.
+    """
+
+    def __init__(self, ray, actors: dict[str, Any], channel: Channel, budget: int) -> None:
+        self.ray, self.actors, self.channel, self.budget = ray, actors, channel, int(budget)
+        self.pending: deque[tuple[str, str, str, bytes]] = deque()
+        self.events = 0
+        self.started = False
+        self.failures: list[dict] = []
+        self._flight: dict[Any, tuple[str, str | None, str]] = {}  # ref -> (party, sender, event); start: no sender
+        self._deliveries = 0  # deliveries submitted and not yet handled
+
+    def load(self, runner: dict) -> None:
+        self.events, self.started = int(runner["events"]), bool(runner["started"])
+        self.pending = deque((s, r, e, bytes(b)) for s, r, e, b in runner["pending"])
+        self.channel.load_state_dict(runner["channel"])
+        self.failures = list(runner["failures"])
+
+    def route(self, sender: str, outgoing: list[Wire]) -> None:
+        """Log what ``sender`` sent (at the current event count) and queue it."""
+        for receiver, event, data in outgoing:
+            if receiver not in self.actors:
+                raise KeyError(f"{sender} sent {event!r} to unknown party {receiver!r}")
+            self.pending.append((sender, receiver, event, self.channel.relay(sender, receiver, event, data,
+                                                                             self.events)))
+
+    def submit(self) -> None:
+        """Hand pending messages to their receivers, in send order, within the event budget."""
+        while self.pending and self.events + self._deliveries < self.budget:
+            sender, receiver, event, data = self.pending.popleft()
+            self._flight[self.actors[receiver].deliver.remote(sender, event, data)] = (receiver, sender, event)
+            self._deliveries += 1
+
+    def run(self) -> None:
+        """Start every peer (unless resumed after the start), then route until nothing is in
+        flight: quiescence, or the budget's last delivery handled."""
+        if not self.started:
+            for name in sorted(self.actors):
+                self._flight[self.actors[name].start.remote()] = (name, None, "start")
+        self.submit()
+        while self._flight:
+            (ref,), _ = self.ray.wait(list(self._flight), num_returns=1)
+            party, sender, event = self._flight.pop(ref)
+            if sender is None:  # a peer's start(): Ray runs it before anything delivered to that peer
+                self.route(party, self.ray.get(ref))
+                self.started = all(s is not None for _, s, _ in self._flight.values())
+            else:
+                self._deliveries -= 1
+                self.events += 1
+                outgoing, error = self.ray.get(ref)
+                if error is not None:
+                    self.failures.append({"round": self.events, "stage": event, "party": party, "error": error})
+                    log.warning("event %d: %s failed on %r from %s: %s", self.events, party, event, sender, error)
+                else:
+                    self.route(party, outgoing)
+            self.submit()
+
+
+def worker_pythonpath() -> str:
+    """``PYTHONPATH`` for the actors: this project's root, then the driver's ``sys.path``
+    entries outside the interpreter's own folders (a test folder, a user's plugin package),
+    then any ``PYTHONPATH`` already set."""
+    import lightning_fedkg
+
+    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths = [str(Path(lightning_fedkg.__file__).resolve().parents[1])]
+    for entry in sys.path:
+        path = Path(entry or os.curdir).resolve()
+        if path.is_dir() and not any(path.is_relative_to(p) for p in prefixes):
+            paths.append(str(path))
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
+@contextlib.contextmanager
+def ray_session(ray, num_cpus: int) -> Iterator[None]:
+    """Ray as the caller left it: started here (and shut down after) only if not running."""
+    if ray.is_initialized():
+        yield
+        return
+    with warnings.catch_warnings():  # Ray's notice of a future change to GPU visibility defaults
+        warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO.*")
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def actor_options(ray, cfg: ExperimentConfig, parties: int) -> dict:
+    """Ray options of every party's actor: the driver's import path; a share of the GPUs
+    when the config asks for a GPU (or ``auto``) and the cluster has some."""
+    options: dict[str, Any] = {"runtime_env": {"env_vars": {"PYTHONPATH": worker_pythonpath()}}}
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    if cfg.trainer.accelerator in ("auto", "gpu", "cuda") and gpus > 0:
+        options["num_gpus"] = min(1.0, math.floor(gpus / parties * 1e4) / 1e4)
+    return options
+
+
+def run_peer_to_peer_ray(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
+    """:func:`~.peer.run_peer_to_peer` with one Ray actor per party (see the module doc).
+
+    Returns the ``metrics.json`` dict: the local engine's keys with ``engine: "ray"``, plus
+    ``wall_seconds``. Raises :class:`RayNotInstalledError` without Ray.
+    """
+    from lightning_fedkg.rundir import RunDirectory
+
+    ray = import_ray()
+    with RunDirectory.open(run_dir, cfg):
+        return _run_ray(ray, cfg, Path(run_dir), resume)
+
+
+def _run_ray(ray, cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
+    import lightning as L
+
+    from lightning_fedkg.federated.orchestrator import resume_manifest
+    from lightning_fedkg.federated.peer import (
+        CHECKPOINT_VERSION,
+        RUNNER,
+        commit_events,
+        peer_metrics,
+        peer_strategy,
+        runner_state,
+    )
+    from lightning_fedkg.federated.tasks import TASKS
+    from lightning_fedkg.runtime import configure_torch
+
+    configure_torch(cfg.trainer)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    strategy = peer_strategy(cfg)
+    names = list(strategy.party_names(cfg))
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
+    purge_step = int(manifest["round"]) + 1 if manifest else None
+    channel = Channel()
+    with ray_session(ray, num_cpus=len(names)):
+        Actor = ray.remote(PartyActor).options(**actor_options(ray, cfg, len(names)))
+        actors = {n: Actor.remote(cfg, n, names, str(run_dir), purge_step) for n in names}
+        try:
+            router = Router(ray, actors, channel, cfg.federated.rounds)
+            if manifest is not None:
+                ray.get([actors[n].load_state.remote(load_party(manifest_path, manifest, n)) for n in names])
+                router.load(load_party(manifest_path, manifest, RUNNER))
+                log.info("resuming %s after event %d on Ray", run_dir, router.events)
+            else:
+                ray.get([a.pid.remote() for a in actors.values()])  # built: time the run, not the start-up
+            channel.open_log(run_dir / "channel_log.jsonl",
+                             run_dir / "payloads" if cfg.federated.record_payloads else None)
+            before = (router.events, router.started)
+            began = time.perf_counter()
+            router.run()
+            wall = time.perf_counter() - began
+            if (router.events, router.started) != before:  # as locally: commit only what this run did
+                states = dict(zip(names, ray.get([actors[n].state.remote() for n in names])))
+                states[RUNNER] = runner_state(router.events, router.started, list(router.pending), channel,
+                                              router.failures)
+                commit_events(ckpt_dir, cfg, router.events, states)
+            ordered = sorted(names)
+            per_party = ray.get([actors[n].evaluate.remote("test") for n in ordered])
+            reports = dict(zip(ordered, ray.get([actors[n].report.remote() for n in ordered])))
+            ray.get([a.close.remote() for a in actors.values()])
+        finally:
+            channel.close()
+            for actor in actors.values():
+                ray.kill(actor)
+    metrics = peer_metrics(cfg, strategy, TASKS.get(cfg.federated.task)(), per_party, events=router.events,
+                           pending=len(router.pending), channel=channel, failures=router.failures,
+                           reports=reports, engine="ray")
+    metrics["wall_seconds"] = round(wall, 3)
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
