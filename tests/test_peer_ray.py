@@ -119,24 +119,41 @@ def test_the_ray_engine_is_for_peer_to_peer_strategies_only(tmp_path):
         run_federated(cfg, tmp_path / "run")
 
 
-def test_a_build_parties_override_without_only_still_gives_each_actor_its_party(monkeypatch, one_thread):
-    """An actor builds only its own party; a strategy whose build_parties predates ``only``
-    (and has no party_names) still runs, building every party and keeping its own."""
-    from lightning_fedkg.federated.peer import PeerStrategy, build_named_party
+def test_each_actor_builds_only_its_own_party(monkeypatch, one_thread):
+    """``build_parties(only=...)`` gives an actor its party and nothing else; FKGE's override
+    names its parties after its sources without building a model."""
+    from lightning_fedkg.federated.peer import build_named_party
     from lightning_fedkg.federated.tasks import TASKS
+    from lightning_fedkg.fkge.federation import FKGE
 
     monkeypatch.syspath_prepend(str(ROOT))
     from tests.plugin_peer import Gossip
 
-    class Legacy(Gossip):
-        @classmethod
-        def build_parties(cls, cfg, task, run_dir, purge_step):
-            return PeerStrategy.build_parties.__func__(cls, cfg, task, run_dir, purge_step)
-
     cfg = load_config(None, overrides(GOSSIP, 3, "ray"))
     task = TASKS.get(cfg.federated.task)()
-    assert Gossip.party_names(cfg) == Legacy.party_names(cfg) == ["client_0", "client_1", "client_2"]
-    for strategy in (Gossip, Legacy):
-        assert build_named_party(strategy, cfg, task, None, None, "client_1").name == "client_1"
+    assert Gossip.party_names(cfg) == ["client_0", "client_1", "client_2"]
+    assert build_named_party(Gossip, cfg, task, None, None, "client_1").name == "client_1"
     with pytest.raises(ConfigError, match="party_names"):
         build_named_party(Gossip, cfg, task, None, None, "client_7")
+    fkge = load_config(None, ["federated.strategy=fkge", "data.name=umls", "data.num_clients=3"])
+    assert FKGE.party_names(fkge) == ["umls-src0", "umls-src1", "umls-src2"]
+    assert [p.name for p in FKGE.build_parties(fkge, task, None, None, only="umls-src2")] == ["umls-src2"]
+
+
+def test_fkge_on_ray_terminates_with_the_synchronous_invariants(ray_started, tmp_path, one_thread):
+    """FKGE with one process per KG: the run ends by itself (no message pending), every
+    accepted handshake improved its host's validation MRR, no host's epsilon passed the
+    budget, and nothing but the protocol crossed."""
+    from test_fkge_federation import ARRAYS, BASE
+
+    cfg = load_config(None, [*BASE, "federated.engine=ray", "federated.fkge.max_epsilon=6.0",
+                             "federated.fkge.handshakes_per_kg=3"])
+    metrics = run_federated(cfg, tmp_path / "run")
+    assert metrics["engine"] == "ray" and metrics["pending"] == 0 and metrics["failures"] == []
+    assert metrics["handshakes"]
+    for h in metrics["handshakes"]:
+        assert not h["accepted"] or h["valid_after"] > h["valid_before"]
+    assert all(kg["epsilon"] <= 6.0 for kg in metrics["kgs"])
+    for line in (tmp_path / "run" / "channel_log.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert set(record["shapes"]) == ARRAYS[record["name"]]

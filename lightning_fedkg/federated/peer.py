@@ -133,9 +133,8 @@ class PeerStrategy(Strategy):
         """The parties of a run (default: one per client of ``cfg.data``'s federated KG).
 
         ``only``: build just the party of that name (a process that runs one party, such
-        as a Ray actor, builds nothing else). A strategy that overrides this builds the
-        parties :meth:`party_names` lists; an override without ``only`` still works (see
-        :func:`build_named_party`), at the cost of building every party in every process.
+        as a Ray actor, builds nothing else). An override builds the parties
+        :meth:`party_names` lists and honours ``only``.
         """
         return build_client_parties(cfg, task, load_federated_kg(cfg), run_dir, purge_step, only=only)
 
@@ -256,12 +255,8 @@ def peer_strategy(cfg: ExperimentConfig) -> type[PeerStrategy]:
 
 def build_named_party(strategy: type[PeerStrategy], cfg: ExperimentConfig, task, run_dir: Path | None,
                       purge_step: int | None, name: str) -> Party:
-    """Only party ``name`` of a run: ``build_parties(..., only=name)``, or, for an override
-    of :meth:`PeerStrategy.build_parties` without ``only``, all parties, keeping that one."""
-    if "only" in inspect.signature(strategy.build_parties).parameters:
-        built = strategy.build_parties(cfg, task, run_dir, purge_step, only=name)
-    else:
-        built = [p for p in strategy.build_parties(cfg, task, run_dir, purge_step) if p.name == name]
+    """Only party ``name`` of a run (``build_parties(..., only=name)``)."""
+    built = strategy.build_parties(cfg, task, run_dir, purge_step, only=name)
     if [p.name for p in built] != [name]:
         raise ConfigError(f"{strategy.__name__}.build_parties built no single party {name!r} (built "
                           f"{[p.name for p in built]}); its parties must be those party_names() lists")

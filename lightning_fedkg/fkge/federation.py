@@ -503,21 +503,30 @@ class FKGE(PeerStrategy):
     # PPAT's batches are many small messages; a resume point at the protocol's boundaries
     checkpoint_events = frozenset({HELLO, REQUEST, TRANSLATED})
 
-    @classmethod
-    def build_parties(cls, cfg: ExperimentConfig, task, run_dir, purge_step):
+    @staticmethod
+    def sources(cfg: ExperimentConfig) -> dict:
+        """``{party name: KnowledgeGraph}`` of ``cfg.data``'s multi-source federation."""
         from lightning_fedkg.data.multisource import load_multisource
-        from lightning_fedkg.federated.party import build_party
 
         d = cfg.data
-        sources = load_multisource(d.name, num_sources=d.num_clients, seed=d.partition_seed, fmt=d.format,
-                                   shared_relations=cfg.federated.fkge.shared_relations)
-        parties, taken = [], set()
-        for k, kg in enumerate(sources):
-            name = _party_name(kg, k, taken)
-            taken.add(name)
-            names = {"entity": list(kg.entity_names), "relation": list(kg.relation_names)}
-            parties.append(build_party(cfg, task, name, kg, names, run_dir=run_dir, purge_step=purge_step))
-        return parties
+        kgs = load_multisource(d.name, num_sources=d.num_clients, seed=d.partition_seed, fmt=d.format,
+                               shared_relations=cfg.federated.fkge.shared_relations)
+        named = {}
+        for k, kg in enumerate(kgs):
+            named[_party_name(kg, k, set(named))] = kg
+        return named
+
+    @classmethod
+    def party_names(cls, cfg: ExperimentConfig) -> list[str]:
+        return list(cls.sources(cfg))
+
+    @classmethod
+    def build_parties(cls, cfg: ExperimentConfig, task, run_dir, purge_step, only: str | None = None):
+        from lightning_fedkg.federated.party import build_party
+
+        return [build_party(cfg, task, name, kg, {"entity": list(kg.entity_names), "relation": list(kg.relation_names)},
+                            run_dir=run_dir, purge_step=purge_step)
+                for name, kg in cls.sources(cfg).items() if only is None or name == only]
 
     @classmethod
     def summarize(cls, reports: dict[str, dict]) -> dict:
