@@ -197,11 +197,30 @@ def test_budget_epsilon_is_never_exceeded(tmp_path):
     assert any(r["name"] == "ppat_stop" for r in log)
 
 
-def test_mixed_models_and_control_mode(tmp_path):
-    metrics, _ = _run(tmp_path, "mixed", "federated.fkge.handshakes_per_kg=1", "federated.fkge.mode=none",
-                      "federated.parties={umls-src1: {model: {name: transh}}, umls-src2: {model: {name: transd}}}")
-    assert [kg["model"] for kg in metrics["kgs"]] == ["transe", "transh", "transd"]
-    assert metrics["failures"] == [] and all(h["virtual_entities"] == 0 for h in metrics["handshakes"])
+def test_mixed_models(tmp_path):
+    """Multi-FKGE: a different model per KG (TransR, TransH, TransD; TransE above)."""
+    metrics, _ = _run(tmp_path, "mixed", "federated.fkge.handshakes_per_kg=1",
+                      "federated.parties={umls-src0: {model: {name: transr}}, umls-src1: {model: {name: transh}}, "
+                      "umls-src2: {model: {name: transd}}}")
+    assert [kg["model"] for kg in metrics["kgs"]] == ["transr", "transh", "transd"]
+    assert metrics["failures"] == [] and len(metrics["handshakes"]) == 3
+
+
+def test_control_mode_uses_nothing_received(tmp_path, monkeypatch):
+    from lightning_fedkg.fkge import federation
+
+    calls = []
+    real = federation.kgemb_update
+
+    def spy(kg, module, ids, rows, virtual_entities=None, virtual_triples=None, **kw):
+        calls.append((ids.numel(), virtual_entities, kw.get("aligned_relation_ids")))
+        return real(kg, module, ids, rows, virtual_entities, virtual_triples, **kw)
+
+    monkeypatch.setattr(federation, "kgemb_update", spy)
+    metrics, _ = _run(tmp_path, "control", "federated.fkge.handshakes_per_kg=1", "federated.fkge.mode=none")
+    assert len(calls) == len(metrics["handshakes"]) == 3
+    assert all(c == (0, None, None) for c in calls)
+    assert all(h["virtual_entities"] == 0 for h in metrics["handshakes"])
 
 
 def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, default_run):
