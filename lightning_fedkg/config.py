@@ -293,7 +293,9 @@ class FKGEConfig:
     is cut into sources (needed for relation alignment). ``mode``: ``replace`` the host's
     aligned rows (paper) or ``average`` (code); ``none`` is the control that runs the same
     handshakes and updates but trains without anything received (the Independent baseline
-    at equal training and backtracking).
+    at equal training and backtracking). ``shuffle_received`` is a second control: the host
+    permutes the translated aligned rows before using them, so they keep their values and
+    lose which item each one is (what remains of a gain is not knowledge about the items).
 
     PPAT (:mod:`lightning_fedkg.fkge.ppat`): ``ppat_epochs`` over the aligned rows in
     batches of ``ppat_batch_size``; ``teachers`` PATE teachers and noise ``Lap(1/lam)``;
@@ -313,6 +315,7 @@ class FKGEConfig:
     neighbours: int = field(default=1, metadata={"range": Range(min=0)})
     shared_relations: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
     mode: Literal["replace", "average", "none"] = "replace"
+    shuffle_received: bool = False
     backtrack_on: Literal["valid", "test"] = "valid"
     ppat_epochs: int = field(default=1, metadata={"range": Range(min=1)})
     ppat_batch_size: int = field(default=32, metadata={"range": Range(min=1)})

@@ -26,6 +26,9 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   but the host trains without anything it received (the Independent baseline at equal
   training; the gain of ``fkge`` over ``control`` is what the federation adds);
 * ``average``: ``mode=average`` (the official code's update);
+* ``average_shuffled``: ``average`` with the received aligned rows permuted among the items
+  (``shuffle_received``): same values, wrong items -- what ``average`` gains beyond this
+  is knowledge about the items;
 * ``nonprivate``: ``lam=100`` (PATE noise ``Lap(0.01)``: labels equal the teachers' vote);
 * ``dp10``: ``max_epsilon=10`` (the budget of configs/fkge/umls_fkge_dp.yaml);
 * ``entities`` / ``relations`` / ``both``: what PPAT aligns, on sources that share 30% of
@@ -63,6 +66,7 @@ VARIANTS = {
     "fkge": [],
     "control": ["federated.fkge.mode=none"],
     "average": ["federated.fkge.mode=average"],
+    "average_shuffled": ["federated.fkge.mode=average", "federated.fkge.shuffle_received=true"],
     "nonprivate": ["federated.fkge.lam=100"],
     "dp10": ["federated.fkge.max_epsilon=10"],
     "entities": [*SHARED, "federated.fkge.align=entities"],

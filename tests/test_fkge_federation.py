@@ -234,3 +234,24 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, defa
                         for h in hs]
     assert strip(resumed["handshakes"]) == strip(full["handshakes"])
     assert [kg["after"] for kg in resumed["kgs"]] == [kg["after"] for kg in full["kgs"]]
+
+
+def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
+    from lightning_fedkg.fkge import federation
+
+    seen = []
+    real = federation.kgemb_update
+
+    def spy(kg, module, ids, rows, *args, **kw):
+        seen.append(rows.clone())
+        return real(kg, module, ids, rows, *args, **kw)
+
+    monkeypatch.setattr(federation, "kgemb_update", spy)
+    common = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]  # a budget: a few handshakes
+    _run(tmp_path, "plain", *common)
+    first = len(seen)
+    _run(tmp_path, "shuffled", *common, "federated.fkge.shuffle_received=true")
+    assert first >= 1 and len(seen) == 2 * first
+    plain, shuffled = seen[0], seen[first]
+    assert plain.shape == shuffled.shape and not torch.equal(plain, shuffled)
+    assert torch.equal(plain[torch.argsort(plain[:, 0])], shuffled[torch.argsort(shuffled[:, 0])])

@@ -419,8 +419,12 @@ class FKGEPeer(PeerHalf):
         triples = torch.stack([torch.where(is_head, virtual, anchors), relation_ids,
                                torch.where(is_head, anchors, virtual)], 1)
         relations = host["relations"].numel() > 0
+        translated = a["entities"]
+        if self.fk.shuffle_received:  # the diagnostic control: right values, wrong items
+            order = torch.Generator().manual_seed(self._seed(host["partner"], host["number"], "shuffle"))
+            translated = translated[torch.randperm(translated.shape[0], generator=order)]
         return self._kgemb_update(
-            host, host["entities"], a["entities"], a["neighbours"], triples,
+            host, host["entities"], translated, a["neighbours"], triples,
             virtual_relations=1 if bool((~known).any()) else None,
             aligned_relation_ids=host["relations"] if relations else None,
             translated_relations=a["relations"] if relations else None)
