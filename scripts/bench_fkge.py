@@ -43,7 +43,13 @@ Commands (docs/BENCHMARKS.md records their output):
         --json-out docs/bench_fkge_umls.json
     python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants entities,relations,both,frac20,frac60 \\
         --json-out docs/bench_fkge_umls_ablations.json
+    python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants average_shuffled --json-out docs/bench_fkge_umls_shuffled.json
+    python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants dp10 --json-out docs/bench_fkge_umls_average_dp10.json \
+        federated.fkge.mode=average
     python scripts/bench_fkge.py --seeds 0,1,2 --variants fkge,ray --json-out docs/bench_fkge_engines.json
+    python scripts/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --seeds 0 --variants fkge,average \
+        --json-out docs/bench_fkge_fb15k237.json federated.fkge.pretrain_epochs=5 \
+        federated.fkge.update_epochs=1 federated.fkge.handshakes_per_kg=1
 """
 
 from __future__ import annotations
