@@ -304,7 +304,8 @@ class FKGEConfig:
     ``generator_init``, MUSE's ``orthogonalize`` beta.
 
     Budgets: a host hosts at most ``handshakes_per_kg`` handshakes, none after
-    ``max_seconds`` of its run, and answers no PATE query that would take its epsilon (at
+    ``max_seconds`` (counted from its start in this process: a resumed run counts again),
+    and answers no PATE query that would take its epsilon (at
     ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
     """
 

@@ -232,7 +232,7 @@ class FKGEPeer(PeerHalf):
             self.queue.append(sender)
         return self._next()
 
-    def _budget_left(self) -> str:
+    def _out_of_budget(self) -> str:
         """Why this peer may host no more handshakes ("" if it may)."""
         if self.hosted >= self.fk.handshakes_per_kg:
             return "handshakes"
@@ -247,7 +247,7 @@ class FKGEPeer(PeerHalf):
         if self.host is not None:
             return []
         while self.queue:
-            self.exhausted = self._budget_left()
+            self.exhausted = self._out_of_budget()
             if self.exhausted:
                 self.queue.clear()
                 break
