@@ -13,8 +13,10 @@ from lightning_fedkg.data import (
     load_federated,
     load_federated_folder,
     load_fedlu_folder,
+    load_kg,
     partition_by_relation,
     resample_split,
+    write_fedlu_folder,
 )
 from lightning_fedkg.data.kg import KGFormatError
 
@@ -200,6 +202,35 @@ def test_fedlu_folder_keeps_unlearn(tmp_path):
     assert fed.global_triples(1, "unlearn").tolist() == [[0, 1, 2]]
     union = fed.union()
     assert union.triples("unlearn").tolist() == [[1, 0, 0], [0, 1, 2]]
+
+
+def test_fedlu_folder_written_reads_back_with_the_same_named_triples(tmp_path):
+    fed = partition_by_relation(load_kg("umls"), 3, seed=4)
+    forget = [kg.triples("train")[:2] for kg in fed.clients]
+    write_fedlu_folder(fed, tmp_path / "R3", {"unlearn": forget})
+    back = load_fedlu_folder(tmp_path / "R3")
+
+    def named(f, c, split):
+        return sorted((f.entity_names[h], f.relation_names[r], f.entity_names[t])
+                      for h, r, t in f.global_triples(c, split).tolist())
+
+    for c in range(3):
+        for split in ("train", "valid", "test"):
+            assert named(back, c, split) == named(fed, c, split)
+        assert named(back, c, "unlearn") == sorted(
+            (fed.entity_names[h], fed.relation_names[r], fed.entity_names[t])
+            for h, r, t in fed.global_triples(c, "train")[:2].tolist())
+        # the dictionaries list the client's own vocabulary in local-id order (FedLU reads them)
+        lines = (tmp_path / "R3" / str(c) / "entities.dict").read_text().splitlines()
+        assert lines == [f"{i}\t{fed.entity_names[g]}" for i, g in enumerate(fed.entity_index[c].tolist())]
+
+
+def test_fedlu_folder_refuses_names_with_whitespace(tmp_path):
+    kg = KnowledgeGraph({"train": torch.tensor([[0, 0, 1]]), "valid": torch.tensor([[0, 0, 1]]),
+                         "test": torch.tensor([[0, 0, 1]])}, 2, 1, ["a b", "c"], ["r"])
+    fed = FederatedKG([kg], [torch.tensor([0, 1])], [torch.tensor([0])], 2, 1, ["a b", "c"], ["r"])
+    with pytest.raises(ValueError, match="whitespace"):
+        write_fedlu_folder(fed, tmp_path / "x")
 
 
 def test_client_folders_must_be_numbered_contiguously(tmp_path):

@@ -11,6 +11,7 @@ from .federated import (
     partition_randomly,
     relation_cooccurrence,
     resample_split,
+    write_fedlu_folder,
 )
 from .kg import (
     BUNDLED_DATASETS,
@@ -61,5 +62,6 @@ __all__ = [
     "split_into_sources",
     "triple_keys",
     "unique_triples",
+    "write_fedlu_folder",
     "write_multisource_folder",
 ]

@@ -11,7 +11,8 @@ Sources: :func:`partition_by_relation` (FedE's relation partition of one KG),
 :func:`partition_randomly` (triples dealt at random), :func:`partition_by_clusters` (FedLU's
 C-k split: spectral clusters of co-occurring relations),
 :func:`load_federated_folder` (``client_<k>/{train,valid,test}.tsv``) and
-:func:`load_fedlu_folder` (FedLU's ``<k>/{train,valid,test,unlearn}.txt``).
+:func:`load_fedlu_folder` (FedLU's ``<k>/{train,valid,test,unlearn}.txt``); :func:`write_fedlu_folder`
+writes that layout.
 """
 
 from __future__ import annotations
@@ -561,6 +562,49 @@ def load_fedlu_folder(path: str | Path) -> FederatedKG:
             pass
         files.append(f)
     return _load_named_clients(files, folder.resolve().name)
+
+
+def write_fedlu_folder(fed: FederatedKG, path: str | Path,
+                       extra: dict[str, list[Tensor]] | None = None) -> Path:
+    """Write ``fed`` in FedLU's layout, the one the official FedLU code reads.
+
+    Per client ``k``: ``<path>/<k>/entities.dict`` and ``relations.dict`` (``local id<TAB>name``,
+    local ids in increasing global id) and ``<split>.txt`` (``head<TAB>relation<TAB>tail``
+    names) for every split the client has, plus one file per entry of ``extra`` (split name
+    -> one local-id triple tensor per client, e.g. ``{"unlearn": forget_sets}``).
+    :func:`load_fedlu_folder` reads it back. Existing files are overwritten.
+
+    Raises:
+        ValueError: ``fed`` has no names, a name contains whitespace (FedLU's reader splits
+            lines on any whitespace), or ``extra`` has the wrong number of clients.
+    """
+    if fed.entity_names is None or fed.relation_names is None:
+        raise ValueError("cannot write a federation without entity and relation names")
+    for kind, names in (("entity", fed.entity_names), ("relation", fed.relation_names)):
+        bad = next((n for n in names if not n or len(n.split()) != 1), None)
+        if bad is not None:
+            raise ValueError(f"{kind} name {bad!r} is empty or has whitespace; FedLU's files cannot hold it")
+    extra = extra or {}
+    for split, per_client in extra.items():
+        if len(per_client) != fed.num_clients:
+            raise ValueError(f"extra split {split!r} has {len(per_client)} clients, the federation {fed.num_clients}")
+    root = Path(path)
+    ent_all = np.asarray(fed.entity_names, dtype=object)
+    rel_all = np.asarray(fed.relation_names, dtype=object)
+    for c, kg in enumerate(fed.clients):
+        out = root / str(c)
+        out.mkdir(parents=True, exist_ok=True)
+        ent = ent_all[fed.entity_index[c].numpy()]
+        rel = rel_all[fed.relation_index[c].numpy()]
+        for name, table in (("entities.dict", ent), ("relations.dict", rel)):
+            (out / name).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(table)), encoding="utf-8")
+        splits = {s: kg.triples(s) for s in kg.split_names}
+        splits.update({s: per_client[c] for s, per_client in extra.items()})
+        for s, t in splits.items():
+            t = t.numpy()
+            lines = [f"{h}\t{r}\t{o}\n" for h, r, o in zip(ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]])]
+            (out / f"{s}.txt").write_text("".join(lines), encoding="utf-8")
+    return root
 
 
 #: ``data.partition`` → how one KG is split among clients.
