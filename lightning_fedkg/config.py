@@ -382,6 +382,9 @@ class FederatedConfig:
     ``rounds`` bounds the run; ``local_epochs`` is E, ``fraction`` is F (clients sampled
     per round), evaluation every ``eval_every`` rounds with early stopping after
     ``patience`` evaluations without improvement of the triple-weighted validation MRR.
+    ``best`` chooses the state that is tested at the end: ``federation`` (every client at the
+    round of the best triple-weighted validation MRR) or ``client`` (each client at the round
+    of its own best validation MRR, as the official FedLU code tests).
     ``aggregation`` decides what clients that were not sampled in a round contribute to
     FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
     row (rows none of them holds keep their value); ``all_holders`` reproduces the official
@@ -410,6 +413,7 @@ class FederatedConfig:
     fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
     eval_every: int = field(default=5, metadata={"range": Range(min=1)})
     patience: int = field(default=15, metadata={"range": Range(min=1), "resume": "free"})
+    best: Literal["federation", "client"] = "federation"
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
     min_clients: int = field(default=1, metadata={"range": Range(min=1)})
     max_retries: int = field(default=2, metadata={"range": Range(min=0), "resume": "free"})

@@ -210,3 +210,36 @@ def test_resume_refuses_a_changed_setting(runs):
     _, run_dir = runs["single"]
     with pytest.raises(ConfigError, match="train.lr"):
         run_federated(umls_config("single", **{"train.lr": 0.5}), run_dir)
+
+
+def test_each_client_is_tested_at_its_own_best_round(tmp_path, single_threaded):
+    # federated.best=client against an oracle: snapshots of every round (the run resumed one
+    # round at a time, its checkpoints copied aside), each restored and validated; a client
+    # must be tested with the snapshot of its own first best validation round. The high lr
+    # makes validation oscillate so that the clients peak at different rounds.
+    import shutil
+
+    from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint, restore_finished_run
+
+    rounds, run_dir = 4, tmp_path / "run"
+    snapshots = {}
+    for r in range(1, rounds + 1):
+        cfg = umls_config("fede", **{"federated.rounds": r, "federated.eval_every": 1, "federated.best": "client",
+                                     "model.dim": 16, "train.lr": 1.0, "federated.patience": 100})
+        metrics = run_federated(cfg, run_dir)
+        snapshots[r] = shutil.copytree(run_dir / "checkpoints", tmp_path / f"snap_{r}")
+    val, test = {}, {}
+    for r, snap in snapshots.items():
+        run, _ = restore_finished_run(cfg, snap / f"round_{r:04d}.json")
+        val[r] = {e["name"]: e["mrr"] for e in run.evaluate("val", r)[1]}
+        test[r] = {e["name"]: e["mrr"] for e in run.evaluate("test", r)[1]}
+        run.close()
+    best = {name: max(range(1, rounds + 1), key=lambda r: (val[r][name], -r)) for name in val[1]}
+    assert metrics["best"] == "client" and metrics["client_best_rounds"] == best
+    assert len(set(best.values())) > 1, best  # the case that needs earlier states
+    for entry in metrics["clients"]:
+        assert entry["mrr"] == pytest.approx(test[best[entry["name"]]][entry["name"]], abs=1e-9)
+    assert [v["clients"] == val[v["round"]] for v in metrics["validation"]] == [True] * rounds
+    # `fedkg test --from` on that run tests the same states
+    again = evaluate_federated_checkpoint(cfg, run_dir)
+    assert again["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)

@@ -171,6 +171,7 @@ class FederatedRun:
         self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None
         self.failures: list[dict] = []
         self.last_round = 0
+        self.own_states = False  # restored from a federated.best=client set (see restore_finished_run)
         self.aligned = False
 
     def _make_party(self, name: str, kg, names) -> Party:
@@ -264,11 +265,18 @@ class FederatedRun:
             received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
             self.client_halves[name].receive(received.arrays)
 
-    def evaluate(self, split: str, round: int) -> tuple[dict, list[dict]]:
-        """Every client evaluates ``split``; returns the server's ``(weighted average, per-client)``."""
+    def evaluate(self, split: str, round: int, download: bool = True) -> tuple[dict, list[dict]]:
+        """Every client evaluates ``split``; returns the server's ``(weighted average, per-client)``.
+
+        ``download=False`` keeps what the server would send for the evaluation (FedE's
+        aggregated rows): each client evaluates the state it holds, as after restoring a
+        ``federated.best=client`` set, whose states were saved after their own evaluation.
+        """
         if not self.aligned:
             self.align()
         messages = self.server.configure_evaluate(round, split)
+        if not download:
+            messages = {name: Message(config=m.config) for name, m in messages.items()}
         replies, failures = self.exchange(round, "evaluate", messages, split=split)
         return self.server.aggregate_evaluate(round, split, replies, failures)
 
@@ -322,6 +330,31 @@ def round_bytes(channel: Channel) -> int:
     return int(sum(r.bytes for r in channel.records() if r.round >= 1))
 
 
+def commit_client_bests(ckpt_dir: Path, run: FederatedRun, per_client: list[dict], client_best: dict,
+                        round: int, monitor: str) -> None:
+    """``federated.best=client``: commit the ``best`` set with each client at its own best round.
+
+    A client whose validation ``monitor`` is a strict new best of its own (a failed client
+    never is) contributes its current state; the others keep the state of their earlier
+    best, read back from the previous ``best`` set. ``client_best`` is updated in place.
+    """
+    improved = {e["name"] for e in per_client
+                if "failed" not in e and e[monitor] > client_best.get(e["name"], {}).get("value", -math.inf)}
+    if not improved:
+        return
+    states = run.party_states(weights_only=True)
+    best_path = ckpt_dir / "best.json"
+    if best_path.is_file():
+        previous = read_manifest(best_path)
+        for name in client_best.keys() - improved:
+            states[name] = load_party(best_path, previous, name)
+    for e in per_client:
+        if e["name"] in improved:
+            client_best[e["name"]] = {"round": int(round), "value": float(e[monitor])}
+    commit_round(ckpt_dir, "best", states, {"version": CHECKPOINT_VERSION, "round": int(round),
+                                            "client_rounds": {n: b["round"] for n, b in client_best.items()}})
+
+
 def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run the federated experiment ``cfg`` in ``run_dir``; resume it from its last committed round.
 
@@ -333,9 +366,10 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     Returns the ``metrics.json`` dict: ``test`` (triple-weighted mean over clients of
     ``mrr, mr, hits@1, hits@3, hits@5, hits@10``, plus ``count``), ``clients`` (the same per
     client, plus ``count``, ``triples`` and ``name``), ``rounds`` (rounds completed),
-    ``best_round``, ``bytes_sent`` (tensor bytes of rounds >= 1, evaluation downloads
+    ``best_round``, ``best`` (and with ``federated.best=client``
+    ``client_best_rounds``), ``bytes_sent`` (tensor bytes of rounds >= 1, evaluation downloads
     included), ``alignment_bytes`` (round 0), ``wire_bytes`` (serialized, all rounds),
-    ``strategy``, ``validation`` (``[{round, mrr}]``), ``failures`` (``[{round, stage, party,
+    ``strategy``, ``validation`` (``[{round, mrr, clients: {name: mrr}}]``), ``failures`` (``[{round, stage, party,
     error}]``), ``seconds`` (wall time of the rounds, validation included, summed over
     resumes), the strategy's own blocks (FedLU's ``test_global``, ``distillation``) and one
     block per phase (FedE's ``fusion``).
@@ -367,6 +401,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     run = FederatedRun(cfg, run_dir, purge_step=last_round + 1 if manifest else None)
     stopper = EarlyStopping(patience=fc.patience)
     history: list[dict] = []
+    client_best: dict[str, dict] = {}  # federated.best=client: {party: {"round", "value"}}
     stopped = False
     seconds = 0.0  # wall time of the round loop, summed over the processes of a resumed run
     if manifest is not None:
@@ -377,6 +412,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
         # The patience may be changed on resume; the counters carry over.
         stopper = EarlyStopping(**{**runner["early_stopping"], "patience": fc.patience})
         history = list(runner["history"])
+        client_best = dict(runner.get("client_best", {}))
         seconds = float(runner.get("seconds", 0.0))
         stopped = stopper.should_stop
         restore_rng(runner["rng"])
@@ -399,10 +435,14 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
             run.train_round(r)
             scalars = {}
             if r % fc.eval_every == 0 or r == fc.rounds:
-                avg, _ = run.evaluate("val", r)
+                avg, per_client_val = run.evaluate("val", r)
                 monitor = avg[run.task.monitor]
-                history.append({"round": r, run.task.monitor: monitor})
-                if stopper.update(monitor, r):
+                history.append({"round": r, run.task.monitor: monitor,
+                                "clients": {e["name"]: e.get(run.task.monitor) for e in per_client_val}})
+                improved = stopper.update(monitor, r)
+                if fc.best == "client":
+                    commit_client_bests(ckpt_dir, run, per_client_val, client_best, r, run.task.monitor)
+                elif improved:
                     commit_round(ckpt_dir, "best", run.party_states(weights_only=True),
                                  {"version": CHECKPOINT_VERSION, "round": r})
                 stopped = stopper.should_stop
@@ -417,6 +457,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
                 "seconds": seconds,
                 "early_stopping": asdict(stopper),
                 "history": history,
+                "client_best": client_best,
                 "rng": capture_rng(),
                 "channel": run.channel.state_dict(),
                 "failures": run.failures,
@@ -435,13 +476,15 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     best = read_manifest(best_path)
     run.load_party_states(lambda party: load_party(best_path, best, party), weights_only=True)
     run.last_round = last_round
-    avg, per_client = run.evaluate("test", last_round)
+    avg, per_client = run.evaluate("test", last_round, download=fc.best != "client")
     records = run.channel.records()
     metrics = {
         "test": with_count(avg, per_client),
         "clients": per_client,
         "rounds": int(last_round),
         "best_round": int(stopper.best_round),
+        "best": fc.best,
+        **({"client_best_rounds": {n: b["round"] for n, b in client_best.items()}} if fc.best == "client" else {}),
         "bytes_sent": round_bytes(run.channel),
         "alignment_bytes": int(sum(r.bytes for r in records if r.round == 0)),
         "wire_bytes": int(run.channel.total_wire_bytes),
@@ -468,7 +511,10 @@ def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[Feder
     run = FederatedRun(cfg, run_dir=None)
     run.load_party_states(lambda party: load_party(manifest_path, manifest, party), weights_only=True)
     run.last_round = int(manifest.get("round", 0))
-    run.load_evaluation_state(run.last_round)
+    # A federated.best=client set holds each client's own evaluated state: nothing to download.
+    run.own_states = "client_rounds" in manifest
+    if not run.own_states:
+        run.load_evaluation_state(run.last_round)
     return run, run.last_round
 
 
@@ -499,7 +545,7 @@ def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) 
         return evaluate_peer_checkpoint(cfg, ckpt_path)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run, round_ = restore_finished_run(cfg, ckpt_path)
-    avg, per_client = run.evaluate("test", round_)
+    avg, per_client = run.evaluate("test", round_, download=not run.own_states)
     return {"test": with_count(avg, per_client), "clients": per_client, "strategy": cfg.federated.strategy,
             "round": round_}
 
