@@ -68,16 +68,18 @@ def run_strategy(args) -> dict:
     train_round, evaluate = orchestrator.FederatedRun.train_round, orchestrator.FederatedRun.evaluate
 
     def timed_train_round(self, r):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = train_round(self, r)
-        rounds.append({"round": int(r), "seconds": time.perf_counter() - start})
+        rounds.append({"round": int(r), "seconds": time.perf_counter() - start,
+                       "cpu_seconds": time.process_time() - cpu})
         print(f"[{args.one}] round {r}: {rounds[-1]['seconds']:.1f} s", flush=True)
         return out
 
-    def timed_evaluate(self, split, r):
-        start = time.perf_counter()
-        out = evaluate(self, split, r)
+    def timed_evaluate(self, split, r, **kwargs):
+        start, cpu = time.perf_counter(), time.process_time()
+        out = evaluate(self, split, r, **kwargs)
         evaluations.append({"split": split, "round": int(r), "seconds": time.perf_counter() - start,
+                            "cpu_seconds": time.process_time() - cpu,
                             "mrr": float(out[0]["mrr"])})
         print(f"[{args.one}] {split} at round {r}: {evaluations[-1]['seconds']:.1f} s, MRR {out[0]['mrr']:.4f}",
               flush=True)
@@ -117,6 +119,9 @@ def run_strategy(args) -> dict:
         "rounds": rounds,
         "seconds_per_round": sum(r["seconds"] for r in rounds) / len(rounds),
         "seconds_per_round_after_first": sum(later) / len(later),
+        "cpu_seconds_per_round": sum(r["cpu_seconds"] for r in rounds) / len(rounds),
+        "best": metrics.get("best"),
+        "client_best_rounds": metrics.get("client_best_rounds"),
         "evaluations": evaluations,
         "wall_seconds": total,
         "peak_rss_mib": peak_rss_mib(),
