@@ -158,8 +158,10 @@ class TrainConfig:
     """Optimisation, negative sampling and evaluation protocol of one learner.
 
     ``loss`` is ``self_adversarial``, ``uniform`` or ``margin`` (the margin ranking loss,
-    with ``margin``). ``eval_chunk_size`` bounds how many evaluation queries are scored at
-    once (None: a whole ``eval_batch_size`` batch).
+    with ``margin``). ``subsampling`` weights each triple's loss by RotatE's/FedLU's frequency
+    weights (``lightning_fedkg.data.datamodule.subsampling_weights``) instead of a plain mean.
+    ``eval_chunk_size`` bounds how many evaluation queries are scored at once (None: a whole
+    ``eval_batch_size`` batch).
     """
 
     lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
@@ -168,6 +170,7 @@ class TrainConfig:
     negative_mode: Literal["per_triple", "shared"] = "per_triple"
     negative_sampler: Literal["uniform", "bernoulli"] = "uniform"
     filter_negatives: bool = False
+    subsampling: bool = False
     corruption: Literal["tail", "head", "both"] = "both"
     loss: str = "self_adversarial"
     adversarial_temperature: float = field(default=1.0, metadata={"range": Range(min=0)})

@@ -73,6 +73,7 @@ def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
         negative_sampler=t.negative_sampler,
         negative_mode=t.negative_mode,
         filter_negatives=t.filter_negatives,
+        subsampling=t.subsampling,
         eval_batch_size=t.eval_batch_size,
         eval_sides=t.eval_sides,
     )

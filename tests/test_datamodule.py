@@ -321,3 +321,40 @@ def test_lightning_resume_draws_the_same_batches(tmp_path):
     got = [(p, n) for e, p, n in resumed.seen if e == 1]
     assert len(got) == len(want) > 0
     assert all(torch.equal(p, q) and torch.equal(n, m) for (p, n), (q, m) in zip(got, want))
+
+
+def test_subsampling_weights_by_hand_and_against_counting():
+    from lightning_fedkg.data.datamodule import subsampling_weights
+
+    # (0,r0) occurs twice as (head, relation), (1,r0) as (tail, relation) twice:
+    # triple (0,0,1): c(h,r) = 3+2, c(t,r^-1) = 3+2 -> 1/sqrt(10); (2,1,1): 4 + 4 -> 1/sqrt(8)
+    t = torch.tensor([[0, 0, 1], [0, 0, 1], [2, 1, 1]])
+    assert subsampling_weights(t, 3, 2).tolist() == pytest.approx([10 ** -0.5, 10 ** -0.5, 8 ** -0.5])
+    # oracle: Python counters with the RotatE code's start value 4 on a first occurrence
+    t = random_triples(3, 200, 9, 4)
+    counts = {}
+    for h, r, o in t.tolist():
+        for key in ((h, r), (o, -r - 1)):
+            counts[key] = counts.get(key, 3) + 1
+    want = [(counts[(h, r)] + counts[(o, -r - 1)]) ** -0.5 for h, r, o in t.tolist()]
+    assert subsampling_weights(t, 9, 4).tolist() == pytest.approx(want, rel=1e-6)
+
+
+def test_subsampling_batches_carry_the_weights_of_their_rows():
+    kg = small_kg()
+    dm = KGDataModule(kg, batch_size=16, num_negatives=4, corruption="both", subsampling=True, seed=1)
+    weight_of = {tuple(row): w for row, w in zip(kg.triples("train").tolist(), dm.train_weights.tolist())}
+    batches = list(dm.train_dataloader())
+    assert len(batches) == dm.num_train_batches
+    for batch in batches:
+        assert batch["weight"].tolist() == [weight_of[tuple(row)] for row in batch["positive"].tolist()]
+    assert "weight" not in next(iter(KGDataModule(kg, batch_size=16, num_negatives=4).train_dataloader()))
+
+
+def test_train_subsampling_reaches_the_datamodule():
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.training import build_datamodule
+
+    kg = small_kg()
+    assert build_datamodule(kg, load_config(None, ["train.subsampling=true"]), seed=0).subsampling
+    assert not build_datamodule(kg, load_config(None, []), seed=0).subsampling

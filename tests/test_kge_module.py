@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_fedkg.models.kge_module import KGEModule, kge_loss
+from lightning_fedkg.models.kge_module import LOSSES, KGEModule, kge_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
 
@@ -52,6 +52,22 @@ def test_uniform_and_margin_loss_hand_values():
     assert kge_loss(POS, NEG, "uniform").item() == pytest.approx(0.8776594887545028, abs=1e-6)
     # pairs: max(0, 1-1+0)=0, max(0, 1-1+2)=2, max(0, 1+.5+1)=2.5, max(0, 1+.5-1)=.5 -> 5/4
     assert kge_loss(POS, NEG, "margin", margin=1.0).item() == pytest.approx(1.25, abs=1e-7)
+
+
+def test_weighted_loss_by_hand_and_equal_weights_change_nothing():
+    # uniform: per-row positive terms (-log σ(1), -log σ(-.5)) and negative terms (means of
+    # -log σ(-s) over the row), each averaged over the batch with weights (3, 1)
+    w = torch.tensor([3.0, 1.0])
+    pos_terms = [-log_sigmoid(1.0), -log_sigmoid(-0.5)]
+    neg_terms = [-(log_sigmoid(0.0) + log_sigmoid(-2.0)) / 2, -(log_sigmoid(-1.0) + log_sigmoid(1.0)) / 2]
+    expected = 0.5 * ((3 * pos_terms[0] + pos_terms[1]) / 4 + (3 * neg_terms[0] + neg_terms[1]) / 4)
+    assert kge_loss(POS, NEG, "uniform", weight=w).item() == pytest.approx(expected, abs=1e-6)
+    # margin: row hinges (0, 2) and (2.5, .5) weighted 3 and 1 over 2 negatives each
+    assert kge_loss(POS, NEG, "margin", margin=1.0, weight=w).item() == pytest.approx(
+        (3 * 2 + 1 * 3) / 8, abs=1e-7)
+    for loss in LOSSES:
+        assert kge_loss(POS, NEG, loss, weight=torch.full((2,), 0.7)).item() == pytest.approx(
+            kge_loss(POS, NEG, loss).item(), abs=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["self_adversarial", "uniform", "margin"])

@@ -188,6 +188,26 @@ class _EvalBatches(IterableDataset):
                 yield {"triples": chunk, "mode": mode, "filter_row": row, "filter_col": col}
 
 
+def subsampling_weights(triples: Tensor, num_entities: int, num_relations: int) -> Tensor:
+    """``[n]`` frequency weights ``1 / sqrt(c(h, r) + c(t, r⁻¹))`` of ``triples``.
+
+    ``c(h, r)`` is 3 plus the number of triples with head ``h`` and relation ``r``, and
+    ``c(t, r⁻¹)`` 3 plus the number with tail ``t`` and relation ``r``: the counts of the
+    RotatE code (Sun et al., ICLR 2019), which start every key at 4 on its first
+    occurrence, and which FedLU's code inherits (its default, ``uni_weight`` off). Triples
+    of frequent (entity, relation) pairs weigh less, like word2vec's subsampling.
+    """
+    triples = torch.as_tensor(triples).long()
+    if triples.numel() == 0:
+        return torch.zeros(0)
+    head_keys = triples[:, 0] * num_relations + triples[:, 1]
+    tail_keys = triples[:, 2] * num_relations + triples[:, 1]
+    _, head_slot, head_count = torch.unique(head_keys, return_inverse=True, return_counts=True)
+    _, tail_slot, tail_count = torch.unique(tail_keys, return_inverse=True, return_counts=True)
+    count = head_count[head_slot] + tail_count[tail_slot] + 6
+    return count.double().rsqrt().float()
+
+
 class KGDataModule(LightningDataModule):
     """Training and filtered-evaluation loaders for one :class:`KnowledgeGraph`.
 
@@ -215,6 +235,9 @@ class KGDataModule(LightningDataModule):
             (default: all ``kg.num_entities`` ids).
         max_filter_retries: bound on resampling rounds of ``filter_negatives``.
         shuffle: shuffle the train triples each epoch.
+        subsampling: give each training batch a ``"weight"`` ``[B]`` of frequency weights
+            (:func:`subsampling_weights`; RotatE's and FedLU's code), which the losses use
+            for a weighted instead of a plain mean over the batch.
     """
 
     def __init__(
@@ -233,6 +256,7 @@ class KGDataModule(LightningDataModule):
         negative_pool: Tensor | None = None,
         max_filter_retries: int = 10,
         shuffle: bool = True,
+        subsampling: bool = False,
     ) -> None:
         super().__init__()
         for label, value, allowed in (("corruption", corruption, CORRUPTIONS),
@@ -258,6 +282,8 @@ class KGDataModule(LightningDataModule):
         self.seed = int(seed)
         self.max_filter_retries = int(max_filter_retries)
         self.shuffle = bool(shuffle)
+        self.subsampling = bool(subsampling)
+        self._train_weights: Tensor | None = None
         self._filter_triples = filter_triples
         if negative_pool is not None:
             negative_pool = torch.as_tensor(negative_pool).long().reshape(-1)
@@ -309,6 +335,14 @@ class KGDataModule(LightningDataModule):
             self._train_index = FilterIndex(self.kg.triples("train"), self.num_entities,
                                             self.num_relations)
         return self._train_index
+
+    @property
+    def train_weights(self) -> Tensor:
+        """``[n_train]`` subsampling weights of the train triples (see :func:`subsampling_weights`)."""
+        if self._train_weights is None:
+            self._train_weights = subsampling_weights(self.kg.triples("train"), self.num_entities,
+                                                      self.num_relations)
+        return self._train_weights
 
     @property
     def head_probability(self) -> Tensor:
@@ -389,10 +423,13 @@ class KGDataModule(LightningDataModule):
         keys = pack_keys((rows, negatives.unsqueeze(0)), (batch, self.num_entities))
         return ~sorted_contains(forbidden, keys)
 
-    def make_batch(self, positive: Tensor, mode: str) -> dict:
-        """One training batch for ``positive`` triples; ``mode`` is tail, head or mixed."""
+    def make_batch(self, positive: Tensor, mode: str, weight: Tensor | None = None) -> dict:
+        """One training batch for ``positive`` triples; ``mode`` is tail, head or mixed;
+        ``weight`` (``[B]``, optional) is passed on as the batch's ``"weight"``."""
         b = positive.shape[0]
         batch: dict[str, Any] = {"positive": positive, "mode": mode}
+        if weight is not None:
+            batch["weight"] = weight
         if mode == "mixed":
             head_mask = torch.rand(b, generator=self.generator) < self.head_probability[positive[:, 1]]
             batch["head_mask"] = head_mask
@@ -413,9 +450,11 @@ class KGDataModule(LightningDataModule):
         # all permutations first, so the draw order does not depend on consumption
         perms = [torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
                  for _ in sides]
+        weights = self.train_weights if self.subsampling else None
         for start in range(0, n, self.batch_size):
             for mode, perm in zip(sides, perms):
-                yield self.make_batch(train[perm[start:start + self.batch_size]], mode)
+                rows = perm[start:start + self.batch_size]
+                yield self.make_batch(train[rows], mode, None if weights is None else weights[rows])
 
     # ---- loaders -----------------------------------------------------------------------
 

@@ -171,7 +171,7 @@ class DistillationModule(KGEModule):
         positive, negatives = candidate_scores(self, mine, batch)
         mask = batch.get("negative_mask")
         prediction = kge_loss(positive, negatives, hp.loss, hp.adversarial_temperature, hp.margin,
-                              negative_mask=mask)
+                              negative_mask=mask, weight=batch.get("weight"))
         on = self.distill_local if student == "local" else self.distill_global
         if not on or hp.distill_mu == 0:
             return prediction, prediction.new_zeros(())

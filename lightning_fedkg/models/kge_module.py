@@ -39,6 +39,7 @@ def kge_loss(
     adversarial_temperature: float = 1.0,
     margin: float = 1.0,
     negative_mask: Tensor | None = None,
+    weight: Tensor | None = None,
 ) -> Tensor:
     """Negative-sampling loss from scores (higher = more plausible).
 
@@ -59,18 +60,28 @@ def kge_loss(
             triple (filtered shared negatives): such entries get no weight, and every
             average over negatives runs over the valid entries only. A row with no valid
             negative contributes no negative term.
+        weight: optional ``[B]`` per-positive weights (subsampling weights): every mean over
+            the batch becomes ``Σ w_i x_i / Σ w_i`` (FedLU's and RotatE's code).
     """
     if loss == "margin":
         hinge = F.relu(margin - positive_scores.unsqueeze(1) + negative_scores)
-        if negative_mask is None:
-            return hinge.mean()
-        valid = negative_mask.to(negative_scores.dtype)
-        return (hinge * valid).sum() / valid.sum().clamp(min=1)
+        valid = torch.ones_like(hinge) if negative_mask is None else negative_mask.to(hinge.dtype)
+        if weight is not None:
+            valid = valid * weight.to(hinge.dtype).unsqueeze(1)
+        return (hinge * valid).sum() / valid.sum().clamp(min=1e-12)
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     positive_term = -F.logsigmoid(positive_scores)
     negative_term = negative_loss_term(negative_scores, loss, adversarial_temperature, negative_mask)
-    return 0.5 * (positive_term.mean() + negative_term.mean())
+    return 0.5 * (batch_mean(positive_term, weight) + batch_mean(negative_term, weight))
+
+
+def batch_mean(values: Tensor, weight: Tensor | None = None) -> Tensor:
+    """``values.mean()``, or the ``weight``-weighted mean ``Σ w v / Σ w``."""
+    if weight is None:
+        return values.mean()
+    weight = weight.to(values.dtype)
+    return (weight * values).sum() / weight.sum()
 
 
 def negative_loss_term(
@@ -219,7 +230,7 @@ class KGEModule(L.LightningModule):
         hp = self.hparams
         loss = kge_loss(
             positive_scores, self.negative_scores(batch), hp.loss, hp.adversarial_temperature, hp.margin,
-            negative_mask=batch.get("negative_mask"),
+            negative_mask=batch.get("negative_mask"), weight=batch.get("weight"),
         )
         if hp.regularization > 0:
             loss = loss + hp.regularization * self.model.regularization_loss()
