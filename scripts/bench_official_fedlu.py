@@ -397,7 +397,9 @@ def main() -> int:
     ap.add_argument("--gamma", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=6, help="their --max_iter")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--pin", default="auto", help="'auto' (pin the child to --threads CPUs), 'none', or CPU ids '0,1'")
+    ap.add_argument("--pin", default="auto",
+                    help="'auto' (pin the child to the last --threads CPUs: give runs that overlap distinct "
+                         "ids instead), 'none', or CPU ids '0,1'")
     ap.add_argument("--hashseed", default="0", help="PYTHONHASHSEED for the child")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the official code")
     ap.add_argument("--out", type=Path, default=None, help="JSON path")
