@@ -269,13 +269,16 @@ class FedLUConfig:
     (:class:`~lightning_fedkg.federated.strategies.fedlu.DistillationGate`), never before
     round ``wait_rounds`` unless a side stops improving. ``init_local_from_global`` starts
     the local entity table as a copy of the first avatar the client receives (the code's
-    ``E_loc = E_glb = E_0[idx]``).
+    ``E_loc = E_glb = E_0[idx]``). ``avatar_eval``: the avatar is validated and tested with
+    the ``aggregated`` rows the server sends, or as each client trained it, ``before_aggregation``
+    (the official code's order: its clients validate before the server averages).
     """
 
     mu: float = field(default=2.0, metadata={"range": Range(min=0)})
     schedule: Literal["gated", "always"] = "gated"
     wait_rounds: int = field(default=20, metadata={"range": Range(min=0)})
     init_local_from_global: bool = True
+    avatar_eval: Literal["aggregated", "before_aggregation"] = "aggregated"
 
 
 @dataclass

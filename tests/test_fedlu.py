@@ -194,3 +194,22 @@ def test_a_resumed_fedlu_run_equals_an_uninterrupted_one(tmp_path, one_thread):
     for metrics in (straight, resumed):
         metrics.pop("seconds")
     assert resumed == straight
+
+
+@pytest.mark.parametrize("avatar_eval", ["aggregated", "before_aggregation"])
+def test_the_avatar_is_evaluated_as_trained_or_as_aggregated(avatar_eval, one_thread):
+    cfg = load_config(None, BASE + ["federated.rounds=1", f"federated.fedlu.avatar_eval={avatar_eval}"])
+    run = FederatedRun(cfg, run_dir=None)
+    run.align()
+    run.train_round(1)
+    trained = {p.name: p.module.avatar.entity_emb.detach().clone() for p in run.clients}
+    aggregated = {p.name: run.server.rows(p.name)["avatar_entity_emb"] for p in run.clients}
+    run.evaluate("val", 1)
+    for party in run.clients:
+        evaluated = party.module.avatar.entity_emb.detach()
+        assert not torch.equal(trained[party.name], aggregated[party.name])
+        expected = trained if avatar_eval == "before_aggregation" else aggregated
+        assert torch.equal(evaluated, expected[party.name])
+    downloads = [r for r in run.channel.records(round=1) if r.receiver != "server" and r.bytes > 0]
+    trained_downloads = len(run.clients)  # the round's training download
+    assert len(downloads) == trained_downloads + (0 if avatar_eval == "before_aggregation" else len(run.clients))

@@ -119,6 +119,14 @@ class FedLUServer(HolderMeanServer):
     def configure_train(self, round, selected):
         return {name: Message(arrays=self.rows(name), config=self.gate.flags()) for name in selected}
 
+    def configure_evaluate(self, round, split):
+        """The aggregated avatar rows, or nothing with ``avatar_eval=before_aggregation``:
+        each client then evaluates the avatar it trained (it holds it until the next round's
+        download), as the official code validates before aggregating."""
+        if self.cfg.federated.fedlu.avatar_eval == "before_aggregation":
+            return {name: Message(config={"split": split}) for name in self.clients}
+        return super().configure_evaluate(round, split)
+
     def aggregate_evaluate(self, round, split, replies, failures):
         """Local metrics as the result; the avatar's go to the gate (``val``) or to
         ``test_global`` (``test``)."""
@@ -148,6 +156,7 @@ class FedLUServer(HolderMeanServer):
         gate = self.gate
         out = {"distillation": {
             "schedule": gate.schedule, "mu": float(self.cfg.federated.fedlu.mu), "wait_rounds": gate.wait_rounds,
+            "avatar_eval": self.cfg.federated.fedlu.avatar_eval,
             "local_on_round": gate.local_on_round, "global_on_round": gate.global_on_round,
             "validation": list(gate.validation),
         }}
