@@ -160,6 +160,8 @@ class TrainConfig:
     ``loss`` is ``self_adversarial``, ``uniform`` or ``margin`` (the margin ranking loss,
     with ``margin``). ``subsampling`` weights each triple's loss by RotatE's/FedLU's frequency
     weights (``lightning_fedkg.data.datamodule.subsampling_weights``) instead of a plain mean.
+    ``fixed_negatives`` draws one epoch of batches and negatives once and replays it every
+    epoch and round (the official FedLU code's sampling; ``KGDataModule(fixed_negatives=)``).
     ``eval_chunk_size`` bounds how many evaluation queries are scored at once (None: a whole
     ``eval_batch_size`` batch).
     """
@@ -171,6 +173,7 @@ class TrainConfig:
     negative_sampler: Literal["uniform", "bernoulli"] = "uniform"
     filter_negatives: bool = False
     subsampling: bool = False
+    fixed_negatives: bool = False
     corruption: Literal["tail", "head", "both"] = "both"
     loss: str = "self_adversarial"
     adversarial_temperature: float = field(default=1.0, metadata={"range": Range(min=0)})

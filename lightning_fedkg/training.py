@@ -74,6 +74,7 @@ def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
         negative_mode=t.negative_mode,
         filter_negatives=t.filter_negatives,
         subsampling=t.subsampling,
+        fixed_negatives=t.fixed_negatives,
         eval_batch_size=t.eval_batch_size,
         eval_sides=t.eval_sides,
     )

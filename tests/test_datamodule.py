@@ -358,3 +358,71 @@ def test_train_subsampling_reaches_the_datamodule():
     kg = small_kg()
     assert build_datamodule(kg, load_config(None, ["train.subsampling=true"]), seed=0).subsampling
     assert not build_datamodule(kg, load_config(None, []), seed=0).subsampling
+
+
+def batch_tensors(batch):
+    return [batch[k] for k in sorted(batch) if isinstance(batch[k], torch.Tensor)]
+
+
+def same_batches(a, b):
+    return len(a) == len(b) and all(
+        x["mode"] == y["mode"] and sorted(x) == sorted(y)
+        and all(torch.equal(s, t) for s, t in zip(batch_tensors(x), batch_tensors(y)))
+        for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(corruption="both", filter_negatives=True, subsampling=True),
+    dict(negative_mode="shared", filter_negatives=True, corruption="both"),
+    dict(negative_sampler="bernoulli"),
+])
+def test_fixed_negatives_replay_one_epoch_that_the_seed_determines(kw):
+    kg = small_kg(6)
+    dm = KGDataModule(kg, batch_size=16, num_negatives=5, seed=3, fixed_negatives=True, **kw)
+    epoch1, epoch2 = list(dm.train_dataloader()), list(dm.train_dataloader())
+    assert len(epoch1) == dm.num_train_batches and same_batches(epoch1, epoch2)
+    # the live generator neither feeds nor disturbs the fixed epoch: a resumed run (new
+    # datamodule, any loaded sampler state) replays the same batches
+    other = KGDataModule(kg, batch_size=16, num_negatives=5, seed=3, fixed_negatives=True, **kw)
+    other.load_state_dict(KGDataModule(kg, seed=42).state_dict())
+    assert same_batches(list(other.train_dataloader()), epoch1)
+    fresh = KGDataModule(kg, batch_size=16, num_negatives=5, seed=3, **kw)
+    assert not same_batches(list(fresh.train_dataloader()), list(fresh.train_dataloader()))
+    assert not same_batches(list(KGDataModule(kg, batch_size=16, num_negatives=5, seed=4,
+                                              fixed_negatives=True, **kw).train_dataloader()), epoch1)
+
+
+def test_fixed_negatives_are_filtered_and_survive_training(tmp_path):
+    kg = small_kg(7)
+    kw = dict(batch_size=16, num_negatives=6, corruption="both", filter_negatives=True, seed=2)
+    dm = KGDataModule(kg, fixed_negatives=True, **kw)
+    recorder = Recorder()
+    fit(recorder, dm, 3, tmp=tmp_path)
+    per_epoch = [[(p, n) for e, p, n in recorder.seen if e == epoch] for epoch in range(3)]
+    assert len(per_epoch[0]) == dm.num_train_batches
+    assert all(torch.equal(p, q) and torch.equal(n, m)
+               for epoch in per_epoch[1:] for (p, n), (q, m) in zip(epoch, per_epoch[0]))
+    train = {tuple(t) for t in kg.triples("train").tolist()}
+    for batch in KGDataModule(kg, fixed_negatives=True, **kw).train_dataloader():
+        for (h, r, t), negatives in zip(batch["positive"].tolist(), batch["negatives"].tolist()):
+            made = [(e, r, t) if batch["mode"] == "head" else (h, r, e) for e in negatives]
+            assert not train.intersection(made)
+
+
+def test_fixed_negatives_draw_only_the_batches_trained():
+    kg = small_kg(8)
+    dm = KGDataModule(kg, batch_size=8, num_negatives=3, fixed_negatives=True, seed=1)
+    loader = iter(dm.train_dataloader())
+    first_two = [next(loader), next(loader)]
+    assert len(dm._fixed_epoch[0]) == 2
+    assert same_batches(first_two, list(dm.train_dataloader())[:2])
+    assert len(dm._fixed_epoch[0]) == dm.num_train_batches
+
+
+def test_train_fixed_negatives_reaches_the_datamodule():
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.training import build_datamodule
+
+    kg = small_kg()
+    assert build_datamodule(kg, load_config(None, ["train.fixed_negatives=true"]), seed=0).fixed_negatives
+    assert not build_datamodule(kg, load_config(None, []), seed=0).fixed_negatives

@@ -58,6 +58,20 @@ def test_the_relation_table_is_shared_and_distillation_flags_switch_the_term():
     assert module.side_losses(a_batch(), "global")[1].item() > 0.0
 
 
+def test_distillation_flags_travel_with_the_weights():
+    module = tiny_module(distill_local=False, distill_global=False)
+    module.distill_global = True
+    with torch.no_grad():
+        module.avatar.entity_emb.add_(0.3 * torch.randn_like(module.avatar.entity_emb))
+    assert module.state_dict()["flags"].tolist() == [False, True]
+    other = tiny_module(distill_local=True, distill_global=False)
+    other.load_state_dict(module.state_dict())
+    assert (other.distill_local, other.distill_global) == (False, True)
+    # the loaded flags are the ones used: the sides differ, yet only avatar←local distils
+    assert other.side_losses(a_batch(), "local")[1].item() == 0.0
+    assert other.side_losses(a_batch(), "global")[1].item() > 0.0
+
+
 def test_gradients_reach_only_the_student():
     module = tiny_module()
     with torch.no_grad():

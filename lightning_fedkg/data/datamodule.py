@@ -17,6 +17,8 @@ All randomness is drawn from ``dm.generator`` (a seeded ``torch.Generator``) who
 is saved by ``dm.state_dict()`` and restored by ``dm.load_state_dict()``: a run resumed from
 an end-of-epoch checkpoint draws the same batches as an uninterrupted run. The loaders
 must run in the main process (``num_workers=0``, the default here) for that to hold.
+With ``fixed_negatives`` the batches come from a generator of their own, seeded with
+``seed``, so a resumed run rebuilds exactly the cached epoch.
 """
 
 from __future__ import annotations
@@ -238,6 +240,13 @@ class KGDataModule(LightningDataModule):
         subsampling: give each training batch a ``"weight"`` ``[B]`` of frequency weights
             (:func:`subsampling_weights`; RotatE's and FedLU's code), which the losses use
             for a weighted instead of a plain mean over the batch.
+        fixed_negatives: draw one epoch of batches (order, sides and negatives) once and
+            replay it in every later epoch and round, as the official FedLU code does
+            (REFERENCE §4.7.5; it materialises its loaders into a list at start-up). Off by
+            default: fresh negatives each epoch see more of the entity table. The epoch is
+            drawn lazily, batch by batch, from a generator seeded with ``seed`` (not
+            ``dm.generator``) and kept in memory: with ``per_triple`` negatives that is
+            8 bytes for each of the ``n_train · sides · num_negatives`` negative ids.
     """
 
     def __init__(
@@ -257,6 +266,7 @@ class KGDataModule(LightningDataModule):
         max_filter_retries: int = 10,
         shuffle: bool = True,
         subsampling: bool = False,
+        fixed_negatives: bool = False,
     ) -> None:
         super().__init__()
         for label, value, allowed in (("corruption", corruption, CORRUPTIONS),
@@ -283,6 +293,9 @@ class KGDataModule(LightningDataModule):
         self.max_filter_retries = int(max_filter_retries)
         self.shuffle = bool(shuffle)
         self.subsampling = bool(subsampling)
+        self.fixed_negatives = bool(fixed_negatives)
+        # (batches drawn so far, the iterator still drawing the rest of the fixed epoch)
+        self._fixed_epoch: tuple[list[dict], Iterator[dict]] | None = None
         self._train_weights: Tensor | None = None
         self._filter_triples = filter_triples
         if negative_pool is not None:
@@ -363,10 +376,11 @@ class KGDataModule(LightningDataModule):
 
     # ---- negative sampling ------------------------------------------------------------
 
-    def _draw(self, shape: tuple[int, ...]) -> Tensor:
+    def _draw(self, shape: tuple[int, ...], generator: torch.Generator | None = None) -> Tensor:
+        generator = self.generator if generator is None else generator
         if self.negative_pool is None:
-            return torch.randint(0, self.num_entities, shape, generator=self.generator)
-        idx = torch.randint(0, self.negative_pool.numel(), shape, generator=self.generator)
+            return torch.randint(0, self.num_entities, shape, generator=generator)
+        idx = torch.randint(0, self.negative_pool.numel(), shape, generator=generator)
         return self.negative_pool[idx]
 
     def _forbidden_pairs(self, positive: Tensor, head_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -383,15 +397,16 @@ class KGDataModule(LightningDataModule):
         rows, cols = self._forbidden_pairs(positive, head_mask)
         return pack_keys((rows, cols), (positive.shape[0], self.num_entities)).sort().values
 
-    def sample_negatives(self, positive: Tensor, head_mask: Tensor) -> Tensor:
+    def sample_negatives(self, positive: Tensor, head_mask: Tensor,
+                         generator: torch.Generator | None = None) -> Tensor:
         """``LongTensor[B, n]`` of per-triple negatives (filtered if ``filter_negatives``).
 
         Filtering tests every negative against the batch's forbidden (row, entity) keys — a
         small sorted set gathered from the train CSR index, much faster to search than all
         train triples — then redraws only the rejected positions, at most
-        ``max_filter_retries`` times.
+        ``max_filter_retries`` times. Draws from ``generator`` (default ``dm.generator``).
         """
-        neg = self._draw((positive.shape[0], self.num_negatives))
+        neg = self._draw((positive.shape[0], self.num_negatives), generator)
         if not (self.filter_negatives and neg.numel()):
             return neg
         forbidden = self._forbidden_keys(positive, head_mask)
@@ -402,7 +417,7 @@ class KGDataModule(LightningDataModule):
         for _ in range(self.max_filter_retries):
             if bad.numel() == 0:
                 break
-            flat[bad] = self._draw((bad.numel(),))
+            flat[bad] = self._draw((bad.numel(),), generator)
             bad = bad[sorted_contains(forbidden, pack_keys((rows[bad], flat[bad]), sizes))]
         return neg
 
@@ -423,38 +438,54 @@ class KGDataModule(LightningDataModule):
         keys = pack_keys((rows, negatives.unsqueeze(0)), (batch, self.num_entities))
         return ~sorted_contains(forbidden, keys)
 
-    def make_batch(self, positive: Tensor, mode: str, weight: Tensor | None = None) -> dict:
+    def make_batch(self, positive: Tensor, mode: str, weight: Tensor | None = None,
+                   generator: torch.Generator | None = None) -> dict:
         """One training batch for ``positive`` triples; ``mode`` is tail, head or mixed;
-        ``weight`` (``[B]``, optional) is passed on as the batch's ``"weight"``."""
+        ``weight`` (``[B]``, optional) is passed on as the batch's ``"weight"``; randomness
+        from ``generator`` (default ``dm.generator``)."""
+        generator = self.generator if generator is None else generator
         b = positive.shape[0]
         batch: dict[str, Any] = {"positive": positive, "mode": mode}
         if weight is not None:
             batch["weight"] = weight
         if mode == "mixed":
-            head_mask = torch.rand(b, generator=self.generator) < self.head_probability[positive[:, 1]]
+            head_mask = torch.rand(b, generator=generator) < self.head_probability[positive[:, 1]]
             batch["head_mask"] = head_mask
         else:
             head_mask = torch.full((b,), mode == "head", dtype=torch.bool)
         if self.negative_mode == "shared":
-            batch["negatives"] = self._draw((self.num_negatives,))
+            batch["negatives"] = self._draw((self.num_negatives,), generator)
             if self.filter_negatives:
                 batch["negative_mask"] = self.shared_negative_mask(positive, head_mask, batch["negatives"])
         else:
-            batch["negatives"] = self.sample_negatives(positive, head_mask)
+            batch["negatives"] = self.sample_negatives(positive, head_mask, generator)
         return batch
 
-    def _train_epoch(self) -> Iterator[dict]:
+    def _draw_epoch(self, generator: torch.Generator) -> Iterator[dict]:
         train = self.kg.triples("train")
         n = train.shape[0]
         sides = self._train_sides
         # all permutations first, so the draw order does not depend on consumption
-        perms = [torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        perms = [torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
                  for _ in sides]
         weights = self.train_weights if self.subsampling else None
         for start in range(0, n, self.batch_size):
             for mode, perm in zip(sides, perms):
                 rows = perm[start:start + self.batch_size]
-                yield self.make_batch(train[rows], mode, None if weights is None else weights[rows])
+                yield self.make_batch(train[rows], mode, None if weights is None else weights[rows], generator)
+
+    def _train_epoch(self) -> Iterator[dict]:
+        if not self.fixed_negatives:
+            yield from self._draw_epoch(self.generator)
+            return
+        if self._fixed_epoch is None:
+            self._fixed_epoch = ([], self._draw_epoch(torch.Generator().manual_seed(self.seed)))
+        cache, source = self._fixed_epoch
+        # Drawn on first use, so an epoch cut short (limit_train_batches) draws only what it trains.
+        for i in range(self.num_train_batches):
+            if i == len(cache):
+                cache.append(next(source))
+            yield cache[i]
 
     # ---- loaders -----------------------------------------------------------------------
 

@@ -110,7 +110,11 @@ class DistillationModule(KGEModule):
         for name in self.avatar.relation_parameter_names():
             # One relation table for both scorers (FedLU §4.7.2): tie the Parameter itself.
             setattr(self.avatar, name, getattr(self.model, name))
+        # Saved with the weights as a buffer; read through a host-side copy, because reading
+        # a CUDA buffer in every training step would stall the host on the device twice a batch.
         self.register_buffer("flags", torch.tensor([bool(distill_local), bool(distill_global)]))
+        self._flags = [bool(distill_local), bool(distill_global)]
+        self.register_load_state_dict_post_hook(DistillationModule._reload_flags)
         #: True once the local table was initialised from a received avatar (saved, so a
         #: resumed client does not overwrite trained local rows).
         self.register_buffer("local_initialized", torch.tensor(False))
@@ -118,21 +122,29 @@ class DistillationModule(KGEModule):
         self._global_optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------ flags and groups
+    def _set_flag(self, index: int, value: bool) -> None:
+        self._flags[index] = bool(value)
+        self.flags[index] = bool(value)
+
+    @staticmethod
+    def _reload_flags(module: "DistillationModule", incompatible_keys) -> None:
+        module._flags = [bool(v) for v in module.flags.tolist()]
+
     @property
     def distill_local(self) -> bool:
-        return bool(self.flags[0])
+        return self._flags[0]
 
     @distill_local.setter
     def distill_local(self, value: bool) -> None:
-        self.flags[0] = bool(value)
+        self._set_flag(0, value)
 
     @property
     def distill_global(self) -> bool:
-        return bool(self.flags[1])
+        return self._flags[1]
 
     @distill_global.setter
     def distill_global(self, value: bool) -> None:
-        self.flags[1] = bool(value)
+        self._set_flag(1, value)
 
     def avatar_parameters(self) -> list[torch.nn.Parameter]:
         """The avatar's own (entity-indexed) tensors: what its optimizer updates."""
