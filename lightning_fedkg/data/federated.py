@@ -600,11 +600,21 @@ def write_fedlu_folder(fed: FederatedKG, path: str | Path,
             (out / name).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(table)), encoding="utf-8")
         splits = {s: kg.triples(s) for s in kg.split_names}
         splits.update({s: per_client[c] for s, per_client in extra.items()})
-        for s, t in splits.items():
-            t = t.numpy()
-            lines = [f"{h}\t{r}\t{o}\n" for h, r, o in zip(ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]])]
-            (out / f"{s}.txt").write_text("".join(lines), encoding="utf-8")
+        write_named_splits(out, ent, rel, splits)
     return root
+
+
+def write_named_splits(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:
+    """``<folder>/<split>.txt`` of ``head<TAB>relation<TAB>tail`` names for each id-triple
+    tensor of ``splits``; ``entity_names[i]`` / ``relation_names[i]`` name local id ``i``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    ent = np.asarray(entity_names, dtype=object)
+    rel = np.asarray(relation_names, dtype=object)
+    for s, t in splits.items():
+        t = torch.as_tensor(t).reshape(-1, 3).numpy()
+        lines = [f"{h}\t{r}\t{o}\n" for h, r, o in zip(ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]])]
+        (folder / f"{s}.txt").write_text("".join(lines), encoding="utf-8")
 
 
 #: ``data.partition`` → how one KG is split among clients.

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, fingerprint_differences, resume_fingerprint
+from lightning_fedkg.data.federated import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
@@ -289,11 +290,7 @@ def write_retain_folder(folder: Path, parties: list[Party], forget: dict[str, Te
         splits = {s: kg.triples(s) for s in SPLITS}
         splits["train"] = split_retain(splits["train"], f, kg.num_entities, kg.num_relations)
         splits["unlearn"] = f
-        d = folder / str(k)
-        d.mkdir(parents=True, exist_ok=True)
-        for s, t in splits.items():
-            lines = [f"{ent[h]}\t{rel[r]}\t{ent[tail]}" for h, r, tail in t.tolist()]
-            (d / f"{s}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+        write_named_splits(folder / str(k), ent, rel, splits)
     done.write_text("")
     return folder
 

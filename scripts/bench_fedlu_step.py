@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""Milliseconds per FedLU training batch of one client: where a round's time goes.
+
+Builds client ``--client`` of a config's federated data exactly as a run does (its
+:class:`~lightning_fedkg.federated.party.Party`: module, data module, Lightning Trainer),
+then times ``--batches`` training batches (one local and one avatar step each) four ways:
+
+* ``loader``: only iterating the train loader (negative sampling, masks, weights);
+* ``lightning``: ``Party.fit``, i.e. the party's Trainer, as in a federated round;
+* ``bare``: the same module's two losses and two Adam steps in a plain PyTorch loop over
+  the same loader (what the official code runs), so ``lightning - bare`` is the
+  framework's cost per batch;
+* ``bare_cached``: the bare loop over batches already in memory (and on the device), so
+  ``bare - bare_cached`` is what sampling and the host-to-device copy add.
+
+Run it once with ``train.fixed_negatives=true`` to see the official code's sampling (one
+epoch drawn once, replayed). A small ``model.dim`` shows the per-batch overhead that a GPU
+does not hide; on a GPU every timing ends with a device synchronisation.
+
+    python scripts/bench_fedlu_step.py --threads 1 --batches 200
+    python scripts/bench_fedlu_step.py --threads 1 --batches 200 train.fixed_negatives=true
+    python scripts/bench_fedlu_step.py --threads 1 --batches 200 model.dim=8
+    python scripts/bench_fedlu_step.py --threads 1 --batches 500 trainer.accelerator=gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # runnable without installing the package
+    sys.path.insert(0, str(REPO))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-c", "--config", default=str(REPO / "configs" / "fedlu" / "fb15k237_r10_fedlu.yaml"))
+    parser.add_argument("--client", type=int, default=4)
+    parser.add_argument("--batches", type=int, default=200, help="timed batches per mode (after a warm-up)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json-out")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. train.fixed_negatives=true")
+    args = parser.parse_args()
+
+    import torch
+
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.party import build_party, load_federated_kg
+    from lightning_fedkg.federated.tasks import LinkPrediction
+    from lightning_fedkg.runtime import configure_torch
+
+    cfg = load_config(args.config, [f"trainer.threads={args.threads}", "trainer.progress_bar=false",
+                                    *args.overrides])
+    configure_torch(cfg.trainer)
+    logging.disable(logging.WARNING)
+    kg = load_federated_kg(cfg).clients[args.client]
+    party = build_party(cfg, LinkPrediction(), f"client_{args.client}", kg, names={})
+    module, dm = party.module, party.datamodule
+    n = min(args.batches, dm.num_train_batches)
+    party.trainer.limit_train_batches = n
+    party.fit(1)  # warm-up: indexes, the fixed epoch if any, the device copy of the module
+    device = module.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(run) -> float:
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        return (time.perf_counter() - start) / n * 1000
+
+    local_opt = torch.optim.Adam(module.local_parameters(), lr=cfg.train.lr)
+    global_opt = torch.optim.Adam(module.avatar_parameters(), lr=cfg.train.lr)
+    precision = party.trainer.precision_plugin
+
+    def step(batch):
+        with precision.forward_context():
+            loss = module.training_loss(batch)
+        local_opt.zero_grad()
+        loss.backward()
+        local_opt.step()
+        with precision.forward_context():
+            global_loss = module.global_loss(batch)
+        global_opt.zero_grad()
+        global_loss.backward(inputs=module.avatar_parameters())
+        global_opt.step()
+
+    def to_device(batch):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def bare():
+        for batch in islice(dm.train_dataloader(), n):
+            step(to_device(batch))
+
+    cached = [to_device(b) for b in islice(dm.train_dataloader(), n)]
+
+    def bare_cached():
+        for batch in cached:
+            step(batch)
+
+    result = {
+        "loader": timed(lambda: sum(1 for _ in islice(dm.train_dataloader(), n))),
+        "lightning": timed(lambda: party.fit(1)),
+        "bare": timed(bare),
+        "bare_cached": timed(bare_cached),
+    }
+    setting = {"client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
+               "batches": n, "threads": args.threads, "device": str(device),
+               "dim": cfg.model.dim, "batch_size": cfg.train.batch_size, "num_negatives": cfg.train.num_negatives,
+               "negative_mode": cfg.train.negative_mode, "fixed_negatives": cfg.train.fixed_negatives,
+               "precision": cfg.trainer.precision, "overrides": args.overrides}
+    print(" ".join(f"{k}={v}" for k, v in setting.items() if k != "overrides"))
+    for mode, ms in result.items():
+        print(f"{mode:>12}: {ms:8.2f} ms per batch")
+    print(f"{'framework':>12}: {result['lightning'] - result['bare']:8.2f} ms per batch (lightning - bare)")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"setting": setting, "ms_per_batch": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
