@@ -36,6 +36,17 @@ def test_confusion_loss_by_hand():
     assert (both - hard).item() == pytest.approx(1.5, rel=1e-6)
 
 
+def test_confusion_loss_weights_the_hard_term_by_subsampling_weights():
+    positive, negatives = torch.tensor([0.0, 2.0]), torch.tensor([[0.0, 0.0], [2.0, 2.0]])
+    # per row: -log σ(-s) is log 2 (row 0) and log(1 + e²) (row 1), for the forgotten triple
+    # and for the mean over its negatives alike; weights 3 : 1
+    weighted = confusion_loss(positive, negatives, 10.0, 0.0, weight=torch.tensor([3.0, 1.0]))
+    want = 0.5 * 11 * (3 * math.log(2) + math.log(1 + math.e ** 2)) / 4
+    assert weighted.item() == pytest.approx(want, rel=1e-6)
+    equal = confusion_loss(positive, negatives, 10.0, 0.5, weight=torch.tensor([0.7, 0.7]))
+    assert equal.item() == pytest.approx(confusion_loss(positive, negatives, 10.0, 0.5).item(), rel=1e-6)
+
+
 def test_split_retain_removes_every_copy_of_the_forgotten_triples():
     train = torch.tensor([[0, 0, 1], [1, 0, 2], [0, 0, 1], [2, 1, 0]])
     retain = split_retain(train, torch.tensor([[0, 0, 1]]), 3, 2)

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from lightning_fedkg.models.distillation import DistillationModule, candidate_scores, distillation_kl
 from lightning_fedkg.models.kge import KGEModel
-from lightning_fedkg.models.kge_module import KGEModule, kge_loss, negative_loss_term
+from lightning_fedkg.models.kge_module import KGEModule, batch_mean, kge_loss, negative_loss_term
 
 __all__ = ["UnlearningSettings", "confusion_loss", "ClientUnlearner"]
 
@@ -61,12 +61,17 @@ class UnlearningSettings:
 
 
 def confusion_loss(positive: Tensor, negatives: Tensor, forget_weight: float, mu_soft: float,
-                   loss: str = "uniform", adversarial_temperature: float = 1.0) -> Tensor:
+                   loss: str = "uniform", adversarial_temperature: float = 1.0,
+                   weight: Tensor | None = None) -> Tensor:
     """Hard + soft confusion of forgotten triples (``positive`` ``[B]``) and their
-    negatives (``[B, n]``): ``½ (w·mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft·mean_B ‖S(negs) − S(u)‖₂``."""
+    negatives (``[B, n]``): ``½ (w·mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft·mean_B ‖S(negs) − S(u)‖₂``.
+
+    ``weight`` (``[B]``, optional: the batch's subsampling weights) turns the two means of
+    the hard term into weighted means, as the official code does; the soft term stays a
+    plain mean there too."""
     neg_loss = "uniform" if loss == "margin" else loss
-    hard = 0.5 * (forget_weight * (-F.logsigmoid(-positive)).mean()
-                  + negative_loss_term(negatives, neg_loss, adversarial_temperature).mean())
+    hard = 0.5 * (forget_weight * batch_mean(-F.logsigmoid(-positive), weight)
+                  + batch_mean(negative_loss_term(negatives, neg_loss, adversarial_temperature), weight))
     soft = (negatives - positive.unsqueeze(1)).norm(dim=1).mean()
     return hard + mu_soft * soft
 
@@ -123,7 +128,8 @@ class ClientUnlearner:
         hp, s = self.module.hparams, self.settings
         model, teacher, params, opt = self._sides(student)
         positive, negatives = candidate_scores(self.module, model, batch)
-        loss = confusion_loss(positive, negatives, s.forget_weight, s.mu_soft, hp.loss, hp.adversarial_temperature)
+        loss = confusion_loss(positive, negatives, s.forget_weight, s.mu_soft, hp.loss, hp.adversarial_temperature,
+                              weight=batch.get("weight"))
         if student == "global":
             loss = loss + self._distillation(positive, negatives, teacher, batch)
         return self._step(loss, params, opt)
@@ -134,7 +140,7 @@ class ClientUnlearner:
         model, teacher, params, opt = self._sides(student)
         positive, negatives = candidate_scores(self.module, model, batch)
         loss = kge_loss(positive, negatives, hp.loss, hp.adversarial_temperature, hp.margin,
-                        negative_mask=batch.get("negative_mask"))
+                        negative_mask=batch.get("negative_mask"), weight=batch.get("weight"))
         loss = loss + self._distillation(positive, negatives, teacher, batch)
         return self._step(loss, params, opt)
 
