@@ -47,6 +47,29 @@ def test_confusion_loss_weights_the_hard_term_by_subsampling_weights():
     assert equal.item() == pytest.approx(confusion_loss(positive, negatives, 10.0, 0.5).item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("step", ["interference_step", "decay_step"])
+@pytest.mark.parametrize("student", ["local", "global"])
+def test_unlearning_steps_use_the_batch_weights(step, student):
+    import copy
+
+    from lightning_fedkg.models import DistillationModule
+    from lightning_fedkg.models.unlearning import ClientUnlearner, UnlearningSettings
+
+    torch.manual_seed(0)
+    module = DistillationModule("transe", num_entities=6, num_relations=2, dim=4, loss="uniform")
+    with torch.no_grad():
+        module.avatar.entity_emb.add_(0.3 * torch.randn_like(module.avatar.entity_emb))
+    batch = {"positive": torch.tensor([[0, 0, 1], [2, 1, 3]]), "negatives": torch.tensor([[4, 5], [0, 5]]),
+             "mode": "tail"}
+
+    def loss(weight):
+        unlearner = ClientUnlearner(copy.deepcopy(module), UnlearningSettings())
+        return getattr(unlearner, step)(dict(batch, **({} if weight is None else {"weight": weight})), student)
+
+    assert loss(torch.tensor([0.5, 0.5])) == pytest.approx(loss(None), rel=1e-6)
+    assert loss(torch.tensor([5.0, 1.0])) != pytest.approx(loss(None), rel=1e-3)
+
+
 def test_split_retain_removes_every_copy_of_the_forgotten_triples():
     train = torch.tensor([[0, 0, 1], [1, 0, 2], [0, 0, 1], [2, 1, 0]])
     retain = split_retain(train, torch.tensor([[0, 0, 1]]), 3, 2)
