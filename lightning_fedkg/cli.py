@@ -41,12 +41,16 @@ def format_metrics_table(metrics: dict) -> str:
         return format_kgs_table(metrics)
     if "clients" in metrics:
         from lightning_fedkg.federated.orchestrator import format_table
+        from lightning_fedkg.registry import PHASES
 
         summary = "  ".join(f"{k}={metrics[k]}" for k in SUMMARY_KEYS if metrics.get(k) is not None)
+        # A phase's block (FedE's fusion) adds the rows its phase shows.
+        sections = [rows for name in PHASES.names() if isinstance(metrics.get(name), dict)
+                    for rows in [PHASES.get(name)().table_rows(metrics[name])] if rows]
         # format_table writes its own summary line, None included, when it sees "strategy".
-        table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS})
+        table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS}, sections)
         return f"{summary}\n{table}" if summary else table
-    from lightning_fedkg.training import METRIC_KEYS
+    from lightning_fedkg.evaluation.ranking import METRIC_KEYS
 
     header = f"{'':<10}" + "".join(f"{k:>10}" for k in METRIC_KEYS)
     lines = [header, "-" * len(header)]
@@ -193,7 +197,7 @@ def format_unlearning_table(metrics: dict) -> str:
 
 def cmd_unlearn(args: argparse.Namespace) -> int:
     """``fedkg unlearn``: forget triples from a finished run into a new run directory."""
-    from lightning_fedkg.federated.unlearning import run_unlearn
+    from lightning_fedkg.methods.fedlu.phase import run_unlearn
 
     source = Path(args.from_run)
     if not (source / "config.yaml").is_file():

@@ -17,10 +17,11 @@ added later only needs its own declaration:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import IO, Any, Dict, Literal, Optional, Sequence
 
@@ -31,11 +32,6 @@ log = logging.getLogger("lightning_fedkg")
 
 __all__ = [
     "ConfigError",
-    "FedEConfig",
-    "FedProxConfig",
-    "FedECConfig",
-    "FedLUConfig",
-    "UnlearnConfig",
     "Range",
     "DataConfig",
     "ModelConfig",
@@ -44,6 +40,11 @@ __all__ = [
     "FederatedConfig",
     "ExperimentConfig",
     "load_config",
+    "build_config",
+    "experiment_class",
+    "section_classes",
+    "config_from_container",
+    "resume_differences",
     "save_config",
     "config_from_yaml_text",
     "validate_model_and_train",
@@ -124,6 +125,9 @@ class DataConfig:
     partition_seed: int = field(default=12345, metadata={"range": SEED_RANGE})
     partition: Literal["relation", "random", "clustered"] = "relation"
 
+
+#: The ``train.loss`` values (:func:`lightning_fedkg.models.kge_module.kge_loss`).
+LOSSES = ("self_adversarial", "uniform", "margin")
 
 #: ModelConfig fields that are keyword options of particular models (None = model default).
 MODEL_OPTION_KEYS = ("p_norm", "relation_dim", "orthogonality_margin")
@@ -219,174 +223,12 @@ class TrainerConfig:
 
 
 @dataclass
-class FedEConfig:
-    """``federated.fede``: FedE's model fusion (Chen et al., IJCKG 2021, §2.2.3).
-
-    ``fusion`` adds, after the run, a Single model per client (trained in
-    ``<run_dir>/fusion_single``) and a 2→1 layer over the two models' scores fit on each
-    client's validation triples (:mod:`lightning_fedkg.federated.fusion_runner`);
-    ``fusion_epochs``, ``fusion_lr``, ``fusion_margin`` (β) and ``fusion_negatives`` are that
-    layer's Adam epochs, learning rate, ranking margin and tail negatives per validation
-    triple (FedE: 500, 0.01, 10, 256). None of these changes what a round computes, so a
-    finished run may be resumed with them changed.
-    """
-
-    fusion: bool = field(default=False, metadata={"resume": "free"})
-    fusion_epochs: int = field(default=500, metadata={"range": Range(min=0), "resume": "free"})
-    fusion_lr: float = field(default=0.01, metadata={"range": Range(min=0, min_exclusive=True), "resume": "free"})
-    fusion_margin: float = field(default=10.0, metadata={"range": Range(min=0), "resume": "free"})
-    fusion_negatives: int = field(default=256, metadata={"range": Range(min=1), "resume": "free"})
-
-
-@dataclass
-class FedProxConfig:
-    """``federated.fedprox``: FedProx (Li et al., MLSys 2020) on FedE's entity rows, FedLU's
-    baseline (Zhu et al., WWW 2023): each client adds ``mu/2 · ‖E − E_global‖²_F`` to its
-    local loss, ``E_global`` being the rows it received that round (FedLU's code: μ = 0.1)."""
-
-    mu: float = field(default=0.1, metadata={"range": Range(min=0)})
-
-
-@dataclass
-class FedECConfig:
-    """``federated.fedec``: FedEC (Chen et al., "Federated Knowledge Graph Embedding with
-    Embedding-Contrastive learning") on FedE's entity rows, FedLU's baseline (Zhu et al.,
-    WWW 2023): each client adds ``−mu · log(e^{g} / (e^{g} + e^{p}))`` to its local loss, ``g``
-    and ``p`` being the mean row-wise cosine similarity of its entity rows to the rows it
-    received that round and to its own rows after its previous local fit, divided by
-    ``temperature`` (FedLU's code: μ = 0.1, τ = 0.2)."""
-
-    mu: float = field(default=0.1, metadata={"range": Range(min=0)})
-    temperature: float = field(default=0.2, metadata={"range": Range(min=0, min_exclusive=True)})
-
-
-@dataclass
-class FedLUConfig:
-    """``federated.fedlu``: FedLU's mutual distillation (Zhu et al., WWW 2023, §4.2).
-
-    Each client keeps local entity embeddings and an avatar of the global ones, scored with
-    its own relations (:class:`~lightning_fedkg.models.distillation.DistillationModule`).
-    ``mu`` weighs the KL term between the two score distributions (FedLU's script: 2.0).
-    ``schedule``: ``always`` distils from the first round (the paper's text); ``gated``
-    switches each direction on once validation says so, as the official code does
-    (:class:`~lightning_fedkg.federated.strategies.fedlu.DistillationGate`), never before
-    round ``wait_rounds`` unless a side stops improving. ``init_local_from_global`` starts
-    the local entity table as a copy of the first avatar the client receives (the code's
-    ``E_loc = E_glb = E_0[idx]``). ``avatar_eval``: the avatar is validated and tested with
-    the ``aggregated`` rows the server sends, or as each client trained it, ``before_aggregation``
-    (the official code's order: its clients validate before the server averages).
-    """
-
-    mu: float = field(default=2.0, metadata={"range": Range(min=0)})
-    schedule: Literal["gated", "always"] = "gated"
-    wait_rounds: int = field(default=20, metadata={"range": Range(min=0)})
-    init_local_from_global: bool = True
-    avatar_eval: Literal["aggregated", "before_aggregation"] = "aggregated"
-
-
-@dataclass
-class FKGEConfig:
-    """``federated.fkge``: FKGE's pairwise handshakes (Peng et al., CIKM 2021; REFERENCE §5).
-
-    Each party (one KG of ``data``'s multi-source federation) first trains
-    ``pretrain_epochs`` alone, then offers its embeddings to every partner it shares items
-    with. A host runs PPAT with one queued client at a time and a KGEmb-Update of
-    ``update_epochs`` on its own graph, kept only if ``backtrack_on`` MRR improved (else the
-    exact previous state is restored); an accepted update makes it offer itself again.
-
-    Data: ``align`` picks what PPAT translates (``entities``, the code's; ``relations``;
-    ``both``, the paper's); ``align_fraction`` keeps that share of the aligned entities (the
-    paper's 20-100% ablation); ``neighbours`` translated non-aligned neighbours per aligned
-    entity become virtual entities of the host (0: aligned rows only; the code's strategy_2
-    uses 1); ``shared_relations`` is the share of relations dealt to every source when one KG
-    is cut into sources (needed for relation alignment). ``mode``: ``replace`` the host's
-    aligned rows (paper) or ``average`` (code); ``none`` is the control that runs the same
-    handshakes and updates but trains without anything received (the Independent baseline
-    at equal training and backtracking). ``shuffle_received`` is a second control: the host
-    permutes the translated aligned rows before using them, so they keep their values and
-    lose which item each one is (what remains of a gain is not knowledge about the items).
-
-    PPAT (:mod:`lightning_fedkg.fkge.ppat`): ``ppat_epochs`` over the aligned rows in
-    batches of ``ppat_batch_size``; ``teachers`` PATE teachers and noise ``Lap(1/lam)``;
-    every discriminator SGD ``lr``/``momentum`` (paper: 0.02, 0.9), width ``hidden``; the
-    generator ``generator_lr``/``generator_momentum`` (None: the discriminators'),
-    ``generator_init``, MUSE's ``orthogonalize`` beta.
-
-    Budgets: a host hosts at most ``handshakes_per_kg`` handshakes, none after
-    ``max_seconds`` (counted from its start in this process: a resumed run counts again),
-    and answers no PATE query that would take its epsilon (at
-    ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
-    """
-
-    pretrain_epochs: int = field(default=50, metadata={"range": Range(min=0)})
-    update_epochs: int = field(default=10, metadata={"range": Range(min=0)})
-    align: Literal["entities", "relations", "both"] = "entities"
-    align_fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
-    neighbours: int = field(default=1, metadata={"range": Range(min=0)})
-    shared_relations: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
-    mode: Literal["replace", "average", "none"] = "replace"
-    shuffle_received: bool = False
-    backtrack_on: Literal["valid", "test"] = "valid"
-    ppat_epochs: int = field(default=1, metadata={"range": Range(min=1)})
-    ppat_batch_size: int = field(default=32, metadata={"range": Range(min=1)})
-    teachers: int = field(default=4, metadata={"range": Range(min=1)})
-    lam: float = field(default=0.05, metadata={"range": Range(min=0, min_exclusive=True)})
-    delta: float = field(default=1e-5, metadata={"range": Range(min=0, max=1, min_exclusive=True,
-                                                                  max_exclusive=True)})
-    hidden: int = field(default=1024, metadata={"range": Range(min=1)})
-    lr: float = field(default=0.02, metadata={"range": Range(min=0, min_exclusive=True)})
-    momentum: float = field(default=0.9, metadata={"range": Range(min=0, max=1)})
-    generator_lr: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
-    generator_momentum: Optional[float] = field(default=None, metadata={"range": Range(min=0, max=1)})
-    generator_init: Literal["orthogonal", "identity", "xavier"] = "orthogonal"
-    orthogonalize: float = field(default=0.0, metadata={"range": Range(min=0)})
-    teacher_fakes: Literal["own", "all"] = "own"
-    saturating: bool = False
-    handshakes_per_kg: int = field(default=4, metadata={"range": Range(min=0), "resume": "free"})
-    max_seconds: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
-                                                                 "resume": "free"})
-    max_epsilon: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
-
-
-@dataclass
-class UnlearnConfig:
-    """``unlearn``: federated unlearning of a finished run (``fedkg unlearn``; FedLU §4.3).
-
-    ``forget``: ``file`` takes each client's ``unlearn`` split (FedLU's ``unlearn.txt``);
-    ``sample`` draws ``fraction`` of each client's training triples (seeded by ``seed``).
-    Retroactive interference runs ``interference_epochs`` over the forgetting set (hard
-    confusion with the forgotten triple weighted ``forget_weight``, soft confusion weighted
-    ``mu_soft``, and for the avatar distillation from the local side weighted
-    ``mu_distill``); passive decay runs at most ``decay_epochs`` of mutual distillation
-    (also weighted ``mu_distill``) on the retained triples, stopping at the first
-    epoch whose local validation MRR does not improve. ``propagate_rounds`` normal
-    aggregation rounds then carry the change into the global model (0: as the official
-    code, the client's own avatar only). ``retrain`` trains the gold standard from scratch
-    without the forgotten triples (the membership-inference AUC is always reported).
-    ``lr``/``batch_size`` None take ``train.lr``/``train.batch_size``.
-    """
-
-    forget: Literal["file", "sample"] = "file"
-    fraction: float = field(default=0.01, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
-    seed: int = field(default=0, metadata={"range": SEED_RANGE})
-    interference_epochs: int = field(default=10, metadata={"range": Range(min=0)})
-    decay_epochs: int = field(default=10, metadata={"range": Range(min=0)})
-    forget_weight: float = field(default=10.0, metadata={"range": Range(min=0)})
-    mu_soft: float = field(default=0.05, metadata={"range": Range(min=0)})
-    mu_distill: float = field(default=2.0, metadata={"range": Range(min=0)})
-    lr: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
-    batch_size: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
-    propagate_rounds: int = field(default=1, metadata={"range": Range(min=0)})
-    retrain: bool = True
-
-
-@dataclass
 class FederatedConfig:
     """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
 
-    ``strategy`` is a registered name (``single``, ``entire``, ``fede``, ``fedr``) or an
-    import path ``package.module:Class`` of a user's :class:`~lightning_fedkg.federated.
-    strategies.base.Strategy`; ``task`` likewise names a
+    ``strategy`` is a registered name (``lightning_fedkg.registry.STRATEGIES.names()``) or
+    an import path ``package.module:Class`` of a user's
+    :class:`~lightning_fedkg.federated.strategy.Strategy`; ``task`` likewise names a
     :class:`~lightning_fedkg.federated.tasks.Task` (default ``link_prediction``).
     ``rounds`` bounds the run; ``local_epochs`` is E, ``fraction`` is F (clients sampled
     per round), evaluation every ``eval_every`` rounds with early stopping after
@@ -411,8 +253,9 @@ class FederatedConfig:
     ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
     ``engine`` runs a peer-to-peer method (FKGE) in one process with a deterministic FIFO
     scheduler (``local``) or with one Ray actor process per party (``ray``; the ``ray`` extra).
-    Method settings live in the method's section (``fede``, ``fedprox``, ``fedec``, ``fedlu``,
-    ``fkge``).
+    A method's own settings live in its section, ``federated.<strategy name>``, whose
+    fields are its strategy's ``config_class`` (added when a config names the strategy; see
+    :func:`experiment_class`).
     """
 
     strategy: str = "none"
@@ -432,21 +275,6 @@ class FederatedConfig:
     federation_key: str = ""
     engine: Literal["local", "ray"] = field(default="local", metadata={"resume": "free"})
     parties: Dict[str, Any] = field(default_factory=dict)
-    fede: FedEConfig = field(default_factory=FedEConfig)
-    fedprox: FedProxConfig = field(default_factory=FedProxConfig)
-    fedec: FedECConfig = field(default_factory=FedECConfig)
-    fedlu: FedLUConfig = field(default_factory=FedLUConfig)
-    fkge: FKGEConfig = field(default_factory=FKGEConfig)
-
-
-#: Flat keys of the first config layout → their place in the method's section.
-LEGACY_KEYS = {
-    "federated.fusion": "federated.fede.fusion",
-    "federated.fusion_epochs": "federated.fede.fusion_epochs",
-    "federated.fusion_lr": "federated.fede.fusion_lr",
-    "federated.fusion_margin": "federated.fede.fusion_margin",
-    "federated.fusion_negatives": "federated.fede.fusion_negatives",
-}
 
 
 @dataclass
@@ -461,8 +289,11 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
-    # Read only by ``fedkg unlearn``, which writes its own run directory.
-    unlearn: UnlearnConfig = field(default_factory=UnlearnConfig, metadata={"resume": "free"})
+
+    def __reduce__(self):
+        # The class may be built for the names this config resolves (experiment_class), and a
+        # built class cannot be found by its name: rebuild from the values instead.
+        return (config_from_container, (OmegaConf.to_container(OmegaConf.structured(self)),))
 
 
 def _valid_keys(schema: DictConfig, dotted: str) -> list[str]:
@@ -475,51 +306,151 @@ def _valid_keys(schema: DictConfig, dotted: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
-def _upgrade_legacy(layer: DictConfig, source: str) -> DictConfig:
-    """Move keys of the first layout (:data:`LEGACY_KEYS`) to their current place."""
-    for old, new in LEGACY_KEYS.items():
-        value = OmegaConf.select(layer, old, default=None)
-        if value is None:
-            continue
-        section, key = old.rsplit(".", 1)
-        del layer[section][key]
-        OmegaConf.update(layer, new, value, force_add=True)
-        log.warning("%s: '%s' is now '%s'", source, old, new)
-    return layer
-
-
 def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
-    layer = _upgrade_legacy(layer, source)
     try:
         return OmegaConf.merge(schema, layer)
     except (ConfigKeyError, ConfigAttributeError) as err:
         key = getattr(err, "full_key", None) or str(err)
         valid = _valid_keys(schema, key)
+        hint = ""
+        if key.startswith("federated.") and key.count(".") == 1:
+            hint = " (a method's section federated.<name> exists when federated.strategy names the method)"
         raise ConfigError(
-            f"{source}: unknown config key '{key}'. Valid keys here: {', '.join(valid)}"
+            f"{source}: unknown config key '{key}'. Valid keys here: {', '.join(valid)}{hint}"
         ) from None
     except ValidationError as err:
         first_line = str(err).splitlines()[0]
         raise ConfigError(f"{source}: {getattr(err, 'full_key', '')}: {first_line}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+# ---------------------------------------------------------------------- open sections
+#: A section a config gains from the names it gives: ``(key, dataclass, resume_free)``.
+Section = tuple[str, type, bool]
+
+
+def section_classes(raw: DictConfig, sections: Sequence[str] = (),
+                    strict: bool = False) -> tuple[tuple[Section, ...], tuple[Section, ...]]:
+    """The sections the names in ``raw`` resolve to: ``(federated sections, top-level sections)``.
+
+    * ``federated.<name>``: the ``config_class`` of the strategy ``federated.strategy`` names,
+      and of every registered strategy whose section ``raw`` sets (a section of a method the
+      run does not use changes nothing; ``strict`` refuses one, as a likely mistake, while
+      a saved ``config.yaml`` of an earlier version may hold every method's);
+    * ``task``: the ``config_class`` of ``federated.task``'s task, if it has one;
+    * ``<phase>``: the ``config_class`` of each registered phase whose section ``raw`` sets,
+      or that ``sections`` asks for (``fedkg unlearn`` asks for ``unlearn``). A phase is its
+      own resume point (its block is stored with its settings), so its section is
+      resume-free.
+
+    Names resolve through :mod:`lightning_fedkg.registry` (entry points of the installed
+    packages, or import paths): nothing here imports a method. Raises :class:`ConfigError`
+    for a name that does not resolve.
+    """
+    from lightning_fedkg.registry import PHASES, STRATEGIES, TASKS, RegistryError
+
+    def resolve(registry, name: str, key: str):
+        try:
+            return registry.get(name)
+        except RegistryError as err:
+            raise ConfigError(f"{key}: {err}") from None
+
+    fed_raw = raw.get("federated") if isinstance(raw.get("federated"), DictConfig) else OmegaConf.create({})
+    core_federated = {f.name for f in fields(FederatedConfig)}
+    federated: dict[str, Section] = {}
+    strategy = fed_raw.get("strategy", "none")
+    if strategy != "none":
+        cls = resolve(STRATEGIES, strategy, "federated.strategy")
+        if cls.config_class is not None:
+            federated[cls.name] = (cls.name, cls.config_class, False)
+    registered = set(STRATEGIES.names())
+    for key in fed_raw.keys():
+        if key not in core_federated and key not in federated and key in registered:
+            if strict:
+                raise ConfigError(f"federated.{key} is the section of the strategy {key!r}, which this run does not "
+                                  f"use (federated.strategy={strategy}); remove the section or set the strategy")
+            cls = resolve(STRATEGIES, key, f"federated.{key}")
+            if cls.config_class is not None:
+                federated[key] = (key, cls.config_class, False)
+    top: dict[str, Section] = {}
+    if strategy != "none":  # a single-KG run has no task to configure
+        task = resolve(TASKS, fed_raw.get("task", "link_prediction"), "federated.task")
+        if task.config_class is not None:
+            top["task"] = ("task", task.config_class, False)
+    core_top = {f.name for f in fields(ExperimentConfig)}
+    phases = set(PHASES.names())
+    for key in [*raw.keys(), *sections]:
+        if key not in core_top and key not in top and key in phases:
+            phase = resolve(PHASES, key, key)
+            if phase.config_class is not None:
+                top[key] = (key, phase.config_class, True)
+    return tuple(federated.values()), tuple(top.values())
+
+
+@functools.lru_cache(maxsize=None)
+def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ...] = ()) -> type[ExperimentConfig]:
+    """:class:`ExperimentConfig` with the given method sections as typed fields.
+
+    Each section is a dataclass field with its defaults, so a method's settings are checked
+    like the core's (unknown keys, types, ranges) and read as ``cfg.federated.fedlu.mu``.
+    The same sections give the same class.
+    """
+    if not federated and not top:
+        return ExperimentConfig
+
+    def as_field(key, cls, free):
+        return (key, cls, field(default_factory=cls, metadata={"resume": "free"} if free else {}))
+
+    federated_class = make_dataclass("FederatedConfig", [as_field(*s) for s in federated], bases=(FederatedConfig,))
+    experiment_class_ = make_dataclass(
+        "ExperimentConfig",
+        [("federated", federated_class, field(default_factory=federated_class)), *(as_field(*s) for s in top)],
+        bases=(ExperimentConfig,),
+    )
+    for built, base in ((federated_class, FederatedConfig), (experiment_class_, ExperimentConfig)):
+        built.__module__, built.__doc__ = __name__, base.__doc__
+    return experiment_class_
+
+
+def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[str] = (),
+                 strict: bool = False) -> ExperimentConfig:
+    """Merge ``(layer, source)`` pairs, in order, over the defaults of the sections their
+    names resolve to (:func:`section_classes`, ``strict`` as there); check ranges and names.
+
+    Raises :class:`ConfigError` naming the source and the key (with the valid keys).
+    """
+    raw = OmegaConf.create({})
+    for layer, _ in layers:
+        raw = OmegaConf.merge(raw, layer)
+    cfg = OmegaConf.structured(experiment_class(*section_classes(raw, sections, strict)))
+    for layer, source in layers:
+        cfg = _merge(cfg, layer, source)
+    return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                sections: Sequence[str] = ()) -> ExperimentConfig:
     """Build an :class:`ExperimentConfig` from a YAML file and ``key=value`` overrides.
 
+    ``sections`` names phase sections to include even when neither source sets them.
     Raises :class:`ConfigError` naming the offending key and listing the valid keys.
     """
-    cfg = OmegaConf.structured(ExperimentConfig)
+    layers = []
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        cfg = _merge(cfg, OmegaConf.load(path), str(path))
+        layers.append((OmegaConf.load(path), str(path)))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
     if overrides:
-        cfg = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
-    return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
+        layers.append((OmegaConf.from_dotlist(list(overrides)), "command line"))
+    return build_config(layers, sections, strict=True)
+
+
+def config_from_container(values: dict) -> ExperimentConfig:
+    """A config from plain nested values (what ``OmegaConf.to_container`` gives)."""
+    return build_config([(OmegaConf.create(values), "config values")])
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
@@ -535,10 +466,9 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def config_from_yaml_text(text: str) -> ExperimentConfig:
+def config_from_yaml_text(text: str, sections: Sequence[str] = ()) -> ExperimentConfig:
     """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
-    cfg = _merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(text), "config.yaml")
-    return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
+    return build_config([(OmegaConf.create(text), "config.yaml")], sections)
 
 
 def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -548,11 +478,9 @@ def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
     a known loss, and every model option that is set must be one the model takes. Raises
     :class:`ConfigError` listing the valid choices; returns ``cfg`` unchanged.
     """
-    # The registries live with the models (torch); importing them here, not at module
-    # level, keeps `import lightning_fedkg.config` light.
-    from lightning_fedkg.models.kge import MODELS, model_options
-    from lightning_fedkg.models.kge_module import LOSSES
-    from lightning_fedkg.registry import RegistryError
+    # Resolving the name imports the model's module (torch): here, not at module level,
+    # so that `import lightning_fedkg.config` stays light.
+    from lightning_fedkg.registry import MODELS, RegistryError
 
     try:
         model_cls = MODELS.get(cfg.model.name)
@@ -560,7 +488,7 @@ def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"model.name: {err}") from None
     if cfg.train.loss not in LOSSES:
         raise ConfigError(f"train.loss: unknown loss {cfg.train.loss!r}; valid: {', '.join(LOSSES)}")
-    accepted = model_options(model_cls)
+    accepted = model_cls.option_names()
     for key in cfg.model.options():
         if accepted is not None and key not in accepted:
             raise ConfigError(
@@ -590,19 +518,9 @@ def party_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
 
 def validate_names(cfg: ExperimentConfig) -> ExperimentConfig:
     """Every name a config gives must resolve: the model and loss
-    (:func:`validate_model_and_train`), the federated strategy and task in their registries
-    (or as import paths), and each per-party override. Raises :class:`ConfigError`."""
+    (:func:`validate_model_and_train`) and each per-party override (the strategy, task and
+    phases resolved when the sections were built). Raises :class:`ConfigError`."""
     validate_model_and_train(cfg)
-    if cfg.federated.strategy != "none":
-        from lightning_fedkg.federated.strategies.base import STRATEGIES
-        from lightning_fedkg.federated.tasks import TASKS
-        from lightning_fedkg.registry import RegistryError
-
-        for key, registry in (("strategy", STRATEGIES), ("task", TASKS)):
-            try:
-                registry.get(getattr(cfg.federated, key))
-            except RegistryError as err:
-                raise ConfigError(f"federated.{key}: {err}") from None
     for name in cfg.federated.parties or {}:
         try:
             validate_model_and_train(party_config(cfg, name))
@@ -661,6 +579,17 @@ def resume_fingerprint(cfg: ExperimentConfig) -> dict:
         return out
 
     return strip(cfg)
+
+
+def resume_differences(saved: dict, cfg: ExperimentConfig) -> list[str]:
+    """:func:`fingerprint_differences` of a saved fingerprint and ``cfg``'s, where sections of
+    methods ``cfg`` does not use (earlier versions saved every method's) are left out."""
+    current = resume_fingerprint(cfg)
+    federated = dict(saved.get("federated") or {})
+    used = current.get("federated", {})
+    for key in [k for k, v in federated.items() if isinstance(v, dict) and k != "parties" and k not in used]:
+        del federated[key]
+    return fingerprint_differences({**saved, "federated": federated}, current)
 
 
 def fingerprint_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

@@ -1,18 +1,28 @@
 """Open registries: one resolver per kind of pluggable class (models, strategies, tasks, ...).
 
-A registry maps short names (``"transe"``, ``"fede"``) to classes. Built-in classes
-register themselves with :meth:`Registry.register`; a user adds a method *without editing
-the package* by naming it in a config by import path, ``"my_pkg.my_module:MyStrategy"``
-(as PyKEEN's class resolver and Hydra's ``_target_`` do). The config layer takes its
-allowed names from :meth:`Registry.names`, so a misspelled name lists the valid ones.
+A registry maps short names (``"transe"``, ``"fede"``) to classes. Three ways in:
+
+* **entry points** of an installed distribution, in the registry's group (this package
+  declares its built-in methods so in ``pyproject.toml``; a plugin package does the same
+  in its own): listed by :meth:`Registry.names` without importing anything, imported on
+  first :meth:`Registry.get`;
+* :meth:`Registry.register` (a class decorator) for classes defined in code;
+* an import path in a config, ``"my_pkg.my_module:MyStrategy"`` (as PyKEEN's class
+  resolver and Hydra's ``_target_`` do): a user adds a method without editing any package.
+
+The registries (:data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`, :data:`PHASES`)
+live here, at the bottom of the package, so that the config layer can resolve names
+without importing the layers above it; each checks its base class lazily, by import path.
+A misspelled name is an error that lists the valid ones.
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, TypeVar
 
-__all__ = ["Registry", "RegistryError", "import_path"]
+__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES"]
 
 T = TypeVar("T")
 
@@ -47,23 +57,41 @@ class Registry(Generic[T]):
 
     Args:
         kind: what is registered, used in error messages (``"federated strategy"``).
-        base: optional base class every resolved class must subclass.
+        base: optional base class every resolved class must subclass, or its import path
+            (resolved on first use, so a low-level registry need not import its base).
         loader: optional callable that imports the modules holding the built-in classes
             (called once, on first lookup, so importing the registry stays cheap).
+        group: optional entry-point group whose entries are registered lazily.
     """
 
-    def __init__(self, kind: str, base: type | None = None, loader: Callable[[], None] | None = None) -> None:
+    def __init__(self, kind: str, base: type | str | None = None, loader: Callable[[], None] | None = None,
+                 group: str | None = None) -> None:
         self.kind = kind
-        self.base = base
+        self._base = base
         self._classes: dict[str, type[T]] = {}
         self._loader = loader
         self._loaded = loader is None
+        self.group = group
+        self._entry_points: dict | None = None
+
+    @property
+    def base(self) -> type | None:
+        if isinstance(self._base, str):
+            self._base = import_path(self._base)
+        return self._base
 
     def _ensure_loaded(self) -> None:
         if not self._loaded:
             self._loaded = True
             assert self._loader is not None
             self._loader()
+
+    def _declared(self) -> dict:
+        """``{name: EntryPoint}`` of the group (read once; nothing is imported)."""
+        if self._entry_points is None:
+            found = entry_points(group=self.group) if self.group else ()
+            self._entry_points = {ep.name.lower(): ep for ep in found}
+        return self._entry_points
 
     def register(self, name: str | None = None) -> Callable[[type[T]], type[T]]:
         """Class decorator: register under ``name`` (default: the class's ``name`` attribute)."""
@@ -82,9 +110,10 @@ class Registry(Generic[T]):
         self.register(name)(cls)
 
     def names(self) -> list[str]:
-        """Registered short names, in registration order."""
+        """Registered short names: entry points (sorted by name), then classes registered in code."""
         self._ensure_loaded()
-        return list(self._classes)
+        declared = sorted(self._declared())
+        return declared + [n for n in self._classes if n not in self._declared()]
 
     def __contains__(self, name: str) -> bool:
         return self.is_valid(name)
@@ -102,8 +131,8 @@ class Registry(Generic[T]):
         return self.names()
 
     def items(self) -> list[tuple[str, type[T]]]:
-        self._ensure_loaded()
-        return list(self._classes.items())
+        """``(name, class)`` of every name (entry points are imported)."""
+        return [(n, self.get(n)) for n in self.names()]
 
     def is_valid(self, name: str) -> bool:
         """Whether :meth:`get` would resolve ``name`` (an import path is imported to check)."""
@@ -121,13 +150,37 @@ class Registry(Generic[T]):
         if ":" in name:
             cls = import_path(name)
         else:
-            cls = self._classes.get(name.lower())
+            key = name.lower()
+            cls = self._classes.get(key)
+            if cls is None and key in self._declared():
+                cls = self._load_entry_point(key)
             if cls is None:
                 raise RegistryError(
-                    f"unknown {self.kind} {name!r}; valid: {', '.join(self._classes)} "
+                    f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())} "
                     "(or an import path 'package.module:Class')"
                 )
         if not isinstance(cls, type) or (self.base is not None and not issubclass(cls, self.base)):
             expected = self.base.__name__ if self.base is not None else "a class"
             raise RegistryError(f"{name!r} is not a subclass of {expected}")
         return cls
+
+    def _load_entry_point(self, key: str) -> type[T]:
+        ep = self._declared()[key]
+        try:
+            cls = ep.load()
+        except Exception as err:  # a broken plugin must say which entry point it is
+            raise RegistryError(f"{self.kind} {key!r} ({ep.value}) cannot be loaded: "
+                                f"{type(err).__name__}: {err}") from None
+        self._classes[key] = cls
+        return cls
+
+
+#: ``model.name`` → :class:`~lightning_fedkg.models.kge.KGEModel` subclass (dict-like: ``MODELS["transe"]``).
+MODELS: Registry = Registry("KGE model", base="lightning_fedkg.models.kge:KGEModel", group="lightning_fedkg.models")
+#: ``federated.strategy`` name → :class:`~lightning_fedkg.federated.strategy.Strategy` subclass.
+STRATEGIES: Registry = Registry("federated strategy", base="lightning_fedkg.federated.strategy:Strategy",
+                                group="lightning_fedkg.strategies")
+#: ``federated.task`` name → :class:`~lightning_fedkg.federated.tasks.Task` subclass.
+TASKS: Registry = Registry("task", base="lightning_fedkg.federated.tasks:Task", group="lightning_fedkg.tasks")
+#: Phase name → :class:`~lightning_fedkg.federated.phases.Phase` subclass.
+PHASES: Registry = Registry("phase", base="lightning_fedkg.federated.phases:Phase", group="lightning_fedkg.phases")

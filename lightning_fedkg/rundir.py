@@ -26,7 +26,7 @@ from lightning_fedkg.config import (
     ConfigError,
     ExperimentConfig,
     config_from_yaml_text,
-    fingerprint_differences,
+    resume_differences,
     resume_fingerprint,
     save_config,
 )
@@ -97,7 +97,7 @@ def check_resumable(run_dir: str | Path, cfg: ExperimentConfig) -> bool:
         raise ConfigError(
             f"{config_path} cannot be read ({err}); use another run directory (fedkg fit --out DIR)"
         ) from None
-    differences = fingerprint_differences(resume_fingerprint(saved), resume_fingerprint(cfg))
+    differences = resume_differences(resume_fingerprint(saved), cfg)
     if differences:
         raise ConfigError(
             f"{run_dir} holds a run with other settings ({', '.join(differences)}); "

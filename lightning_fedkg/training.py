@@ -15,13 +15,14 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, TrainerConfig, show_progress_bar
-from lightning_fedkg.data import KGDataModule, KnowledgeGraph, load_kg
+from lightning_fedkg.builders import build_datamodule, build_module, trainer_kwargs
+from lightning_fedkg.config import ConfigError, ExperimentConfig, show_progress_bar
+from lightning_fedkg.data import load_kg
+from lightning_fedkg.evaluation.ranking import METRIC_KEYS
 from lightning_fedkg.models import KGEModule
 
 log = logging.getLogger("lightning_fedkg")
 
-METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
 
 
 def _first_sentence(err: Exception) -> str:
@@ -50,74 +51,6 @@ def check_checkpoint(path: str | Path, hint: str) -> None:
             f"checkpoint {path} cannot be read ({type(err).__name__}: {_first_sentence(err)}); the file is damaged, "
             f"e.g. cut short by a crash or a full disk. {hint}"
         ) from None
-
-
-def trainer_kwargs(trainer: TrainerConfig) -> dict:
-    """The ``lightning.Trainer`` arguments every Trainer of a run shares (``cfg.trainer``)."""
-    return dict(
-        accelerator=trainer.accelerator,
-        devices=trainer.devices,
-        precision=trainer.precision,
-        deterministic=trainer.deterministic,
-        enable_model_summary=False,
-    )
-
-
-def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
-    """The :class:`KGDataModule` arguments of ``cfg.train`` (sampling and evaluation), no seed."""
-    t = cfg.train
-    return dict(
-        batch_size=t.batch_size,
-        num_negatives=t.num_negatives,
-        corruption=t.corruption,
-        negative_sampler=t.negative_sampler,
-        negative_mode=t.negative_mode,
-        filter_negatives=t.filter_negatives,
-        subsampling=t.subsampling,
-        fixed_negatives=t.fixed_negatives,
-        eval_batch_size=t.eval_batch_size,
-        eval_sides=t.eval_sides,
-    )
-
-
-def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
-    """A :class:`KGDataModule` for ``kg`` with the sampling/evaluation settings of ``cfg.train``."""
-    kwargs = datamodule_kwargs(cfg)
-    kwargs["seed"] = seed
-    kwargs.update(overrides)
-    return KGDataModule(kg, **kwargs)
-
-
-def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int) -> KGEModule:
-    """A :class:`KGEModule` with the model and optimisation settings of ``cfg``, or the
-    module class the federated strategy trains (FedLU's
-    :class:`~lightning_fedkg.models.DistillationModule`) with its extra arguments."""
-    m, t = cfg.model, cfg.train
-    module_class, extra = KGEModule, {}
-    if cfg.federated.strategy != "none":
-        from lightning_fedkg.federated.strategies.base import STRATEGIES
-
-        learner = STRATEGIES.get(cfg.federated.strategy).learner(cfg)
-        if learner is not None:
-            module_class, extra = learner
-    return module_class(
-        model=m.name,
-        num_entities=num_entities,
-        num_relations=num_relations,
-        dim=m.dim,
-        gamma=m.gamma,
-        epsilon=m.epsilon,
-        lr=t.lr,
-        loss=t.loss,
-        adversarial_temperature=t.adversarial_temperature,
-        margin=t.margin,
-        regularization=t.regularization,
-        ties=t.ties,
-        reset_optimizer=t.reset_optimizer,
-        eval_chunk_size=t.eval_chunk_size,
-        model_kwargs=m.options(),
-        **extra,
-    )
 
 
 def format_test_result(metrics: dict) -> dict:

@@ -138,7 +138,7 @@ def run_strategy(args) -> dict:
 def run_unlearning(args) -> dict:
     """Child process: unlearning of the FedLU run, with retraining and the MIA AUC."""
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated.unlearning import run_unlearn
+    from lightning_fedkg.methods.fedlu.phase import run_unlearn
     from lightning_fedkg.runtime import configure_torch
 
     cfg = load_config(CONFIGS / "fb15k237_r10_unlearn.yaml", overrides(args))

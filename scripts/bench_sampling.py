@@ -40,7 +40,7 @@ def main() -> int:
     import lightning_fedkg.data.datamodule as datamodule
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated.party import load_federated_kg
-    from lightning_fedkg.training import build_datamodule
+    from lightning_fedkg.builders import build_datamodule
 
     cfg = load_config(args.config, args.overrides)
     kg = load_federated_kg(cfg).clients[args.client]

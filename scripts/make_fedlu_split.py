@@ -8,7 +8,7 @@ split: relations dealt out at random, each client's triples split 80:10:10 with 
 valid/test entity and relation kept in its train split; ``random``; ``clustered`` = C-k)
 and an ``unlearn.txt`` of ``--unlearn-fraction`` of each client's train triples, drawn with
 FedLU's rule (a triple is taken only if its entities and relation keep a retained triple;
-:func:`lightning_fedkg.federated.unlearning.sample_forget_set`). Both sides of the
+:func:`lightning_fedkg.methods.fedlu.phase.sample_forget_set`). Both sides of the
 side-by-side in docs/BENCHMARKS.md then read the same files: ``fedkg`` through
 ``data.name=<out>``, the official code through ``scripts/bench_official_fedlu.py --data <out>``.
 
@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:  # runnable without installing the package
     sys.path.insert(0, str(REPO))
 
 from lightning_fedkg.data import load_federated, write_fedlu_folder  # noqa: E402
-from lightning_fedkg.federated.unlearning import sample_forget_set  # noqa: E402
+from lightning_fedkg.methods.fedlu.phase import sample_forget_set  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

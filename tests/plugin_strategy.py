@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_fedkg.federated.strategies.base import ClientHalf, Strategy
-from lightning_fedkg.federated.strategies.fede import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.tasks import LinkPrediction
 from lightning_fedkg.models.kge_module import KGEModule
 

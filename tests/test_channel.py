@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from lightning_fedkg.federated.channel import Channel, payload_bytes
+from lightning_fedkg.federated.channel import Channel
+from lightning_fedkg.federated.message import tensor_bytes
 
 
 def test_send_returns_detached_clone_and_logs_shape_dtype_bytes():
@@ -21,7 +22,7 @@ def test_send_returns_detached_clone_and_logs_shape_dtype_bytes():
     assert (rec.round, rec.sender, rec.receiver, rec.name) == (3, "server", "client_0", "download")
     assert rec.shapes == {"w": [5, 4], "ids": [5]}
     assert rec.dtypes == {"w": "float32", "ids": "int64"}
-    assert rec.bytes == 5 * 4 * 4 + 5 * 8 == payload_bytes({"w": w, "ids": ids})
+    assert rec.bytes == 5 * 4 * 4 + 5 * 8 == tensor_bytes({"w": w, "ids": ids})
 
 
 def test_filters_bytes_per_round_and_total():

@@ -136,7 +136,8 @@ def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
 
 
 def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
-    cfg = ExperimentConfig()
+    # FedE's and FKGE's sections, and the unlearn phase's (a saved config.yaml may hold several).
+    cfg = config_from_yaml_text("federated: {strategy: fede, fkge: {pretrain_epochs: 50}}", sections=("unlearn",))
     everything = _leaf_keys(dataclasses.asdict(cfg))
     kept = _leaf_keys(resume_fingerprint(cfg))
     assert everything - kept == {
@@ -146,7 +147,7 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",
         "federated.max_retries", "federated.client_timeout", "federated.record_payloads",
         "federated.engine", "federated.fkge.handshakes_per_kg", "federated.fkge.max_seconds",
-    } | {f"unlearn.{f.name}" for f in dataclasses.fields(cfg.unlearn)}  # read only by fedkg unlearn
+    } | {f"unlearn.{f.name}" for f in dataclasses.fields(cfg.unlearn)}  # a phase: its own resume point
     # Precision and accelerator change what a round computes: they stay.
     assert {"trainer.precision", "trainer.accelerator", "trainer.deterministic", "seed"} <= kept
 
@@ -154,7 +155,7 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
 def test_resume_fingerprint_compares_what_matters():
     base = load_config(None, ["federated.strategy=fede"])
     budget = load_config(None, ["federated.strategy=fede", "federated.rounds=7", "name=other",
-                                "trainer.progress_bar=false", "federated.fusion=true"])
+                                "trainer.progress_bar=false", "federated.fede.fusion=true"])
     assert resume_fingerprint(base) == resume_fingerprint(budget)
     changed = load_config(None, ["federated.strategy=fede", "model.dim=32", "trainer.precision=bf16-mixed"])
     assert fingerprint_differences(resume_fingerprint(base), resume_fingerprint(changed)) == [
@@ -180,7 +181,7 @@ def test_resume_metadata_uses_one_spelling():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["federated.strategy=fedx"], "federated.strategy: unknown federated strategy 'fedx'; valid: entire, fede, fedec, fedprox, fedr, single"),
+    (["federated.strategy=fedx"], "federated.strategy: unknown federated strategy 'fedx'; valid: entire, fede, fedec, fedlu, fedprox, fedr, fkge, single"),
     (["federated.strategy=fede", "federated.task=nope"], "federated.task: unknown task 'nope'; valid: link_prediction"),
     (["federated.strategy=fede", "federated.parties.client_1.model.name=transx"],
      "federated.parties.client_1: model.name: unknown KGE model 'transx'"),

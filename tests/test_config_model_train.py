@@ -15,7 +15,7 @@ UMLS_QUICK_START = [REPO / "configs" / "fede" / f"umls_{s}.yaml" for s in ("fede
 
 def test_reset_optimizer_default_agrees_with_kge_module():
     from lightning_fedkg.models import KGEModule
-    from lightning_fedkg.training import build_module
+    from lightning_fedkg.builders import build_module
 
     module_default = inspect.signature(KGEModule).parameters["reset_optimizer"].default
     assert TrainConfig().reset_optimizer is True and module_default is True
@@ -32,7 +32,7 @@ def test_umls_quick_start_configs_share_one_optimizer_policy(path):
 
 # ---------------------------------------------------------------------------- model / train options
 def build(*overrides, num_entities=6, num_relations=3):
-    from lightning_fedkg.training import build_module
+    from lightning_fedkg.builders import build_module
 
     return build_module(load_config(None, list(overrides)), num_entities, num_relations)
 
@@ -94,8 +94,8 @@ def test_eval_chunk_size_bounds_the_scored_queries():
 
 
 def test_unknown_model_or_loss_lists_the_valid_names():
-    with pytest.raises(ConfigError, match=r"model\.name: unknown KGE model 'transx'; valid: transe, transh, "
-                                          r"transr, transd, distmult, complex, rotate"):
+    with pytest.raises(ConfigError, match=r"model\.name: unknown KGE model 'transx'; valid: complex, distmult, "
+                                          r"rotate, transd, transe, transh, transr"):
         load_config(None, ["model.name=transx"])
     with pytest.raises(ConfigError, match=r"train\.loss: unknown loss 'hinge'; valid: self_adversarial, uniform, margin"):
         load_config(None, ["train.loss=hinge"])
@@ -137,5 +137,5 @@ def test_registry_is_dict_like():
     from lightning_fedkg.models import MODELS, TransR
 
     assert MODELS["transr"] is TransR and MODELS["TransR"] is TransR
-    assert list(MODELS) == ["transe", "transh", "transr", "transd", "distmult", "complex", "rotate"]
+    assert list(MODELS) == ["complex", "distmult", "rotate", "transd", "transe", "transh", "transr"]  # sorted
     assert "rotate" in MODELS and "transx" not in MODELS and len(MODELS) == 7

@@ -353,7 +353,7 @@ def test_subsampling_batches_carry_the_weights_of_their_rows():
 
 def test_train_subsampling_reaches_the_datamodule():
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.training import build_datamodule
+    from lightning_fedkg.builders import build_datamodule
 
     kg = small_kg()
     assert build_datamodule(kg, load_config(None, ["train.subsampling=true"]), seed=0).subsampling
@@ -421,7 +421,7 @@ def test_fixed_negatives_draw_only_the_batches_trained():
 
 def test_train_fixed_negatives_reaches_the_datamodule():
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.training import build_datamodule
+    from lightning_fedkg.builders import build_datamodule
 
     kg = small_kg()
     assert build_datamodule(kg, load_config(None, ["train.fixed_negatives=true"]), seed=0).fixed_negatives

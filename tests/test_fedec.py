@@ -10,7 +10,7 @@ import torch
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
-from lightning_fedkg.federated.strategies.fedec import (HAS_PREVIOUS, PREVIOUS_PREFIX, FedEC, FedECClient,
+from lightning_fedkg.methods.fedec.strategy import (HAS_PREVIOUS, PREVIOUS_PREFIX, FedEC, FedECClient,
                                                         contrastive_term)
 from lightning_fedkg.models.kge_module import KGEModule
 

@@ -10,9 +10,9 @@ import torch
 from lightning_fedkg.config import load_config
 from lightning_fedkg.data import KGDataModule, load_kg
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
-from lightning_fedkg.federated.strategies.fedlu import DistillationGate
-from lightning_fedkg.models import DistillationModule
-from lightning_fedkg.models.distillation import distillation_kl
+from lightning_fedkg.methods.fedlu.strategy import DistillationGate
+from lightning_fedkg.methods.fedlu import DistillationModule
+from lightning_fedkg.methods.fedlu.distillation import distillation_kl
 
 BASE = ["data.name=umls", "model.dim=16", "train.num_negatives=16", "train.negative_mode=shared", "train.lr=0.02",
         "train.loss=uniform", "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.local_epochs=1",

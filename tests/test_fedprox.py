@@ -39,7 +39,7 @@ def test_the_proximal_term_keeps_local_rows_near_the_received_ones(one_thread):
 def test_the_proximal_term_value_and_gradient():
     from types import SimpleNamespace
 
-    from lightning_fedkg.federated.strategies.fedprox import FedProx, FedProxClient
+    from lightning_fedkg.methods.fedprox.strategy import FedProx, FedProxClient
     from lightning_fedkg.models.kge_module import KGEModule
 
     module = KGEModule("transe", num_entities=3, num_relations=1, dim=2)

@@ -1,4 +1,4 @@
-"""FKGE's federation (lightning_fedkg.fkge.federation): neighbour choice against a brute-force
+"""FKGE's federation (lightning_fedkg.methods.fkge.federation): neighbour choice against a brute-force
 oracle, and runs of three UMLS sources through the peer-to-peer runner: the metrics.json
 layout, backtracking invariants, budgets, what crosses the wire, per-party models, resume."""
 
@@ -10,7 +10,7 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.orchestrator import run_federated
-from lightning_fedkg.fkge.federation import QUALITY_KEYS, neighbour_edges
+from lightning_fedkg.methods.fkge.federation import QUALITY_KEYS, neighbour_edges
 
 BASE = [
     "data.name=umls", "data.num_clients=3", "model.name=transe", "model.dim=16", "train.batch_size=512",
@@ -155,7 +155,7 @@ def test_only_the_protocol_crosses_the_wire(default_run):
 
 def test_host_never_receives_x_and_client_never_receives_y(tmp_path, monkeypatch):
     from lightning_fedkg.federated.message import decode
-    from lightning_fedkg.fkge.federation import FKGEPeer
+    from lightning_fedkg.methods.fkge.federation import FKGEPeer
 
     xs, ys = {}, {}  # (client, host) -> the client's X / the host's Y of that handshake
     on_start, new_host = FKGEPeer.on_fkge_start, FKGEPeer._new_host
@@ -207,7 +207,7 @@ def test_mixed_models(tmp_path):
 
 
 def test_control_mode_uses_nothing_received(tmp_path, monkeypatch):
-    from lightning_fedkg.fkge import federation
+    from lightning_fedkg.methods.fkge import federation
 
     calls = []
     real = federation.kgemb_update
@@ -237,7 +237,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, defa
 
 
 def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
-    from lightning_fedkg.fkge import federation
+    from lightning_fedkg.methods.fkge import federation
 
     seen = []
     real = federation.kgemb_update

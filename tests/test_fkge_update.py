@@ -1,4 +1,4 @@
-"""FKGE KGEmb-Update (lightning_fedkg.fkge.update): virtual rows in and out, replace vs
+"""FKGE KGEmb-Update (lightning_fedkg.methods.fkge.update): virtual rows in and out, replace vs
 average, backtracking bit for bit, no mutation of the input KG, TransD's two entity tables.
 
 Bundled UMLS (135 entities), dim 8, at most a few epochs of batch 512: a few seconds.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_fedkg.data import load_kg
-from lightning_fedkg.fkge.update import add_virtual_rows, kgemb_update, remove_virtual_rows
+from lightning_fedkg.methods.fkge.update import add_virtual_rows, kgemb_update, remove_virtual_rows
 from lightning_fedkg.models.kge_module import KGEModule
 
 DIM = 8

@@ -1,4 +1,4 @@
-"""Tests for FedE model fusion (lightning_fedkg.models.fusion)."""
+"""Tests for FedE model fusion (lightning_fedkg.methods.fede.fusion)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_fedkg.models.fusion import (
+from lightning_fedkg.methods.fede.fusion import (
     ScoreFusion,
     evaluate_fusion,
     fit_fusion,

@@ -13,10 +13,11 @@ import torch
 
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest
-from lightning_fedkg.federated.fusion_runner import SINGLE_DIR, obtain_single_run
+from lightning_fedkg.methods.fede.phase import SINGLE_DIR, obtain_single_run
 from lightning_fedkg.federated.orchestrator import restore_finished_run
-from lightning_fedkg.federated.orchestrator import METRIC_KEYS, format_table, run_federated
-from lightning_fedkg.models.fusion import ScoreFusion, evaluate_fusion
+from lightning_fedkg.cli import format_metrics_table
+from lightning_fedkg.federated.orchestrator import METRIC_KEYS, run_federated
+from lightning_fedkg.methods.fede.fusion import ScoreFusion, evaluate_fusion
 
 
 def umls_config(strategy: str = "fede", **overrides):
@@ -134,7 +135,7 @@ def test_fused_mrr_is_not_below_the_weaker_input(fused):
 
 def test_table_prints_the_fusion_rows(fused):
     _, metrics, _ = fused
-    lines = format_table(metrics).splitlines()
+    lines = format_metrics_table(metrics).splitlines()
     rows = {
         "single (fusion input)": metrics["fusion"]["single"]["test"],
         "fede (fusion input)": metrics["fusion"]["federated"]["test"],
@@ -143,7 +144,7 @@ def test_table_prints_the_fusion_rows(fused):
     for label, avg in rows.items():
         line = next(line for line in lines if line.split("  ")[0].strip() == label)
         assert line.split()[-4:] == [f"{avg[k]:.4f}" for k in ("mrr", "hits@1", "hits@5", "hits@10")]
-    assert "fusion" not in format_table({k: v for k, v in metrics.items() if k != "fusion"})
+    assert "fusion" not in format_metrics_table({k: v for k, v in metrics.items() if k != "fusion"})
 
 
 def test_rerun_reuses_the_single_run_and_repeats_the_fusion(fused):
@@ -165,6 +166,7 @@ def test_rerun_reuses_the_single_run_and_repeats_the_fusion(fused):
 @pytest.mark.parametrize("strategy", ["single", "entire", "fedr"])
 def test_fusion_needs_the_fede_strategy(strategy, tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(ConfigError, match="federated.fede.fusion=true needs federated.strategy=fede"):
+    with pytest.raises(ConfigError, match=f"federated.fede is the section of the strategy 'fede', which this run "
+                                          f"does not use \\(federated.strategy={strategy}\\)"):
         run_federated(umls_config(strategy), run_dir)
     assert not run_dir.exists()  # refused before anything was written

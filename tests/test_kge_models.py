@@ -351,7 +351,7 @@ def test_build_model_names_and_errors():
     assert set(MODELS) == {"transe", "transh", "transr", "transd", "distmult", "complex", "rotate"}
     m = build_model("TransR", 4, 2, 3, gamma=5.0, relation_dim=2, p_norm=2)
     assert isinstance(m, TransR) and m.gamma == 5.0 and m.relation_dim == 2 and m.p_norm == 2.0
-    with pytest.raises(ValueError, match="transe.*rotate"):
+    with pytest.raises(ValueError, match="complex.*transr"):
         build_model("transx", 4, 2, 3)
 
 

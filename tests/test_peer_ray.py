@@ -124,7 +124,7 @@ def test_each_actor_builds_only_its_own_party(monkeypatch, one_thread):
     names its parties after its sources without building a model."""
     from lightning_fedkg.federated.peer import build_named_party
     from lightning_fedkg.federated.tasks import TASKS
-    from lightning_fedkg.fkge.federation import FKGE
+    from lightning_fedkg.methods.fkge.federation import FKGE
 
     monkeypatch.syspath_prepend(str(ROOT))
     from tests.plugin_peer import Gossip

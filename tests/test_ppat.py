@@ -1,4 +1,4 @@
-"""PPAT (lightning_fedkg.fkge.ppat): what crosses the wire, the generator's gradient, the
+"""PPAT (lightning_fedkg.methods.fkge.ppat): what crosses the wire, the generator's gradient, the
 PATE labels, the accountant, and that the game moves ``W`` toward a hidden rotation.
 
 Tiny sizes (d = 8, m = 64; m = 256 for the rotation task), small discriminators, one
@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.message import decode
-from lightning_fedkg.fkge import PPATClient, PPATHost, run_ppat
+from lightning_fedkg.methods.fkge import PPATClient, PPATHost, run_ppat
 from lightning_fedkg.privacy import PateMomentsAccountant
 
 D, M, HIDDEN = 8, 64, 12

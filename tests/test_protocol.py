@@ -24,7 +24,8 @@ from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import load_checkpoint
 from lightning_fedkg.federated.message import Message, decode
 from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed, run_federated
-from lightning_fedkg.federated.strategies import ClientHalf, HolderMeanServer, Strategy
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2

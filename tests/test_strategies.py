@@ -22,19 +22,15 @@ from lightning_fedkg.data.federated import FederatedKG
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategies import (
-    STRATEGIES,
-    ClientHalf,
-    Entire,
-    FedE,
-    FedR,
-    HolderMeanServer,
-    Single,
-    build_strategy,
-)
-from lightning_fedkg.federated.strategies.base import SERVER, ServerContext, Strategy, client_name, num_selected
-from lightning_fedkg.federated.strategies.entire import CENTRAL, client_view
-from lightning_fedkg.federated.strategies.fede import initial_rows
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
+from lightning_fedkg.federated.strategy import STRATEGIES, ClientHalf
+from lightning_fedkg.methods.entire import Entire
+from lightning_fedkg.methods.fede import FedE
+from lightning_fedkg.methods.fedr import FedR
+from lightning_fedkg.methods.single import Single
+from lightning_fedkg.federated.strategy import SERVER, ServerContext, Strategy, client_name, num_selected
+from lightning_fedkg.methods.entire.strategy import CENTRAL, client_view
+from lightning_fedkg.federated.holder_mean import initial_rows
 from lightning_fedkg.federated.tasks import METRIC_KEYS
 from lightning_fedkg.models import build_model
 from lightning_fedkg.models.shareable import InitSpec
@@ -573,16 +569,14 @@ def test_entire_refuses_to_run_without_make_party_or_fkg():
 def test_strategies_resolve_by_name_and_import_path():
     assert {"single", "entire", "fede", "fedr"} <= set(STRATEGIES.names())
     for name, cls in (("fede", FedE), ("fedr", FedR), ("single", Single), ("entire", Entire)):
-        assert STRATEGIES.get(name) is cls and build_strategy(name) is cls and cls.name == name
+        assert STRATEGIES.get(name) is cls and cls.name == name
     assert STRATEGIES.get("FedE") is FedE  # case-insensitive
-    assert STRATEGIES.get("lightning_fedkg.federated.strategies.fedr:FedR") is FedR
+    assert STRATEGIES.get("lightning_fedkg.methods.fedr.strategy:FedR") is FedR
     assert FedE.Server is HolderMeanServer and FedR.Server is HolderMeanServer and FedE.Client is ClientHalf
     assert (FedE.groups, FedR.groups, Single.groups) == (("entity",), ("relation",), ())
     with pytest.raises(RegistryError, match="fede"):  # the message lists the valid names
         STRATEGIES.get("fedavg")
-    with pytest.raises(ValueError):
-        build_strategy("fedavg")
     with pytest.raises(RegistryError):  # not a Strategy
-        STRATEGIES.get("lightning_fedkg.federated.strategies.fede:HolderMeanServer")
+        STRATEGIES.get("lightning_fedkg.federated.holder_mean:HolderMeanServer")
     with pytest.raises(RegistryError):
-        STRATEGIES.get("lightning_fedkg.federated.strategies.nope:FedE")
+        STRATEGIES.get("lightning_fedkg.methods.nope:FedE")

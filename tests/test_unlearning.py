@@ -12,8 +12,8 @@ from lightning_fedkg.cli import main
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.data.kg import triple_keys
 from lightning_fedkg.federated.orchestrator import run_federated
-from lightning_fedkg.federated.unlearning import membership_auc, run_unlearn, sample_forget_set, split_retain
-from lightning_fedkg.models.unlearning import confusion_loss
+from lightning_fedkg.methods.fedlu.phase import membership_auc, run_unlearn, sample_forget_set, split_retain
+from lightning_fedkg.methods.fedlu.client_unlearning import confusion_loss
 
 SOURCE = ["data.name=umls", "model.dim=32", "train.lr=0.02", "train.batch_size=128", "train.num_negatives=32",
           "train.negative_mode=shared", "train.loss=uniform", "trainer.accelerator=cpu", "trainer.progress_bar=false",
@@ -52,8 +52,8 @@ def test_confusion_loss_weights_the_hard_term_by_subsampling_weights():
 def test_unlearning_steps_use_the_batch_weights(step, student):
     import copy
 
-    from lightning_fedkg.models import DistillationModule
-    from lightning_fedkg.models.unlearning import ClientUnlearner, UnlearningSettings
+    from lightning_fedkg.methods.fedlu import DistillationModule
+    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
 
     torch.manual_seed(0)
     module = DistillationModule("transe", num_entities=6, num_relations=2, dim=4, loss="uniform")

@@ -17,6 +17,8 @@ from torchmetrics import Metric
 
 TIE_MODES = ("optimistic", "pessimistic", "mean", "arbitrary")
 HITS_AT = (1, 3, 5, 10)
+#: The link-prediction metrics a split reports (``RankingMetric.compute()`` less ``count``).
+METRIC_KEYS = ("mrr", "mr", *(f"hits@{k}" for k in HITS_AT))
 
 
 def filtered_ranks(

@@ -1,13 +1,18 @@
-"""Federated KGE: parties, strategies as server/client halves, a transport, the round runner.
+"""The federated core: parties, strategies as server/client halves, a transport, the runners.
 
-* :class:`~.channel.Channel` — the in-process transport; every message crosses as bytes
+It names no method: methods live in :mod:`lightning_fedkg.methods` and are found through
+the registries (:mod:`lightning_fedkg.registry`).
+
+* :class:`~.channel.Channel` -- the in-process transport; every message crosses as bytes
   and is logged (``"server"``, ``"client_k"``).
-* :mod:`.message` — :class:`~.message.Message`: named arrays, metrics and config.
-* :mod:`.alignment` — round-0 alignment from keyed hashes of names.
-* :mod:`.aggregation` — holder-mean over the clients that hold each row (FedE Eq. 2).
-* :mod:`.strategies` — ``single``, ``entire``, ``fede``, ``fedr`` (registry: ``STRATEGIES``).
-* :mod:`.tasks`, :mod:`.phases` — pluggable tasks and post-training phases.
-* :func:`~.orchestrator.run_federated` — the resumable round loop behind ``fedkg fit``.
+* :mod:`.message` -- :class:`~.message.Message`: named arrays, metrics and config.
+* :mod:`.alignment` -- round-0 alignment from keyed hashes of names.
+* :mod:`.aggregation` -- holder-mean over the clients that hold each row (FedE Eq. 2);
+  :mod:`.holder_mean` -- the server half built on it.
+* :mod:`.strategy` -- :class:`~.strategy.Strategy`, :class:`~.strategy.ServerHalf`,
+  :class:`~.strategy.ClientHalf`; :mod:`.peer` -- peer-to-peer halves and the event runner.
+* :mod:`.tasks`, :mod:`.phases` -- pluggable tasks and post-training phases.
+* :func:`~.orchestrator.run_federated` -- the resumable round loop behind ``fedkg fit``.
 """
 
 from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_counts, holder_mean, holder_sums
@@ -25,28 +30,18 @@ __all__ = [
     "Strategy",
     "ServerHalf",
     "ClientHalf",
-    "Single",
-    "Entire",
-    "FedE",
-    "FedR",
+    "HolderMeanServer",
     "STRATEGIES",
-    "build_strategy",
     "run_federated",
-    "format_table",
 ]
 
 _LAZY = {
     "run_federated": "orchestrator",
-    "format_table": "orchestrator",
-    "Strategy": "strategies",
-    "ServerHalf": "strategies",
-    "ClientHalf": "strategies",
-    "Single": "strategies",
-    "Entire": "strategies",
-    "FedE": "strategies",
-    "FedR": "strategies",
-    "STRATEGIES": "strategies",
-    "build_strategy": "strategies",
+    "Strategy": "strategy",
+    "ServerHalf": "strategy",
+    "ClientHalf": "strategy",
+    "STRATEGIES": "strategy",
+    "HolderMeanServer": "holder_mean",
 }
 
 

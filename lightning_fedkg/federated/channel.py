@@ -29,10 +29,7 @@ from torch import Tensor
 
 from lightning_fedkg.federated.message import Message, decode, encode, tensor_bytes
 
-__all__ = ["Channel", "Record", "payload_bytes"]
-
-#: Kept for callers of the first API: the raw tensor bytes of a payload.
-payload_bytes = tensor_bytes
+__all__ = ["Channel", "Record"]
 
 
 @dataclass(frozen=True)

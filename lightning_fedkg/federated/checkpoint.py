@@ -30,10 +30,12 @@ import numpy as np
 import torch
 
 from lightning_fedkg.atomic import write_atomic
+from lightning_fedkg.config import ConfigError, resume_differences, resume_fingerprint
 
 __all__ = [
     "CHECKPOINT_DIR",
     "CheckpointError",
+    "resume_manifest",
     "save_atomic",
     "load_checkpoint",
     "commit_round",
@@ -171,3 +173,21 @@ def restore_rng(state: dict) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resume_manifest(ckpt_dir: Path, cfg: ExperimentConfig, version: int, resume: bool = True):
+    """``(path, manifest)`` of the newest committed round in ``ckpt_dir``, or ``(None, None)``.
+
+    Raises :class:`ConfigError` listing ``key: saved -> new`` when it was written with other
+    settings (or another checkpoint format) than ``cfg``.
+    """
+    path = latest_manifest(ckpt_dir) if resume else None
+    if path is None:
+        return None, None
+    manifest = read_manifest(path)
+    saved = manifest.get("fingerprint") or {}
+    if manifest.get("version") != version or resume_differences(saved, cfg):
+        differences = resume_differences(saved, cfg) or [f"checkpoint format {manifest.get('version')}"]
+        raise ConfigError(f"{path} was written with different settings: {', '.join(differences)}; "
+                          "use another run directory")
+    return path, manifest

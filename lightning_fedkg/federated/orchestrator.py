@@ -39,7 +39,6 @@ from lightning_fedkg.config import (
     ConfigError,
     ExperimentConfig,
     config_from_yaml_text,
-    fingerprint_differences,
     resume_fingerprint,
     show_progress_bar,
 )
@@ -52,6 +51,7 @@ from lightning_fedkg.federated.checkpoint import (
     load_party,
     read_manifest,
     resolve_manifest,
+    resume_manifest,
     restore_rng,
 )
 from lightning_fedkg.federated.message import Message
@@ -63,7 +63,7 @@ from lightning_fedkg.federated.party import (
     load_federated_kg,
 )
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
-from lightning_fedkg.federated.strategies.base import SERVER, STRATEGIES, ServerContext
+from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, ServerContext
 from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average, with_count
 from lightning_fedkg.runtime import configure_torch
 from lightning_fedkg.seeding import derive_seed
@@ -77,9 +77,6 @@ __all__ = [
     "evaluate_federated_checkpoint",
     "restore_finished_run",
     "format_table",
-    "load_federated_kg",
-    "weighted_average",
-    "derive_seed",
 ]
 
 log = logging.getLogger("lightning_fedkg")
@@ -123,13 +120,6 @@ class EarlyStopping:
     @property
     def should_stop(self) -> bool:
         return self.bad_evaluations >= self.patience
-
-
-def fingerprint(cfg: ExperimentConfig) -> dict:
-    """Settings a resumed run must share with the checkpoint it resumes: the config without
-    the fields marked ``{"resume": "free"}`` (round budget, names, device count, progress
-    bar, the post-processing ``federated.fede`` keys; :func:`~lightning_fedkg.config.resume_fingerprint`)."""
-    return resume_fingerprint(cfg)
 
 
 class FederatedRun:
@@ -307,24 +297,6 @@ class FederatedRun:
                 w.close()
 
 
-def resume_manifest(ckpt_dir: Path, cfg: ExperimentConfig, version: int, resume: bool = True):
-    """``(path, manifest)`` of the newest committed round in ``ckpt_dir``, or ``(None, None)``.
-
-    Raises :class:`ConfigError` listing ``key: saved -> new`` when it was written with other
-    settings (or another checkpoint format) than ``cfg``.
-    """
-    path = latest_manifest(ckpt_dir) if resume else None
-    if path is None:
-        return None, None
-    manifest = read_manifest(path)
-    saved = manifest.get("fingerprint") or {}
-    if manifest.get("version") != version or saved != fingerprint(cfg):
-        differences = fingerprint_differences(saved, fingerprint(cfg)) or [f"checkpoint format {manifest.get('version')}"]
-        raise ConfigError(f"{path} was written with different settings: {', '.join(differences)}; "
-                          "use another run directory")
-    return path, manifest
-
-
 def round_bytes(channel: Channel) -> int:
     """Tensor bytes of rounds >= 1 (``bytes_sent``; round 0 is alignment)."""
     return int(sum(r.bytes for r in channel.records() if r.round >= 1))
@@ -378,13 +350,15 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     from lightning_fedkg.rundir import RunDirectory
 
     if is_peer_strategy(cfg.federated.strategy):
+        if cfg.federated.engine == "ray":
+            from lightning_fedkg.federated.peer_ray import run_peer_to_peer_ray
+
+            return run_peer_to_peer_ray(cfg, run_dir, resume=resume)
         return run_peer_to_peer(cfg, run_dir, resume=resume)
     fc = cfg.federated
     if fc.engine != "local":
         raise ConfigError(f"federated.engine={fc.engine} runs peer-to-peer strategies only; "
                           f"{fc.strategy!r} runs in rounds (federated.engine=local)")
-    if fc.fede.fusion and fc.strategy != "fede":
-        raise ConfigError(f"federated.fede.fusion=true needs federated.strategy=fede, got {fc.strategy!r}")
     # Locked, settings checked and config.yaml saved before anything else is written (the
     # CLI already holds the same lock; nested opens share it).
     with RunDirectory.open(run_dir, cfg):
@@ -464,7 +438,7 @@ def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
             }
             commit_round(ckpt_dir, f"round_{r:04d}", {**run.party_states(), RUNNER: runner_state},
                          {"version": CHECKPOINT_VERSION, "round": r, "stopped": stopped,
-                          "fingerprint": fingerprint(cfg)})
+                          "fingerprint": resume_fingerprint(cfg)})
             bar.update(1)
     finally:
         bar.close()
@@ -550,17 +524,16 @@ def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) 
             "round": round_}
 
 
-def format_table(metrics: dict) -> str:
+def format_table(metrics: dict, sections=()) -> str:
     """A FedE-Table-3-style table: one row per client and the triple-weighted average.
 
     Columns: client, #test (test triples), MRR, H@1, H@5, H@10 (MR and H@3 stay in
-    ``metrics.json``). With a ``fusion`` block (FedE model fusion, tail-only test) three
-    more triple-weighted rows follow: ``single (fusion input)``, ``fede (fusion input)``
-    and ``fusion``. The header names only the run facts present in ``metrics``.
+    ``metrics.json``). ``sections`` adds ``(title, [(label, #test, metrics)])`` blocks below
+    (a phase's rows, :meth:`~.phases.Phase.table_rows`). The header names only the run facts
+    present in ``metrics``.
     """
     cols = (("MRR", "mrr"), ("H@1", "hits@1"), ("H@5", "hits@5"), ("H@10", "hits@10"))
-    fusion = metrics.get("fusion")
-    width = 23 if fusion else 10
+    width = max([10, *(len(label) + 2 for _, rows in sections for label, _, _ in rows)])
     header = f"{'client':<{width}}{'#test':>8}" + "".join(f"{c:>9}" for c, _ in cols)
     lines = []
     facts = [f"{k}={metrics[k]}" for k in ("strategy", "rounds", "best_round", "bytes_sent", "round")
@@ -581,9 +554,7 @@ def format_table(metrics: dict) -> str:
     total = sum(int(m.get("triples", 0)) for m in clients)
     lines.append("-" * len(header))
     lines.append(row("weighted", total or "", metrics["test"]))
-    if fusion:
-        lines.append("model fusion (FedE §2.2.3; tail-only test, fit on valid):")
-        for label, block in (("single (fusion input)", fusion["single"]),
-                             ("fede (fusion input)", fusion["federated"]), ("fusion", fusion)):
-            lines.append(row(label, sum(int(m["triples"]) for m in block["clients"]), block["test"]))
+    for title, rows in sections:
+        lines.append(title)
+        lines += [row(label, n, m) for label, n, m in rows]
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning_fedkg.config import party_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS
 from lightning_fedkg.seeding import derive_seed
-from lightning_fedkg.training import trainer_kwargs
+from lightning_fedkg.builders import trainer_kwargs
 
 __all__ = [
     "Party",
@@ -232,7 +232,7 @@ def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:
 def build_client_parties(cfg, task, fkg, run_dir=None, purge_step=None, only: str | None = None) -> list[Party]:
     """One :class:`Party` per client KG of ``fkg``, named ``client_<k>``; with ``only``, just
     that client's (a process that runs one party, e.g. a Ray actor)."""
-    from lightning_fedkg.federated.strategies.base import client_name
+    from lightning_fedkg.federated.strategy import client_name
 
     return [
         build_party(cfg, task, client_name(k), kg, _item_names(kg, fkg, k), run_dir=run_dir, purge_step=purge_step)

@@ -33,7 +33,7 @@ from typing import Any
 import lightning as L
 from torch import Tensor
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig
+from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_fingerprint
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
@@ -46,10 +46,11 @@ from lightning_fedkg.federated.checkpoint import (
     read_manifest,
     resolve_manifest,
     restore_rng,
+    resume_manifest,
 )
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.party import Party, build_client_parties, load_federated_kg
-from lightning_fedkg.federated.strategies.base import STRATEGIES, Strategy
+from lightning_fedkg.federated.strategy import STRATEGIES, Strategy
 from lightning_fedkg.federated.tasks import TASKS, weighted_average, with_count
 
 __all__ = ["PeerHalf", "PeerStrategy", "EventRunner", "Delivery", "run_peer_to_peer", "peer_strategy",
@@ -145,7 +146,7 @@ class PeerStrategy(Strategy):
         client of ``cfg.data``'s federated KG (the KG is loaded, no module is built); for a
         strategy that overrides :meth:`build_parties` and not this, the names of parties
         built here (correct, but it builds every model: override this too)."""
-        from lightning_fedkg.federated.strategies.base import client_name
+        from lightning_fedkg.federated.strategy import client_name
 
         if getattr(cls.build_parties, "__func__", None) is PeerStrategy.build_parties.__func__:
             return [client_name(k) for k in range(load_federated_kg(cfg).num_clients)]
@@ -284,10 +285,8 @@ def runner_state(events: int, started: bool, pending: list[tuple[str, str, str, 
 
 def commit_events(ckpt_dir: Path, cfg: ExperimentConfig, events: int, states: dict[str, Any]) -> Path:
     """Commit ``states`` (every party's and the runner's) as the resume point after ``events``."""
-    from lightning_fedkg.federated.orchestrator import fingerprint
-
     return commit_round(ckpt_dir, f"round_{events:04d}", states,
-                        {"version": CHECKPOINT_VERSION, "round": int(events), "fingerprint": fingerprint(cfg)})
+                        {"version": CHECKPOINT_VERSION, "round": int(events), "fingerprint": resume_fingerprint(cfg)})
 
 
 def peer_metrics(cfg: ExperimentConfig, strategy: type[PeerStrategy], task, per_party: list[dict], *,
@@ -323,10 +322,6 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
     ``strategy``, ``runner: "event"``, ``engine`` (``"local"``), ``failures``, ``peers``
     (each peer's :meth:`PeerHalf.report`) and the strategy's :meth:`PeerStrategy.summarize`.
     """
-    if cfg.federated.engine == "ray":
-        from lightning_fedkg.federated.peer_ray import run_peer_to_peer_ray
-
-        return run_peer_to_peer_ray(cfg, run_dir, resume=resume)
     from lightning_fedkg.rundir import RunDirectory
 
     with RunDirectory.open(run_dir, cfg):
@@ -334,7 +329,6 @@ def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = 
 
 
 def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
-    from lightning_fedkg.federated.orchestrator import resume_manifest
     from lightning_fedkg.runtime import configure_torch
 
     configure_torch(cfg.trainer)

@@ -229,10 +229,8 @@ def worker_pythonpath() -> str:
     """``PYTHONPATH`` for the actors: this project's root, then the driver's ``sys.path``
     entries outside the interpreter's own folders (a test folder, a user's plugin package),
     then any ``PYTHONPATH`` already set."""
-    import lightning_fedkg
-
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    paths = [str(Path(lightning_fedkg.__file__).resolve().parents[1])]
+    paths = [str(Path(__file__).resolve().parents[2])]  # the folder that holds lightning_fedkg/
     for entry in sys.path:
         path = Path(entry or os.curdir).resolve()
         if path.is_dir() and not any(path.is_relative_to(p) for p in prefixes):
@@ -282,7 +280,7 @@ def run_peer_to_peer_ray(cfg: ExperimentConfig, run_dir: str | Path, resume: boo
 def _run_ray(ray, cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     import lightning as L
 
-    from lightning_fedkg.federated.orchestrator import resume_manifest
+    from lightning_fedkg.federated.checkpoint import resume_manifest
     from lightning_fedkg.federated.peer import (
         CHECKPOINT_VERSION,
         RUNNER,

@@ -1,4 +1,4 @@
-"""Phases: post-training steps a method declares (FedE's model fusion; next FedLU's unlearning).
+"""Phases: steps a method runs after training, or on a finished run (a command's work).
 
 After the round loop has tested the best state, the runner asks the strategy which phases
 run under the config (:meth:`~.strategies.base.Strategy.phases`) and runs each registered
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_fedkg.registry import Registry
+from lightning_fedkg.registry import PHASES
 
 __all__ = ["Phase", "PhaseContext", "PHASES", "run_phases"]
 
@@ -42,6 +42,8 @@ class Phase:
     """Base class: :meth:`settings` names what the result depends on, :meth:`run` computes it."""
 
     name = "phase"
+    #: Dataclass of the phase's own top-level config section (``unlearn:``), or None.
+    config_class: type | None = None
 
     def settings(self, cfg) -> dict:
         """JSON-able settings the block depends on beyond the run itself (for reuse)."""
@@ -50,12 +52,10 @@ class Phase:
     def run(self, ctx: PhaseContext) -> dict:
         raise NotImplementedError
 
-
-def _load_builtin_phases() -> None:
-    from lightning_fedkg.federated import fusion_runner, unlearning  # noqa: F401
-
-
-PHASES: Registry[Phase] = Registry("phase", base=Phase, loader=_load_builtin_phases)
+    def table_rows(self, block: dict) -> tuple[str, list[tuple[str, int, dict]]] | None:
+        """``(title, [(label, #test, metrics)])`` that the results table shows for this
+        phase's ``metrics.json`` block, or None (the default: nothing)."""
+        return None
 
 
 def run_phases(names: list[str], ctx: PhaseContext) -> dict:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from lightning_fedkg.registry import Registry
+from lightning_fedkg.evaluation.ranking import METRIC_KEYS
+from lightning_fedkg.registry import STRATEGIES, TASKS
 
 if TYPE_CHECKING:
     from lightning_fedkg.config import ExperimentConfig
 
 __all__ = ["Task", "LinkPrediction", "TASKS", "METRIC_KEYS", "weighted_average", "client_entry", "with_count"]
 
-METRIC_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10")
 
 
 class Task:
@@ -31,6 +31,8 @@ class Task:
     monitor = "mrr"
     #: Metric keys a party reports for a split.
     metric_keys: tuple[str, ...] = ()
+    #: Dataclass of the task's own ``task:`` config section, or None.
+    config_class: type | None = None
 
     def build_module(self, cfg: "ExperimentConfig", kg: Any):
         raise NotImplementedError
@@ -47,10 +49,6 @@ class Task:
         raise NotImplementedError
 
 
-TASKS: Registry[Task] = Registry("task", base=Task)
-
-
-@TASKS.register()
 class LinkPrediction(Task):
     """Filtered link prediction (MRR, MR, Hits@k) with a KGE module."""
 
@@ -58,12 +56,18 @@ class LinkPrediction(Task):
     metric_keys = METRIC_KEYS
 
     def build_module(self, cfg, kg):
-        from lightning_fedkg.training import build_module
+        """A :class:`~lightning_fedkg.models.KGEModule`, or the learner the strategy asks for
+        (:meth:`~lightning_fedkg.federated.strategy.Strategy.learner`)."""
+        from lightning_fedkg.builders import build_module
 
-        return build_module(cfg, kg.num_entities, kg.num_relations)
+        learner = STRATEGIES.get(cfg.federated.strategy).learner(cfg) if cfg.federated.strategy != "none" else None
+        if learner is None:
+            return build_module(cfg, kg.num_entities, kg.num_relations)
+        module_class, extra = learner
+        return build_module(cfg, kg.num_entities, kg.num_relations, module_class, **extra)
 
     def build_datamodule(self, cfg, kg, seed):
-        from lightning_fedkg.training import build_datamodule
+        from lightning_fedkg.builders import build_datamodule
 
         return build_datamodule(kg, cfg, seed=seed)
 

@@ -1,4 +1,8 @@
-"""KGE score functions (``kge``); the Lightning training module lives in ``kge_module``."""
+"""KGE score functions (:mod:`.kge`) and the Lightning module that trains them (:mod:`.kge_module`).
+
+The score functions need only torch; :class:`KGEModule` is loaded on first use, so that
+``lightning_fedkg.models.kge`` (model names, for config checks) does not import Lightning.
+"""
 
 from .kge import (
     MODELS,
@@ -12,16 +16,9 @@ from .kge import (
     TransR,
     build_model,
 )
-from .kge_module import KGEModule
-from .distillation import DistillationModule
-from .fusion import ScoreFusion, evaluate_fusion, fit_fusion
 
 __all__ = [
     "KGEModule",
-    "DistillationModule",
-    "ScoreFusion",
-    "fit_fusion",
-    "evaluate_fusion",
     "KGEModel",
     "MODELS",
     "build_model",
@@ -33,3 +30,11 @@ __all__ = [
     "ComplEx",
     "RotatE",
 ]
+
+
+def __getattr__(name: str):
+    if name == "KGEModule":
+        from .kge_module import KGEModule
+
+        return KGEModule
+    raise AttributeError(f"module 'lightning_fedkg.models' has no attribute {name!r}")

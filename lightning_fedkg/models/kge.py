@@ -8,9 +8,9 @@ FedE / FedLU / RotatE reference code (REFERENCE §1.1): every table is drawn fro
 
 Parameter naming is part of the federated contract: ``entity_emb`` ``[N, w_e]`` and
 ``relation_emb`` ``[R, w_r]``, plus model-specific tables whose names start with
-``entity_`` (first dimension ``N``) or ``relation_`` (first dimension ``R``). Federated
-strategies find what to aggregate through :meth:`KGEModel.entity_parameter_names` and
-:meth:`KGEModel.relation_parameter_names`.
+``entity_`` (first dimension ``N``) or ``relation_`` (first dimension ``R``).
+:meth:`KGEModel.shareable_groups` declares them as the ``"entity"`` and ``"relation"``
+groups (:mod:`.shareable`), which is all a federated strategy can move.
 
 1-vs-many scoring (:meth:`KGEModel.score_tails`, :meth:`KGEModel.score_heads`) is written as
 ``compare(query, candidate)``: the query side folds the known entity and the relation into
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
-from lightning_fedkg.registry import Registry
+from lightning_fedkg.registry import MODELS
 
 __all__ = [
     "KGEModel",
@@ -114,6 +114,11 @@ class KGEModel(nn.Module):
         self.reset_parameters()
 
     # ------------------------------------------------------------------ parameters
+    @classmethod
+    def option_names(cls) -> tuple[str, ...] | None:
+        """The keyword options this model takes beyond the common ones (:func:`model_options`)."""
+        return model_options(cls)
+
     def reset_parameters(self) -> None:
         """Draw every table from ``U(-rho, rho)`` (subclasses may override single tables)."""
         with torch.no_grad():
@@ -723,14 +728,9 @@ class ComplEx(_BilinearModel):
         return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
 
 
-#: Name → class of the KGE score functions. Dict-like (``MODELS["transe"]``, iteration,
-#: ``in``, :meth:`~lightning_fedkg.registry.Registry.names`); a user model is added with
-#: ``MODELS.add("mymodel", MyModel)`` or named by import path ``"my_pkg.models:MyModel"``.
-MODELS: Registry[KGEModel] = Registry("KGE model", base=KGEModel)
-for _name, _cls in (("transe", TransE), ("transh", TransH), ("transr", TransR), ("transd", TransD),
-                    ("distmult", DistMult), ("complex", ComplEx), ("rotate", RotatE)):
-    MODELS.add(_name, _cls)
-del _name, _cls
+# MODELS (lightning_fedkg.registry) finds the models above through the package's entry
+# points; a user model is added with ``MODELS.add("mymodel", MyModel)`` or named by import
+# path ``"my_pkg.models:MyModel"``.
 
 # Every model takes these; model_options lists what a model takes beyond them.
 _COMMON_ARGUMENTS = ("self", "num_entities", "num_relations", "dim", "gamma", "epsilon")

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_fedkg.config import LOSSES
 from lightning_fedkg.evaluation.ranking import (
     TIE_MODES,
     RankingMetric,
@@ -26,7 +27,6 @@ from lightning_fedkg.models.kge import KGEModel, build_model
 
 log = logging.getLogger("lightning_fedkg")
 
-LOSSES = ("self_adversarial", "uniform", "margin")
 
 #: ``trainer.validate`` / ``trainer.test`` stage names → keys of ``KGEModule.last_metrics``
 _EVAL_STAGES = {"validate": "val", "test": "test"}

@@ -10,8 +10,10 @@ server is FedE's. With ``mu = 0`` it trains exactly like FedE.
 
 from __future__ import annotations
 
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, Strategy
-from lightning_fedkg.federated.strategies.fede import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
+
+from .config import FedProxConfig
 
 __all__ = ["FedProx", "FedProxClient"]
 
@@ -31,7 +33,6 @@ class FedProxClient(ClientHalf):
         self.add_loss_term(proximal)
 
 
-@STRATEGIES.register()
 class FedProx(Strategy):
     """FedE's server with FedProx clients (proximal term towards the received rows)."""
 
@@ -39,3 +40,4 @@ class FedProx(Strategy):
     Server = HolderMeanServer
     Client = FedProxClient
     groups = ("entity",)
+    config_class = FedProxConfig

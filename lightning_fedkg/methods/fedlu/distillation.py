@@ -20,7 +20,7 @@ scores are detached and computed with its current parameters (after the local st
 the avatar step), ``KL`` sums over candidates and averages over the batch. Each direction
 is switched by a flag (``distill_local``: the avatar teaches the local side;
 ``distill_global``: the local side teaches the avatar) that a federated strategy sets per
-round; the validation-gated schedule lives in :mod:`lightning_fedkg.federated.strategies.fedlu`.
+round; the validation-gated schedule lives in :mod:`lightning_fedkg.methods.fedlu.strategy`.
 
 Optimizers as in the official code: the local Adam persists across ``fit()`` calls (its
 state travels in checkpoints through :meth:`optimizer_state_dict`); the avatar's Adam is

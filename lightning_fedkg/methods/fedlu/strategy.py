@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from lightning_fedkg.config import FedLUConfig
+from .config import FedLUConfig
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, Strategy
-from lightning_fedkg.federated.strategies.fede import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.tasks import weighted_average, with_count
 
 __all__ = ["FedLU", "FedLUClient", "FedLUServer", "DistillationGate", "GLOBAL_PREFIX"]
@@ -202,7 +202,6 @@ class FedLUClient(ClientHalf):
         return Message(metrics={**entry, **{GLOBAL_PREFIX + k: avatar[k] for k in keys}})
 
 
-@STRATEGIES.register()
 class FedLU(Strategy):
     """FedLU (Zhu et al., WWW 2023): holder-mean of avatars, mutual distillation on clients."""
 
@@ -214,7 +213,7 @@ class FedLU(Strategy):
 
     @classmethod
     def learner(cls, cfg):
-        from lightning_fedkg.models.distillation import DistillationModule
+        from lightning_fedkg.methods.fedlu.distillation import DistillationModule
 
         gated = cfg.federated.fedlu.schedule == "gated"
         return DistillationModule, {"distill_mu": cfg.federated.fedlu.mu,

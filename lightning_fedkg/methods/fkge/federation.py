@@ -75,10 +75,10 @@ from lightning_fedkg.evaluation.classification import triple_classification
 from lightning_fedkg.federated.alignment import pairwise_alignment
 from lightning_fedkg.federated.message import Message, tensor_bytes
 from lightning_fedkg.federated.peer import Outgoing, PeerHalf, PeerStrategy
-from lightning_fedkg.federated.strategies.base import STRATEGIES
 from lightning_fedkg.privacy import PateMomentsAccountant
 from lightning_fedkg.seeding import derive_seed
 
+from .config import FKGEConfig
 from .ppat import FAKE, GRAD, PPATClient, PPATHost
 from .update import kgemb_update
 
@@ -431,7 +431,7 @@ class FKGEPeer(PeerHalf):
 
     def _kgemb_update(self, host: dict, ids: Tensor, rows: Tensor, virtual_entities: Tensor | None = None,
                       virtual_triples: Tensor | None = None, **extra) -> dict:
-        from lightning_fedkg.training import datamodule_kwargs, trainer_kwargs
+        from lightning_fedkg.builders import datamodule_kwargs, trainer_kwargs
 
         out = kgemb_update(
             self.party.kg, self.party.module, ids, rows, virtual_entities, virtual_triples,
@@ -497,13 +497,13 @@ def _party_name(kg, k: int, taken: set[str]) -> str:
     return name if name not in taken else f"{name}_{k}"
 
 
-@STRATEGIES.register()
 class FKGE(PeerStrategy):
     """FKGE (Peng et al., CIKM 2021): one :class:`FKGEPeer` per KG of a multi-source federation."""
 
     name = "fkge"
     Peer = FKGEPeer
     groups = ()
+    config_class = FKGEConfig
     # PPAT's batches are many small messages; a resume point at the protocol's boundaries
     checkpoint_events = frozenset({HELLO, REQUEST, TRANSLATED})
 

@@ -286,7 +286,7 @@ def kgemb_update(
 
     Args:
         trainer_kwargs: extra ``lightning.Trainer`` arguments (default CPU, one device;
-            e.g. ``lightning_fedkg.training.trainer_kwargs(cfg.trainer)``).
+            e.g. ``lightning_fedkg.builders.trainer_kwargs(cfg.trainer)``).
         datamodule_kwargs: :class:`KGDataModule` arguments of the training (augmented)
             and, unless ``eval_datamodule`` is given, the evaluation datamodule.
         eval_datamodule: the host's own datamodule for scoring (must be for ``kg``).

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_fedkg.config import FedECConfig
+from .config import FedECConfig
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, Strategy
-from lightning_fedkg.federated.strategies.fede import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
 
 __all__ = ["FedEC", "FedECClient", "contrastive_term", "PREVIOUS_PREFIX", "HAS_PREVIOUS"]
 
@@ -114,7 +114,6 @@ class FedECClient(ClientHalf):
         return reply
 
 
-@STRATEGIES.register()
 class FedEC(Strategy):
     """FedE's server with FedEC clients (contrastive term: towards the received rows, away
     from the client's previous local rows)."""

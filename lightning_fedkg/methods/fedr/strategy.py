@@ -19,13 +19,12 @@ with shared relations.
 
 from __future__ import annotations
 
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, Strategy
-from lightning_fedkg.federated.strategies.fede import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
 
 __all__ = ["FedR"]
 
 
-@STRATEGIES.register()
 class FedR(Strategy):
     """FedR: holder-mean of the ``"relation"`` group; entities stay local."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, ServerHalf, Strategy
+from lightning_fedkg.federated.strategy import ClientHalf, ServerHalf, Strategy
 
 __all__ = ["Entire", "client_view", "CENTRAL"]
 
@@ -76,7 +76,6 @@ class EntireServer(ServerHalf):
         self.central.load_state_dict(state["central"])
 
 
-@STRATEGIES.register()
 class Entire(Strategy):
     """Centralised training on the pooled triples; per-client evaluation through views."""
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_fedkg.models.distillation import DistillationModule, candidate_scores, distillation_kl
+from lightning_fedkg.methods.fedlu.distillation import DistillationModule, candidate_scores, distillation_kl
 from lightning_fedkg.models.kge import KGEModel
 from lightning_fedkg.models.kge_module import KGEModule, batch_mean, kge_loss, negative_loss_term
 

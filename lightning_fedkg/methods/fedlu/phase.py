@@ -12,7 +12,7 @@ new run directory:
    triple *except* the forgotten ones, FedLU's protocol) and on its test set, plus the
    membership-inference AUC (:func:`membership_auc`);
 3. **unlearning** on the clients that have something to forget
-   (:class:`~lightning_fedkg.models.unlearning.ClientUnlearner`: retroactive interference,
+   (:class:`~lightning_fedkg.methods.fedlu.client_unlearning.ClientUnlearner`: retroactive interference,
    then passive decay on the retained triples); then ``unlearn.propagate_rounds``
    aggregation rounds carry the change to the global model: first the clients' unlearned
    shared rows are uploaded and averaged (so no download overwrites them), then normal
@@ -48,15 +48,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, fingerprint_differences, resume_fingerprint
+from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_differences, resume_fingerprint
 from lightning_fedkg.data.federated import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
-from lightning_fedkg.federated.phases import PHASES, Phase, PhaseContext, run_phases
-from lightning_fedkg.federated.strategies.base import SERVER
+from lightning_fedkg.federated.phases import Phase, PhaseContext, run_phases
+from lightning_fedkg.federated.strategy import SERVER
 from lightning_fedkg.federated.tasks import METRIC_KEYS, client_entry, weighted_average, with_count
 from lightning_fedkg.seeding import derive_seed
+
+from .config import UnlearnConfig
 
 __all__ = [
     "UnlearnPhase",
@@ -164,7 +166,7 @@ def membership_auc(model, members: Tensor, non_members: Tensor) -> float:
 
 def _rank_split(party: Party, kg: KnowledgeGraph, split: str) -> dict:
     """Filtered metrics of ``party``'s module on ``kg``'s ``split`` (filter: train ∪ valid ∪ test of ``kg``)."""
-    from lightning_fedkg.training import build_datamodule
+    from lightning_fedkg.builders import build_datamodule
 
     dm = build_datamodule(kg, party.cfg, seed=0)
     with quiet_lightning():
@@ -218,7 +220,7 @@ def evaluate_unlearning(parties: list[Party], forget: dict[str, Tensor], seconds
 
 # ---------------------------------------------------------------------- unlearning
 def _settings(cfg: ExperimentConfig):
-    from lightning_fedkg.models.unlearning import UnlearningSettings
+    from lightning_fedkg.methods.fedlu.client_unlearning import UnlearningSettings
 
     u = cfg.unlearn
     return UnlearningSettings(
@@ -231,8 +233,8 @@ def _settings(cfg: ExperimentConfig):
 def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[float]:
     """Interference on ``forget``, then decay on the retained triples; returns the decay's
     local validation MRRs."""
-    from lightning_fedkg.models.unlearning import ClientUnlearner
-    from lightning_fedkg.training import build_datamodule
+    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner
+    from lightning_fedkg.builders import build_datamodule
 
     kg = party.kg
     retain = split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations)
@@ -247,7 +249,7 @@ def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[
 
 def retain_only(party: Party, forget: Tensor, cfg: ExperimentConfig) -> None:
     """From now on ``party`` trains on its retained triples only."""
-    from lightning_fedkg.training import build_datamodule
+    from lightning_fedkg.builders import build_datamodule
 
     kg = party.kg
     party.kg = _view(kg, split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations), {})
@@ -329,11 +331,11 @@ def _log(writer, block: dict, stage: str, step: int) -> None:
     writer.log({k: v for k, v in scalars.items() if v is not None and not math.isnan(v)}, step)
 
 
-@PHASES.register()
 class UnlearnPhase(Phase):
     """Unlearning of ``cfg.unlearn``'s forgetting sets, with before/after/retrain metrics."""
 
     name = "unlearn"
+    config_class = UnlearnConfig
 
     def settings(self, cfg) -> dict:
         from dataclasses import asdict
@@ -371,7 +373,7 @@ class UnlearnPhase(Phase):
 def check_source_config(cfg: ExperimentConfig, source: ExperimentConfig) -> None:
     """Raise :class:`ConfigError` when ``cfg`` describes another run than ``source`` (the
     ``unlearn`` section and resume-free fields may differ)."""
-    differences = fingerprint_differences(resume_fingerprint(source), resume_fingerprint(cfg))
+    differences = resume_differences(resume_fingerprint(source), cfg)
     if differences:
         raise ConfigError("the config does not describe the source run; it differs in "
                           + ", ".join(differences) + " (only the unlearn section may change)")

@@ -7,7 +7,7 @@ No array ever crosses; clients report only their evaluation metrics.
 
 from __future__ import annotations
 
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ServerHalf, Strategy
+from lightning_fedkg.federated.strategy import ServerHalf, Strategy
 
 __all__ = ["Single"]
 
@@ -18,7 +18,6 @@ class SingleServer(ServerHalf):
         return list(self.clients)
 
 
-@STRATEGIES.register()
 class Single(Strategy):
     """Isolated training: all clients every round, no arrays on the wire."""
 

@@ -31,7 +31,7 @@ from torch import Tensor
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.tasks import weighted_average
-from lightning_fedkg.registry import Registry
+from lightning_fedkg.registry import STRATEGIES
 from lightning_fedkg.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -270,12 +270,3 @@ class Strategy:
     def phases(cls, cfg: "ExperimentConfig") -> list[str]:
         """Post-training phases this method runs under ``cfg`` (names in :data:`~..phases.PHASES`)."""
         return []
-
-
-def _load_builtin_strategies() -> None:
-    from lightning_fedkg.federated.strategies import entire, fede, fedec, fedlu, fedprox, fedr, single  # noqa: F401
-    from lightning_fedkg.fkge import federation  # noqa: F401
-
-
-#: ``federated.strategy`` name → :class:`Strategy` subclass (or an import path in the config).
-STRATEGIES: Registry[Strategy] = Registry("federated strategy", base=Strategy, loader=_load_builtin_strategies)

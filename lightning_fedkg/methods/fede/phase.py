@@ -11,7 +11,7 @@ has tested a FedE run at its best round:
 1. :func:`obtain_single_run` trains the Single models with the same config but
    ``federated.strategy=single`` in ``<run_dir>/fusion_single`` by calling ``run_federated``
    (so it is resumable and early-stopped like any run), or reuses a finished one there;
-2. per client, :func:`fuse_client` fits :class:`~lightning_fedkg.models.fusion.ScoreFusion`
+2. per client, :func:`fuse_client` fits :class:`~lightning_fedkg.methods.fede.fusion.ScoreFusion`
    on the validation triples (generator seeded from ``cfg.seed`` and the client) and ranks
    the test triples with FedE's protocol: tail-only, the client's filter over its
    train ∪ valid ∪ test, its candidate set, ties from ``cfg.train.ties``;
@@ -19,7 +19,7 @@ has tested a FedE run at its best round:
    same tail-only protocol, the two inputs (``single`` and ``federated``), each as a
    triple-weighted average (``test``) and per client (``clients``).
 
-The inputs are ranked through :func:`~lightning_fedkg.models.fusion.evaluate_fusion` with
+The inputs are ranked through :func:`~lightning_fedkg.methods.fede.fusion.evaluate_fusion` with
 the fixed weights (1, 0) and (0, 1): the fused score is then exactly the input's score, so
 the three rows differ only in the scores, never in the protocol. Since the layer is fit on
 validation triples, only test numbers are reported.
@@ -27,24 +27,24 @@ validation triples, only test numbers are reported.
 
 from __future__ import annotations
 
-import copy
 import logging
 from pathlib import Path
 
 import torch
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig
+from omegaconf import OmegaConf
+
+from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_container, resume_differences
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest, read_manifest
 from lightning_fedkg.federated.orchestrator import (
     FederatedRun,
-    fingerprint,
     restore_finished_run,
     run_federated,
 )
 from lightning_fedkg.federated.party import Party
-from lightning_fedkg.federated.phases import PHASES, Phase, PhaseContext
+from lightning_fedkg.federated.phases import Phase, PhaseContext
 from lightning_fedkg.federated.tasks import client_entry, weighted_average, with_count
-from lightning_fedkg.models.fusion import ScoreFusion, evaluate_fusion, fit_fusion
+from lightning_fedkg.methods.fede.fusion import ScoreFusion, evaluate_fusion, fit_fusion
 from lightning_fedkg.seeding import derive_seed
 
 __all__ = [
@@ -82,11 +82,11 @@ def check_fusion_config(cfg: ExperimentConfig) -> None:
 
 def single_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """``cfg`` with ``federated.strategy=single`` and fusion off: the Single run fusion needs."""
-    single = copy.deepcopy(cfg)
-    single.name = f"{cfg.name}_{SINGLE_DIR}"
-    single.federated.strategy = "single"
-    single.federated.fede.fusion = False
-    return single
+    values = OmegaConf.to_container(OmegaConf.structured(cfg))
+    values["name"] = f"{cfg.name}_{SINGLE_DIR}"
+    values["federated"]["strategy"] = "single"
+    del values["federated"]["fede"]  # Single has no fusion settings
+    return config_from_container(values)
 
 
 def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRun:
@@ -105,7 +105,7 @@ def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRu
     if last is not None and (ckpt / "best.json").is_file() and (
         last.get("stopped") or int(last["round"]) >= scfg.federated.rounds
     ):
-        if last.get("fingerprint") != fingerprint(scfg):
+        if resume_differences(last.get("fingerprint") or {}, scfg):
             raise ConfigError(
                 f"{last_path} was written with other settings than this run's Single "
                 f"counterpart; delete {single_dir} to retrain it"
@@ -198,7 +198,6 @@ def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path
     return block
 
 
-@PHASES.register()
 class FusionPhase(Phase):
     """FedE's model fusion as a phase (``federated.fede.fusion``): block ``"fusion"``."""
 
@@ -211,3 +210,10 @@ class FusionPhase(Phase):
 
     def run(self, ctx: PhaseContext) -> dict:
         return run_fusion(ctx.cfg, ctx.run, ctx.run_dir)
+
+    def table_rows(self, block: dict):
+        """The two inputs and the fused model, triple-weighted (tail-only test)."""
+        rows = [(label, sum(int(m["triples"]) for m in b["clients"]), b["test"])
+                for label, b in (("single (fusion input)", block["single"]),
+                                 ("fede (fusion input)", block["federated"]), ("fusion", block))]
+        return "model fusion (FedE §2.2.3; tail-only test, fit on valid):", rows

@@ -1,27 +1,22 @@
-"""FedE: federated averaging of entity embeddings over the clients that hold each entity.
+"""Holder-mean aggregation of row-indexed shared groups (FedE's engine, Chen et al., IJCKG 2021, Eq. 2).
 
-Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting", IJCKG 2021, Alg. 1.
-The server keeps a union entity table ``E`` (``n × d_e``) and, per client, its index map
-``idx_c`` (the permutation matrix ``P^c`` of Eq. 1), which it learns in round 0 from keyed
-hashes of the entity names (:mod:`..alignment`). Each round the selected clients receive
-``E[idx_c]``, train their own relation embeddings and their copy of the entity rows for E
-local epochs, and send the rows back; the server replaces ``E`` by the holder-mean of the
-uploads (Eq. 2, :mod:`lightning_fedkg.federated.aggregation`). **Relation embeddings never
-leave a client**: the client half moves only the module's declared ``"entity"`` group.
-Clients are evaluated with the aggregated rows and their own relations (REFERENCE §2.5).
+The server keeps one union table per shared tensor and, per client, its index map
+``idx_c`` (the permutation matrix ``P^c`` of FedE's Eq. 1), learnt in round 0 from keyed
+hashes of the item names (:mod:`.alignment`). Each round the selected clients receive
+their rows ``E[idx_c]`` and send them back trained; the server replaces each table by the
+holder-mean of the uploads (:mod:`.aggregation`). Nothing outside the strategy's declared
+groups ever crosses.
 
-The server's initial rows come from the clients' declarations (:class:`~lightning_fedkg.
-models.shareable.InitSpec`), each row drawn from a key derived from its hash, so the
-initial table does not depend on the order of the global ids.
+The server's initial rows come from the clients' declarations
+(:class:`~lightning_fedkg.models.shareable.InitSpec`), each row drawn from a key derived
+from its hash, so the initial table does not depend on the order of the global ids.
 
 Unsampled clients (``federated.fraction < 1``; ``federated.aggregation``):
 
 * ``selected_holders`` (default): a row is averaged over the *sampled* holders only;
   rows none of them holds keep their value.
-* ``all_holders``: the official code's behaviour: unsampled holders count as having
+* ``all_holders``: the official FedE code's behaviour: unsampled holders count as having
   returned the current row, so the update is damped by ``#sampled holders / #holders``.
-
-FedR (:mod:`.fedr`) is the same engine over the ``"relation"`` group.
 """
 
 from __future__ import annotations
@@ -29,15 +24,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_fedkg.config import FedEConfig
 from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_counts, holder_mean
 from lightning_fedkg.federated.alignment import Alignment, union_alignment
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategies.base import STRATEGIES, ClientHalf, ServerHalf, Strategy
+from lightning_fedkg.federated.strategy import ServerHalf
 from lightning_fedkg.models.shareable import InitSpec
 from lightning_fedkg.seeding import key_from_digest, keyed_uniform, purpose_key
 
-__all__ = ["HolderMeanServer", "FedE", "initial_rows"]
+__all__ = ["HolderMeanServer", "initial_rows"]
 
 
 def initial_rows(digests: Tensor, shape: list[int], init: InitSpec, seed: int, tensor: str) -> Tensor:
@@ -150,18 +144,3 @@ class HolderMeanServer(ServerHalf):
         self.alignment = None if a is None else Alignment(a["digests"], dict(a["index"]), a["holders"])
         self.holders_of = {t: list(v) for t, v in state.get("holders_of", {}).items()}
         self._holder_counts = {}
-
-
-@STRATEGIES.register()
-class FedE(Strategy):
-    """FedE (Chen et al., IJCKG 2021): holder-mean of the ``"entity"`` group; relations stay local."""
-
-    name = "fede"
-    Server = HolderMeanServer
-    Client = ClientHalf
-    groups = ("entity",)
-    config_class = FedEConfig
-
-    @classmethod
-    def phases(cls, cfg) -> list[str]:
-        return ["fusion"] if cfg.federated.fede.fusion else []

@@ -16,9 +16,10 @@ translation.
   Sleep, broadcast after an improvement, per-host privacy accountant).
 """
 
+from .config import FKGEConfig
 from .ppat import PPATClient, PPATHost, discriminator, run_ppat
 from .update import VirtualRows, add_virtual_rows, kgemb_update, remove_virtual_rows
 from .federation import FKGE, FKGEPeer  # noqa: E402  (after .ppat/.update: it imports them)
 
-__all__ = ["FKGE", "FKGEPeer", "PPATClient", "PPATHost", "discriminator", "run_ppat",
+__all__ = ["FKGE", "FKGEConfig", "FKGEPeer", "PPATClient", "PPATHost", "discriminator", "run_ppat",
            "VirtualRows", "add_virtual_rows", "kgemb_update", "remove_virtual_rows"]

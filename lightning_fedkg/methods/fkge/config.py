@@ -1,0 +1,74 @@
+"""The ``fkge`` method's config section(s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from lightning_fedkg.config import Range
+
+__all__ = ["FKGEConfig"]
+
+
+@dataclass
+class FKGEConfig:
+    """``federated.fkge``: FKGE's pairwise handshakes (Peng et al., CIKM 2021; REFERENCE §5).
+
+    Each party (one KG of ``data``'s multi-source federation) first trains
+    ``pretrain_epochs`` alone, then offers its embeddings to every partner it shares items
+    with. A host runs PPAT with one queued client at a time and a KGEmb-Update of
+    ``update_epochs`` on its own graph, kept only if ``backtrack_on`` MRR improved (else the
+    exact previous state is restored); an accepted update makes it offer itself again.
+
+    Data: ``align`` picks what PPAT translates (``entities``, the code's; ``relations``;
+    ``both``, the paper's); ``align_fraction`` keeps that share of the aligned entities (the
+    paper's 20-100% ablation); ``neighbours`` translated non-aligned neighbours per aligned
+    entity become virtual entities of the host (0: aligned rows only; the code's strategy_2
+    uses 1); ``shared_relations`` is the share of relations dealt to every source when one KG
+    is cut into sources (needed for relation alignment). ``mode``: ``replace`` the host's
+    aligned rows (paper) or ``average`` (code); ``none`` is the control that runs the same
+    handshakes and updates but trains without anything received (the Independent baseline
+    at equal training and backtracking). ``shuffle_received`` is a second control: the host
+    permutes the translated aligned rows before using them, so they keep their values and
+    lose which item each one is (what remains of a gain is not knowledge about the items).
+
+    PPAT (:mod:`lightning_fedkg.methods.fkge.ppat`): ``ppat_epochs`` over the aligned rows in
+    batches of ``ppat_batch_size``; ``teachers`` PATE teachers and noise ``Lap(1/lam)``;
+    every discriminator SGD ``lr``/``momentum`` (paper: 0.02, 0.9), width ``hidden``; the
+    generator ``generator_lr``/``generator_momentum`` (None: the discriminators'),
+    ``generator_init``, MUSE's ``orthogonalize`` beta.
+
+    Budgets: a host hosts at most ``handshakes_per_kg`` handshakes, none after
+    ``max_seconds`` (counted from its start in this process: a resumed run counts again),
+    and answers no PATE query that would take its epsilon (at
+    ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
+    """
+
+    pretrain_epochs: int = field(default=50, metadata={"range": Range(min=0)})
+    update_epochs: int = field(default=10, metadata={"range": Range(min=0)})
+    align: Literal["entities", "relations", "both"] = "entities"
+    align_fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
+    neighbours: int = field(default=1, metadata={"range": Range(min=0)})
+    shared_relations: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
+    mode: Literal["replace", "average", "none"] = "replace"
+    shuffle_received: bool = False
+    backtrack_on: Literal["valid", "test"] = "valid"
+    ppat_epochs: int = field(default=1, metadata={"range": Range(min=1)})
+    ppat_batch_size: int = field(default=32, metadata={"range": Range(min=1)})
+    teachers: int = field(default=4, metadata={"range": Range(min=1)})
+    lam: float = field(default=0.05, metadata={"range": Range(min=0, min_exclusive=True)})
+    delta: float = field(default=1e-5, metadata={"range": Range(min=0, max=1, min_exclusive=True,
+                                                                  max_exclusive=True)})
+    hidden: int = field(default=1024, metadata={"range": Range(min=1)})
+    lr: float = field(default=0.02, metadata={"range": Range(min=0, min_exclusive=True)})
+    momentum: float = field(default=0.9, metadata={"range": Range(min=0, max=1)})
+    generator_lr: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
+    generator_momentum: Optional[float] = field(default=None, metadata={"range": Range(min=0, max=1)})
+    generator_init: Literal["orthogonal", "identity", "xavier"] = "orthogonal"
+    orthogonalize: float = field(default=0.0, metadata={"range": Range(min=0)})
+    teacher_fakes: Literal["own", "all"] = "own"
+    saturating: bool = False
+    handshakes_per_kg: int = field(default=4, metadata={"range": Range(min=0), "resume": "free"})
+    max_seconds: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
+                                                                 "resume": "free"})
+    max_epsilon: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
