@@ -140,7 +140,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         run_dir = Path(args.from_run)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-        cfg = config_from_yaml_text((run_dir / "config.yaml").read_text())
+        cfg = config_from_yaml_text((run_dir / "config.yaml").read_text(), str(run_dir / "config.yaml"))
         ckpt = run_dir / "checkpoints" / "best.ckpt" if cfg.federated.strategy == "none" else run_dir
     else:
         if not args.config or not args.ckpt:

@@ -209,3 +209,25 @@ def test_single_kg_table_has_every_metric_column():
     header, _, row = table.splitlines()
     assert header.split() == ["mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10"]
     assert row.split() == ["test", "0.5000", "3.0", "0.1000", "-", "0.3000", "0.4000"]
+
+
+@pytest.mark.parametrize(
+    "text, line, column, reason",
+    [
+        ("model: name: transe\n", 1, 12, "mapping values are not allowed here"),
+        ("seed: 1\nmodel: {name: transe\ntrain:\n  lr: 0.1\n", 3, 6,
+         "expected ',' or '}', but got ':' (while parsing a flow mapping that starts at line 2, column 8)"),
+        ("model:\n\tname: transe\n", 2, 1,
+         "found character '\\t' that cannot start any token (a tab: indent YAML with spaces)"),
+        ("# a list, not sections\n- model\n- train\n", 2, 1,
+         "the top level must be a mapping of sections (data:, model:, train:, ...), not a list"),
+    ],
+    ids=["stray-colon", "unclosed-brace", "tab-indent", "top-level-list"],
+)
+def test_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, capsys, text, line, column, reason):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    assert main(["fit", "-c", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fedkg: error: {config}:{line}:{column}: {reason}\n"
+    assert not (tmp_path / "run").exists()
