@@ -85,13 +85,17 @@ def quiet_known_warnings() -> None:
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input (config, data files, paths): message, exit status 2.
 
-    ``KGFormatError`` lives in the data layer, which imports torch; it can only have been
-    raised if that module is loaded, so it is looked up instead of imported.
+    ``KGFormatError`` (the data layer) and ``CheckpointError`` (a damaged federated
+    checkpoint; the message names the file and what to delete) live in modules that import
+    torch; each can only have been raised if its module is loaded, so they are looked up
+    instead of imported.
     """
     types: list[type[BaseException]] = [ConfigError, FileNotFoundError]
-    kg = sys.modules.get("lightning_fedkg.data.kg")
-    if kg is not None:
-        types.append(kg.KGFormatError)
+    for module, name in (("lightning_fedkg.data.kg", "KGFormatError"),
+                         ("lightning_fedkg.federated.checkpoint", "CheckpointError")):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            types.append(getattr(loaded, name))
     return tuple(types)
 
 
