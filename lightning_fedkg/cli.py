@@ -29,6 +29,29 @@ log = logging.getLogger("lightning_fedkg")
 
 #: Run-level keys of a federated ``metrics.json`` shown above its table, when present.
 SUMMARY_KEYS = ("strategy", "rounds", "best_round", "bytes_sent")
+#: One folder per bundled dataset (``lightning_fedkg.data.kg.BUNDLED_ROOT``, whose module
+#: imports torch, so the folder is found from here instead).
+BUNDLED_ROOT = Path(__file__).resolve().parent / "data" / "bundled"
+
+
+def bundled_datasets() -> list[str]:
+    """The names of the bundled datasets (``umls``, ...), read from their folders."""
+    return sorted(p.name for p in BUNDLED_ROOT.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def check_data_name(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` unless ``data.name`` is a bundled dataset or an existing path.
+
+    The loaders accept exactly these (the name case-insensitively); checked before the run
+    directory is opened, so that a misspelled path leaves no directory behind.
+    """
+    name = cfg.data.name
+    bundled = bundled_datasets()
+    if name.lower() in bundled or Path(name).exists():
+        return
+    where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
+    raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
+                      f"nor an existing path{where}")
 
 
 def format_metrics_table(metrics: dict) -> str:
@@ -117,6 +140,7 @@ def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
 def cmd_fit(args: argparse.Namespace) -> int:
     """``fedkg fit``: train what the config describes in its run directory (or resume it)."""
     cfg = load_config(args.config, args.overrides)
+    check_data_name(cfg)
     # Thread pools are per process and fixed once work starts: set them before anything runs.
     configure_torch(cfg.trainer)
     run_dir = resolve_run_dir(cfg, args.out)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fedkg.cli import format_metrics_table, main
-from lightning_fedkg.config import TrainerConfig, show_progress_bar
+from lightning_fedkg.cli import bundled_datasets, check_data_name, format_metrics_table, main
+from lightning_fedkg.config import ConfigError, DataConfig, ExperimentConfig, TrainerConfig, show_progress_bar
 
 REPO = Path(__file__).resolve().parents[1]
 KGE_CONFIG = str(REPO / "configs" / "kge" / "umls_transe.yaml")
@@ -231,3 +231,25 @@ def test_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, capsy
     err = capsys.readouterr().err
     assert err == f"fedkg: error: {config}:{line}:{column}: {reason}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_missing_data_path_is_an_error_before_the_run_directory_exists(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["fit", "-c", KGE_CONFIG, "data.name=/no/such/dir", "--out", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        "fedkg: error: data.name: /no/such/dir is neither a bundled dataset (kinship, nations, umls) "
+        "nor an existing path\n")
+    assert not run.exists()
+
+
+def test_data_name_check_accepts_what_the_loaders_accept(tmp_path, monkeypatch):
+    from lightning_fedkg.data.kg import BUNDLED_DATASETS
+
+    assert bundled_datasets() == sorted(BUNDLED_DATASETS)
+    for name in ("umls", "UMLS", str(tmp_path)):
+        check_data_name(ExperimentConfig(data=DataConfig(name=name)))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        check_data_name(ExperimentConfig(data=DataConfig(name="umls_typo")))
+    assert str(err.value) == (f"data.name: umls_typo is neither a bundled dataset (kinship, nations, umls) "
+                              f"nor an existing path (looked in {tmp_path})")
