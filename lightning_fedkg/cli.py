@@ -3,6 +3,7 @@
     fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint
     fedkg data stats NAME_OR_PATH                        print dataset statistics
+    fedkg --version                                      print the installed version
 
 Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``); a
 misspelled key is an error listing the valid keys.
@@ -263,10 +264,24 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def package_version() -> str:
+    """The installed ``lightning-fedkg`` distribution's version, else the package's own
+    ``__version__`` (a source checkout on ``PYTHONPATH``, not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightning-fedkg")
+    except PackageNotFoundError:
+        from lightning_fedkg import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, data stats)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)")

@@ -109,8 +109,8 @@ HEAVY = "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometri
 
 
 @pytest.mark.parametrize(
-    "args", [("--help",), ("fit", "--help"), ("fit",), ("fit", "-c", KGE_CONFIG, "model.dim=-5")],
-    ids=["help", "fit-help", "missing-config", "bad-value"],
+    "args", [("--help",), ("--version",), ("fit", "--help"), ("fit",), ("fit", "-c", KGE_CONFIG, "model.dim=-5")],
+    ids=["help", "version", "fit-help", "missing-config", "bad-value"],
 )
 def test_help_and_input_errors_do_not_import_torch(args):
     proc = run_fedkg(*args, code=HEAVY)
@@ -253,3 +253,24 @@ def test_data_name_check_accepts_what_the_loaders_accept(tmp_path, monkeypatch):
         check_data_name(ExperimentConfig(data=DataConfig(name="umls_typo")))
     assert str(err.value) == (f"data.name: umls_typo is neither a bundled dataset (kinship, nations, umls) "
                               f"nor an existing path (looked in {tmp_path})")
+
+
+def test_version_prints_the_distribution_version(capsys, monkeypatch):
+    from importlib.metadata import PackageNotFoundError, version
+
+    import lightning_fedkg
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"fedkg {version('lightning-fedkg')}\n"
+
+    # A source checkout that is not installed falls back to the package's __version__.
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr("importlib.metadata.version", not_installed)
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"fedkg {lightning_fedkg.__version__}\n"
