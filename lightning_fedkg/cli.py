@@ -1,7 +1,7 @@
 """The ``fedkg`` command line.
 
     fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
-    fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint
+    fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg data stats NAME_OR_PATH                        print dataset statistics
     fedkg --version                                      print the installed version
 
@@ -163,7 +163,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    """``fedkg test``: evaluate a checkpoint on the test split; print the table and the JSON."""
+    """``fedkg test``: evaluate a checkpoint on the test split; print its table, or with
+    ``--json`` the metrics as JSON (the ``metrics.json`` layout) instead."""
     if args.from_run:
         # A finished run evaluates itself: its config.yaml, its best state; nothing is written.
         run_dir = Path(args.from_run)
@@ -185,8 +186,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
 
         metrics = evaluate_federated_checkpoint(cfg, ckpt)
-    print(format_metrics_table(metrics))
-    print(json.dumps(metrics, indent=2))
+    print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics))
     return 0
 
 
@@ -295,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--ckpt", help="checkpoint: a single-KG .ckpt, or a federated run's checkpoints/*.json")
     test.add_argument("--from", dest="from_run", metavar="RUN_DIR",
                       help="evaluate a finished run's best state with its own config (writes nothing)")
+    test.add_argument("--json", action="store_true", help="print the metrics as JSON instead of the table")
     test.add_argument("overrides", nargs="*", help="key=value overrides")
     test.set_defaults(func=cmd_test)
 

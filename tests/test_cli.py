@@ -41,14 +41,16 @@ def test_fit_writes_run_directory_and_test_reproduces_it(tmp_path, capsys):
     best = run / "checkpoints" / "best.ckpt"
     assert best.is_file() and (run / "checkpoints" / "last.ckpt").is_file()
 
-    assert main(["test", "-c", str(run / "config.yaml"), "--ckpt", str(best)]) == 0
-    out = capsys.readouterr().out
-    tested = json.loads(out[out.index("{") :])["test"]
+    assert main(["test", "-c", str(run / "config.yaml"), "--ckpt", str(best), "--json"]) == 0
+    tested = json.loads(capsys.readouterr().out)["test"]
     assert tested["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
     assert tested["hits@10"] == pytest.approx(metrics["test"]["hits@10"], abs=1e-9)
+    assert main(["test", "--from", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
+    # Without --json: the table only.
     assert main(["test", "--from", str(run)]) == 0
     out = capsys.readouterr().out
-    assert json.loads(out[out.index("{") :])["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
+    assert out.startswith(" " * 10 + f"{'mrr':>10}") and out.count("\n") == 3 and "{" not in out
 
 
 def test_misspelled_key_exits_with_valid_keys(capsys):
@@ -142,9 +144,12 @@ def test_test_from_a_finished_federated_run_reproduces_it_and_writes_nothing(tmp
 
     before = digest()
     capsys.readouterr()
+    assert main(["test", "--from", str(run), "--json"]) == 0
+    tested = json.loads(capsys.readouterr().out)
+    assert tested["test"] == metrics["test"]
+    # The default output is the table of the same metrics, and nothing else.
     assert main(["test", "--from", str(run)]) == 0
-    out = capsys.readouterr().out
-    assert json.loads(out[out.index("{"):])["test"] == metrics["test"]
+    assert capsys.readouterr().out == format_metrics_table(tested) + "\n"
     assert digest() == before
 
 
