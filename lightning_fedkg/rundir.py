@@ -119,8 +119,8 @@ def check_resumable(run_dir: str | Path, cfg: ExperimentConfig) -> bool:
         ) from None
     differences = fingerprint_differences(resume_fingerprint(saved), resume_fingerprint(cfg))
     if differences and not holds_run_output(run_dir):
-        # The refused command (a data folder that does not exist, say) saved its settings
-        # and stopped; refusing the corrected one would lock the directory for no run.
+        # A command that stopped early (a malformed data file, say) saved its settings and
+        # nothing else; refusing the corrected one would lock the directory for no run.
         log.info("%s holds only the config.yaml of a run that stopped before producing anything; "
                  "replacing it with the new settings (%s)", run_dir, ", ".join(differences))
         return False
@@ -157,9 +157,9 @@ class RunDirectory:
         Creates the directory if needed. Raises :class:`RunLockedError` when another
         process has it open and :class:`~lightning_fedkg.config.ConfigError` when it holds
         a run with other settings (see :func:`check_resumable`; a ``config.yaml`` alone is
-        replaced); in both cases no file in it is modified. The lock is held until the ``with`` block exits. Opening the same
-        directory again inside the block (e.g. the CLI, then the orchestrator) is allowed
-        and shares the lock.
+        replaced); in both cases no file in it is modified. The lock is held until the
+        ``with`` block exits. Opening the same directory again inside the block (e.g. the
+        CLI, then the orchestrator) is allowed and shares the lock.
         """
         path = Path(run_dir)
         path.mkdir(parents=True, exist_ok=True)
