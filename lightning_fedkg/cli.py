@@ -1,8 +1,9 @@
 """The ``fedkg`` command line.
 
     fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
-    fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint
+    fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg data stats NAME_OR_PATH                        print dataset statistics
+    fedkg --version                                      print the installed version
 
 Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``); a
 misspelled key is an error listing the valid keys.
@@ -29,6 +30,29 @@ log = logging.getLogger("lightning_fedkg")
 
 #: Run-level keys of a federated ``metrics.json`` shown above its table, when present.
 SUMMARY_KEYS = ("strategy", "rounds", "best_round", "bytes_sent")
+#: One folder per bundled dataset (``lightning_fedkg.data.kg.BUNDLED_ROOT``, whose module
+#: imports torch, so the folder is found from here instead).
+BUNDLED_ROOT = Path(__file__).resolve().parent / "data" / "bundled"
+
+
+def bundled_datasets() -> list[str]:
+    """The names of the bundled datasets (``umls``, ...), read from their folders."""
+    return sorted(p.name for p in BUNDLED_ROOT.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def check_data_name(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` unless ``data.name`` is a bundled dataset or an existing path.
+
+    The loaders accept exactly these (the name case-insensitively); checked before the run
+    directory is opened, so that a misspelled path leaves no directory behind.
+    """
+    name = cfg.data.name
+    bundled = bundled_datasets()
+    if name.lower() in bundled or Path(name).exists():
+        return
+    where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
+    raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
+                      f"nor an existing path{where}")
 
 
 def format_metrics_table(metrics: dict) -> str:
@@ -64,6 +88,22 @@ def format_metrics_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A handler that writes to whatever ``sys.stderr`` is when a record is emitted.
+
+    ``main`` may run several times in one process (tests, notebooks) while ``sys.stderr``
+    is swapped; a handler bound to the stream of the first call would write to a closed one.
+    """
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it; the property decides
+        pass
+
+
 class _DropTips(logging.Filter):
     """Drops Lightning's advertisements ("💡 Tip: ... try installing litlogger/litmodels")."""
 
@@ -89,13 +129,17 @@ def quiet_known_warnings() -> None:
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input (config, data files, paths): message, exit status 2.
 
-    ``KGFormatError`` lives in the data layer, which imports torch; it can only have been
-    raised if that module is loaded, so it is looked up instead of imported.
+    ``KGFormatError`` (the data layer) and ``CheckpointError`` (a damaged federated
+    checkpoint; the message names the file and what to delete) live in modules that import
+    torch; each can only have been raised if its module is loaded, so they are looked up
+    instead of imported.
     """
     types: list[type[BaseException]] = [ConfigError, FileNotFoundError]
-    kg = sys.modules.get("lightning_fedkg.data.kg")
-    if kg is not None:
-        types.append(kg.KGFormatError)
+    for module, name in (("lightning_fedkg.data.kg", "KGFormatError"),
+                         ("lightning_fedkg.federated.checkpoint", "CheckpointError")):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            types.append(getattr(loaded, name))
     return tuple(types)
 
 
@@ -117,6 +161,7 @@ def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
 def cmd_fit(args: argparse.Namespace) -> int:
     """``fedkg fit``: train what the config describes in its run directory (or resume it)."""
     cfg = load_config(args.config, args.overrides)
+    check_data_name(cfg)
     # Thread pools are per process and fixed once work starts: set them before anything runs.
     configure_torch(cfg.trainer)
     run_dir = resolve_run_dir(cfg, args.out)
@@ -138,13 +183,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    """``fedkg test``: evaluate a checkpoint on the test split; print the table and the JSON."""
+    """``fedkg test``: evaluate a checkpoint on the test split; print its table, or with
+    ``--json`` the metrics as JSON (the ``metrics.json`` layout) instead."""
     if args.from_run:
         # A finished run evaluates itself: its config.yaml, its best state; nothing is written.
         run_dir = Path(args.from_run)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-        cfg = config_from_yaml_text((run_dir / "config.yaml").read_text())
+        cfg = config_from_yaml_text((run_dir / "config.yaml").read_text(), source=str(run_dir / "config.yaml"))
         ckpt = run_dir / "checkpoints" / "best.ckpt" if cfg.federated.strategy == "none" else run_dir
     else:
         if not args.config or not args.ckpt:
@@ -160,8 +206,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
 
         metrics = evaluate_federated_checkpoint(cfg, ckpt)
-    print(format_metrics_table(metrics))
-    print(json.dumps(metrics, indent=2))
+    print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics))
     return 0
 
 
@@ -239,10 +284,24 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def package_version() -> str:
+    """The installed ``lightning-fedkg`` distribution's version, else the package's own
+    ``__version__`` (a source checkout on ``PYTHONPATH``, not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightning-fedkg")
+    except PackageNotFoundError:
+        from lightning_fedkg import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, data stats)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)")
@@ -256,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--ckpt", help="checkpoint: a single-KG .ckpt, or a federated run's checkpoints/*.json")
     test.add_argument("--from", dest="from_run", metavar="RUN_DIR",
                       help="evaluate a finished run's best state with its own config (writes nothing)")
+    test.add_argument("--json", action="store_true", help="print the metrics as JSON instead of the table")
     test.add_argument("overrides", nargs="*", help="key=value overrides")
     test.set_defaults(func=cmd_test)
 
@@ -281,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Only our logger gets a handler (once): Lightning already prints its own messages.
     if not any(getattr(h, "_fedkg_cli", False) for h in log.handlers):
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         handler._fedkg_cli = True
         log.addHandler(handler)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import IO, Any, Dict, Literal, Optional, Sequence
 
+import yaml  # omegaconf's own YAML parser (PyYAML), already loaded with it
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
@@ -45,6 +46,7 @@ __all__ = [
     "section_classes",
     "config_from_container",
     "resume_differences",
+    "parse_yaml",
     "save_config",
     "config_from_yaml_text",
     "validate_model_and_train",
@@ -427,19 +429,58 @@ def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[st
     return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
 
 
+_NODE_KINDS = {yaml.SequenceNode: "list", yaml.ScalarNode: "single value"}
+
+
+def parse_yaml(text: str, source: str) -> DictConfig:
+    """``text`` (a config file's content) as an omegaconf mapping, before any checks of keys.
+
+    A YAML syntax error, or a top level that is not a mapping of sections, raises
+    :class:`ConfigError` as ``source:line:column: reason`` (1-based, where the parser
+    stopped), the form editors and compilers use, instead of PyYAML's multi-line report.
+    """
+    try:
+        # Composing first (no values built) finds syntax errors and gives the top-level
+        # node with its position, which omegaconf's result no longer has.
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None and not isinstance(root, yaml.MappingNode):
+            kind = _NODE_KINDS.get(type(root), "value")
+            raise ConfigError(_at(source, root.start_mark, "the top level must be a mapping of sections "
+                                                           f"(data:, model:, train:, ...), not a {kind}"))
+        return OmegaConf.create(text) if root is not None else OmegaConf.create()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        if mark is None:  # e.g. a reader error (a control character): no position to show
+            raise ConfigError(f"{source}: {str(err).splitlines()[0]}") from None
+        reason = err.problem or "invalid YAML"
+        lines = text.splitlines()
+        # PyYAML's word for a tab is "character that cannot start any token".
+        if mark.line < len(lines) and lines[mark.line][mark.column:mark.column + 1] == "\t":
+            reason += " (a tab: indent YAML with spaces)"
+        context = getattr(err, "context_mark", None)
+        if err.context and context is not None and (context.line, context.column) != (mark.line, mark.column):
+            reason += f" ({err.context} that starts at line {context.line + 1}, column {context.column + 1})"
+        raise ConfigError(_at(source, mark, reason)) from None
+
+
+def _at(source: str, mark: yaml.Mark, reason: str) -> str:
+    return f"{source}:{mark.line + 1}:{mark.column + 1}: {reason}"
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 sections: Sequence[str] = ()) -> ExperimentConfig:
     """Build an :class:`ExperimentConfig` from a YAML file and ``key=value`` overrides.
 
     ``sections`` names phase sections to include even when neither source sets them.
-    Raises :class:`ConfigError` naming the offending key and listing the valid keys.
+    Raises :class:`ConfigError` naming the offending key and listing the valid keys, or the
+    file, line and column of a YAML syntax error (see :func:`parse_yaml`).
     """
     layers = []
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append((OmegaConf.load(path), str(path)))
+        layers.append((parse_yaml(path.read_text(encoding="utf-8"), str(path)), str(path)))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
@@ -466,9 +507,12 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def config_from_yaml_text(text: str, sections: Sequence[str] = ()) -> ExperimentConfig:
-    """Parse a resolved ``config.yaml`` back (used when resuming a run directory)."""
-    return build_config([(OmegaConf.create(text), "config.yaml")], sections)
+def config_from_yaml_text(text: str, sections: Sequence[str] = (), source: str = "config.yaml") -> ExperimentConfig:
+    """Parse a resolved ``config.yaml`` back (used when resuming a run directory).
+
+    ``source`` names the text in errors (the file's path where there is one).
+    """
+    return build_config([(parse_yaml(text, source), source)], sections)
 
 
 def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -6,7 +6,9 @@ directory with :meth:`RunDirectory.open` does, in this order:
 1. take an exclusive lock (``fcntl.flock`` on ``RUN_DIR/.lock``, released when the process
    exits, even by SIGKILL), so two processes never write the same checkpoints;
 2. if ``RUN_DIR/config.yaml`` exists, compare its :func:`~lightning_fedkg.config.resume_fingerprint`
-   with the new config's and refuse on any difference — the directory is left untouched;
+   with the new config's and refuse on any difference — the directory is left untouched —
+   unless the directory holds nothing else (:func:`holds_run_output`): that is a run which
+   failed before producing anything (bad data, say), and the corrected command may start there;
 3. only then write the new ``config.yaml`` (temporary file + ``os.replace``).
 
 The lock is POSIX-only (``fcntl``), like the rest of the run-directory handling.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -31,7 +34,9 @@ from lightning_fedkg.config import (
     save_config,
 )
 
-__all__ = ["CONFIG_FILE", "LOCK_FILE", "RunDirectory", "RunLockedError", "check_resumable"]
+__all__ = ["CONFIG_FILE", "LOCK_FILE", "RunDirectory", "RunLockedError", "check_resumable", "holds_run_output"]
+
+log = logging.getLogger("lightning_fedkg")
 
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".lock"
@@ -80,13 +85,28 @@ def _exclusive_lock(run_dir: Path) -> Iterator[None]:
                 os.close(entry[0])
 
 
+def holds_run_output(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds any file besides ``config.yaml`` and ``.lock``.
+
+    Those two are written before a run loads its data; everything a run produces comes after
+    (``checkpoints/``, ``tb/``, ``channel_log.jsonl``, ``payloads/``, ``phases/``,
+    ``metrics.json``, ...). Empty folders do not count. Any other file does, even one fedkg
+    does not know: its settings are then kept rather than guessed about.
+    """
+    run_dir = Path(run_dir)
+    ignored = {run_dir / CONFIG_FILE, run_dir / LOCK_FILE}
+    return any(p not in ignored and not p.is_dir() for p in run_dir.rglob("*"))
+
+
 def check_resumable(run_dir: str | Path, cfg: ExperimentConfig) -> bool:
     """Whether ``run_dir`` already holds a run; raise if ``cfg`` may not continue it.
 
     Returns False when there is no ``config.yaml`` (a new run), True when there is one whose
-    :func:`~lightning_fedkg.config.resume_fingerprint` equals ``cfg``'s. Raises
-    :class:`~lightning_fedkg.config.ConfigError` listing ``key: saved -> new`` for every
-    difference, or when the saved config cannot be read. Reads only; writes nothing.
+    :func:`~lightning_fedkg.config.resume_fingerprint` equals ``cfg``'s. A ``config.yaml``
+    with other settings in a directory without run output (:func:`holds_run_output`) is
+    a failed start: False (logged at INFO), so that the caller saves ``cfg`` over it.
+    Raises :class:`~lightning_fedkg.config.ConfigError` listing ``key: saved -> new`` for
+    every difference, or when the saved config cannot be read. Reads only; writes nothing.
     """
     config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
@@ -98,6 +118,12 @@ def check_resumable(run_dir: str | Path, cfg: ExperimentConfig) -> bool:
             f"{config_path} cannot be read ({err}); use another run directory (fedkg fit --out DIR)"
         ) from None
     differences = resume_differences(resume_fingerprint(saved), cfg)
+    if differences and not holds_run_output(run_dir):
+        # A command that stopped early (a malformed data file, say) saved its settings and
+        # nothing else; refusing the corrected one would lock the directory for no run.
+        log.info("%s holds only the config.yaml of a run that stopped before producing anything; "
+                 "replacing it with the new settings (%s)", run_dir, ", ".join(differences))
+        return False
     if differences:
         raise ConfigError(
             f"{run_dir} holds a run with other settings ({', '.join(differences)}); "
@@ -130,10 +156,10 @@ class RunDirectory:
 
         Creates the directory if needed. Raises :class:`RunLockedError` when another
         process has it open and :class:`~lightning_fedkg.config.ConfigError` when it holds
-        a run with other settings (see :func:`check_resumable`); in both cases no file in
-        it is modified. The lock is held until the ``with`` block exits. Opening the same
-        directory again inside the block (e.g. the CLI, then the orchestrator) is allowed
-        and shares the lock.
+        a run with other settings (see :func:`check_resumable`; a ``config.yaml`` alone is
+        replaced); in both cases no file in it is modified. The lock is held until the
+        ``with`` block exits. Opening the same directory again inside the block (e.g. the
+        CLI, then the orchestrator) is allowed and shares the lock.
         """
         path = Path(run_dir)
         path.mkdir(parents=True, exist_ok=True)

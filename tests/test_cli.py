@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fedkg.cli import format_metrics_table, main
-from lightning_fedkg.config import TrainerConfig, show_progress_bar
+from lightning_fedkg.cli import bundled_datasets, check_data_name, format_metrics_table, main
+from lightning_fedkg.config import ConfigError, DataConfig, ExperimentConfig, TrainerConfig, show_progress_bar
 
 REPO = Path(__file__).resolve().parents[1]
 KGE_CONFIG = str(REPO / "configs" / "kge" / "umls_transe.yaml")
@@ -41,14 +41,16 @@ def test_fit_writes_run_directory_and_test_reproduces_it(tmp_path, capsys):
     best = run / "checkpoints" / "best.ckpt"
     assert best.is_file() and (run / "checkpoints" / "last.ckpt").is_file()
 
-    assert main(["test", "-c", str(run / "config.yaml"), "--ckpt", str(best)]) == 0
-    out = capsys.readouterr().out
-    tested = json.loads(out[out.index("{") :])["test"]
+    assert main(["test", "-c", str(run / "config.yaml"), "--ckpt", str(best), "--json"]) == 0
+    tested = json.loads(capsys.readouterr().out)["test"]
     assert tested["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
     assert tested["hits@10"] == pytest.approx(metrics["test"]["hits@10"], abs=1e-9)
+    assert main(["test", "--from", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
+    # Without --json: the table only.
     assert main(["test", "--from", str(run)]) == 0
     out = capsys.readouterr().out
-    assert json.loads(out[out.index("{") :])["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-9)
+    assert out.startswith(" " * 10 + f"{'mrr':>10}") and out.count("\n") == 3 and "{" not in out
 
 
 def test_misspelled_key_exits_with_valid_keys(capsys):
@@ -109,8 +111,8 @@ HEAVY = "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometri
 
 
 @pytest.mark.parametrize(
-    "args", [("--help",), ("fit", "--help"), ("fit",), ("fit", "-c", KGE_CONFIG, "model.dim=-5")],
-    ids=["help", "fit-help", "missing-config", "bad-value"],
+    "args", [("--help",), ("--version",), ("fit", "--help"), ("fit",), ("fit", "-c", KGE_CONFIG, "model.dim=-5")],
+    ids=["help", "version", "fit-help", "missing-config", "bad-value"],
 )
 def test_help_and_input_errors_do_not_import_torch(args):
     proc = run_fedkg(*args, code=HEAVY)
@@ -142,9 +144,12 @@ def test_test_from_a_finished_federated_run_reproduces_it_and_writes_nothing(tmp
 
     before = digest()
     capsys.readouterr()
+    assert main(["test", "--from", str(run), "--json"]) == 0
+    tested = json.loads(capsys.readouterr().out)
+    assert tested["test"] == metrics["test"]
+    # The default output is the table of the same metrics, and nothing else.
     assert main(["test", "--from", str(run)]) == 0
-    out = capsys.readouterr().out
-    assert json.loads(out[out.index("{"):])["test"] == metrics["test"]
+    assert capsys.readouterr().out == format_metrics_table(tested) + "\n"
     assert digest() == before
 
 
@@ -209,3 +214,68 @@ def test_single_kg_table_has_every_metric_column():
     header, _, row = table.splitlines()
     assert header.split() == ["mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10"]
     assert row.split() == ["test", "0.5000", "3.0", "0.1000", "-", "0.3000", "0.4000"]
+
+
+@pytest.mark.parametrize(
+    "text, line, column, reason",
+    [
+        ("model: name: transe\n", 1, 12, "mapping values are not allowed here"),
+        ("seed: 1\nmodel: {name: transe\ntrain:\n  lr: 0.1\n", 3, 6,
+         "expected ',' or '}', but got ':' (while parsing a flow mapping that starts at line 2, column 8)"),
+        ("model:\n\tname: transe\n", 2, 1,
+         "found character '\\t' that cannot start any token (a tab: indent YAML with spaces)"),
+        ("# a list, not sections\n- model\n- train\n", 2, 1,
+         "the top level must be a mapping of sections (data:, model:, train:, ...), not a list"),
+    ],
+    ids=["stray-colon", "unclosed-brace", "tab-indent", "top-level-list"],
+)
+def test_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, capsys, text, line, column, reason):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    assert main(["fit", "-c", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fedkg: error: {config}:{line}:{column}: {reason}\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_data_path_is_an_error_before_the_run_directory_exists(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["fit", "-c", KGE_CONFIG, "data.name=/no/such/dir", "--out", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        "fedkg: error: data.name: /no/such/dir is neither a bundled dataset (kinship, nations, umls) "
+        "nor an existing path\n")
+    assert not run.exists()
+
+
+def test_data_name_check_accepts_what_the_loaders_accept(tmp_path, monkeypatch):
+    from lightning_fedkg.data.kg import BUNDLED_DATASETS
+
+    assert bundled_datasets() == sorted(BUNDLED_DATASETS)
+    for name in ("umls", "UMLS", str(tmp_path)):
+        check_data_name(ExperimentConfig(data=DataConfig(name=name)))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        check_data_name(ExperimentConfig(data=DataConfig(name="umls_typo")))
+    assert str(err.value) == (f"data.name: umls_typo is neither a bundled dataset (kinship, nations, umls) "
+                              f"nor an existing path (looked in {tmp_path})")
+
+
+def test_version_prints_the_distribution_version(capsys, monkeypatch):
+    from importlib.metadata import PackageNotFoundError, version
+
+    import lightning_fedkg
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"fedkg {version('lightning-fedkg')}\n"
+
+    # A source checkout that is not installed falls back to the package's __version__.
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr("importlib.metadata.version", not_installed)
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"fedkg {lightning_fedkg.__version__}\n"

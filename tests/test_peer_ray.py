@@ -94,9 +94,8 @@ def test_a_budget_stops_ray_exactly_and_runs_resume_across_engines(ray_started, 
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.json"))[-1] == "round_0009.json"
     # the end of the Ray run is what fedkg test evaluates, and where a local run goes on
     capsys.readouterr()
-    assert main(["test", "--from", str(run_dir)]) == 0
-    printed = capsys.readouterr().out
-    tested = json.loads(printed[printed.index("\n{") + 1:])  # the table, then the JSON
+    assert main(["test", "--from", str(run_dir), "--json"]) == 0
+    tested = json.loads(capsys.readouterr().out)
     assert tested["test"] == resumed["test"] and tested["events"] == 9
     again = run_federated(load_config(None, overrides(GOSSIP, 12, "local")), run_dir)
     assert again["engine"] == "local" and again["events"] == 12

@@ -11,7 +11,7 @@ import pytest
 
 from lightning_fedkg.cli import main
 from lightning_fedkg.config import ConfigError, load_config, save_config
-from lightning_fedkg.rundir import RunDirectory, RunLockedError, check_resumable
+from lightning_fedkg.rundir import RunDirectory, RunLockedError, check_resumable, holds_run_output
 
 REPO = Path(__file__).resolve().parents[1]
 FEDE_CONFIG = REPO / "configs" / "fede" / "umls_fede.yaml"
@@ -154,3 +154,52 @@ def test_save_config_replaces_the_file_whole(tmp_path):
     save_config(load_config(None, ["model.dim=3"]), path)
     assert load_config(path).model.dim == 3
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_config_yaml_alone_is_a_failed_start_replaced_by_other_settings(tmp_path, caplog):
+    run = tmp_path / "run"
+    with RunDirectory.open(run, load_config(FEDE_CONFIG)):
+        (run / "checkpoints").mkdir()  # an empty folder holds nothing to keep
+    assert not holds_run_output(run)
+    cfg = load_config(FEDE_CONFIG, ["model.dim=32"])
+    with caplog.at_level("INFO", logger="lightning_fedkg"):
+        with RunDirectory.open(run, cfg) as opened:
+            assert not opened.resumed
+    assert load_config(run / "config.yaml") == cfg
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", f"{run} holds only the config.yaml of a run that stopped before producing anything; "
+                 "replacing it with the new settings (model.dim: 64 -> 32)")]
+
+
+@pytest.mark.parametrize("output", ["checkpoints/client_0/round_0001.pt", "metrics.json",
+                                    "tb/server/events.out.tfevents.1", "channel_log.jsonl"])
+def test_any_run_output_keeps_the_saved_settings(tmp_path, output):
+    run = tmp_path / "run"
+    with RunDirectory.open(run, load_config(FEDE_CONFIG)):
+        (run / output).parent.mkdir(parents=True, exist_ok=True)
+        (run / output).write_bytes(b"x")
+    assert holds_run_output(run)
+    before = snapshot(run)
+    with pytest.raises(ConfigError, match=r"holds a run with other settings \(model\.dim: 64 -> 32\)"):
+        with RunDirectory.open(run, load_config(FEDE_CONFIG, ["model.dim=32"])):
+            pass
+    assert snapshot(run) == before
+
+
+def test_corrected_fit_runs_where_a_start_failed_on_bad_data(tmp_path, capsys, caplog):
+    bad = tmp_path / "kg"
+    bad.mkdir()
+    for split in ("train", "valid", "test"):
+        (bad / f"{split}.txt").write_text("a\tr\tb\nthis line is broken\n")
+    run = tmp_path / "run"
+    config = str(REPO / "configs" / "kge" / "umls_transe.yaml")
+    tiny = ["model.dim=8", "train.max_epochs=1", "train.eval_every=1", "train.num_negatives=8",
+            "trainer.progress_bar=false", "--out", str(run)]
+    assert main(["fit", "-c", config, f"data.name={bad}", *tiny]) == 2
+    assert "train.txt" in capsys.readouterr().err
+    assert (run / "config.yaml").is_file()
+    with caplog.at_level("INFO", logger="lightning_fedkg"):
+        assert main(["fit", "-c", config, "data.name=umls", *tiny]) == 0
+    assert f"{run} holds only the config.yaml of a run that stopped before producing anything" in caplog.text
+    assert f"data.name: '{bad}' -> 'umls'" in caplog.text
+    assert load_config(run / "config.yaml").data.name == "umls" and (run / "metrics.json").is_file()

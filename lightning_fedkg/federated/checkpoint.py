@@ -68,8 +68,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"checkpoint file {path} is missing")
     try:
         return torch.load(path, map_location=map_location, weights_only=False)
-    except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError) as err:
-        raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({type(err).__name__}: {err})") from None
+    except PermissionError as err:
+        raise CheckpointError(f"checkpoint file {path} cannot be read ({err})") from None
+    # A damaged file fails in whichever layer notices first: the unpickler (EOFError on an
+    # empty file), the zip reader (RuntimeError without a central directory; a bare OSError
+    # "Invalid argument", naming no file, when the cut falls inside the archive's records).
+    except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError, OSError) as err:
+        # torch's zip-reader message goes on for four sentences of advice; the first says it.
+        reason = str(err).split(". ")[0]
+        raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({type(err).__name__}: {reason})") from None
 
 
 def commit_round(ckpt_dir: str | Path, tag: str, parts: dict[str, Any], meta: dict) -> Path:
