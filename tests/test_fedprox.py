@@ -20,8 +20,8 @@ def test_fedprox_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
 
 
 def distance_from_download(strategy: str, mu: float) -> float:
-    run = FederatedRun(load_config(None, BASE + [f"federated.strategy={strategy}", f"federated.fedprox.mu={mu}"]),
-                       run_dir=None)
+    section = [f"federated.fedprox.mu={mu}"] if strategy == "fedprox" else []
+    run = FederatedRun(load_config(None, BASE + [f"federated.strategy={strategy}", *section]), run_dir=None)
     run.align()
     downloads = {c.name: run.server.rows(c.name)["entity_emb"] for c in run.clients}
     run.train_round(1)
