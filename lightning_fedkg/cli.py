@@ -22,8 +22,8 @@ from typing import Sequence
 
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
-from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_yaml_text, load_config, show_progress_bar
-from lightning_fedkg.rundir import RunDirectory
+from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
+from lightning_fedkg.rundir import RunDirectory, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS, configure_torch
 
 log = logging.getLogger("lightning_fedkg")
@@ -168,15 +168,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     # Locked and checked against the run it may hold before anything in it is written.
     with RunDirectory.open(run_dir, cfg):
         print(f"run directory: {run_dir}")
-        cfg = resolve_auto_settings(cfg)
-        if cfg.federated.strategy == "none":
-            from lightning_fedkg.training import run_kge
+        from lightning_fedkg.run import fit
 
-            metrics = run_kge(cfg, run_dir)
-        else:
-            from lightning_fedkg.federated.orchestrator import run_federated
-
-            metrics = run_federated(cfg, run_dir)
+        metrics = fit(resolve_auto_settings(cfg), run_dir)
     print(format_metrics_table(metrics))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0
@@ -187,25 +181,19 @@ def cmd_test(args: argparse.Namespace) -> int:
     ``--json`` the metrics as JSON (the ``metrics.json`` layout) instead."""
     if args.from_run:
         # A finished run evaluates itself: its config.yaml, its best state; nothing is written.
-        run_dir = Path(args.from_run)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-        cfg = config_from_yaml_text((run_dir / "config.yaml").read_text(), source=str(run_dir / "config.yaml"))
-        ckpt = run_dir / "checkpoints" / "best.ckpt" if cfg.federated.strategy == "none" else run_dir
+        from lightning_fedkg.run import best_state
+
+        cfg = read_run_config(args.from_run)
+        ckpt = best_state(args.from_run, cfg)
     else:
         if not args.config or not args.ckpt:
             raise ConfigError("fedkg test needs -c CONFIG and --ckpt PATH, or --from RUN_DIR")
         cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
     cfg = resolve_auto_settings(cfg)
     configure_torch(cfg.trainer)
-    if cfg.federated.strategy == "none":
-        from lightning_fedkg.training import evaluate_kge_checkpoint
+    from lightning_fedkg.run import evaluate
 
-        metrics = evaluate_kge_checkpoint(cfg, ckpt)
-    else:
-        from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
-
-        metrics = evaluate_federated_checkpoint(cfg, ckpt)
+    metrics = evaluate(cfg, ckpt)
     print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics))
     return 0
 
@@ -245,10 +233,9 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     from lightning_fedkg.methods.fedlu.phase import run_unlearn
 
     source = Path(args.from_run)
-    if not (source / "config.yaml").is_file():
-        raise ConfigError(f"{source} is not a run directory (no config.yaml)")
+    read_run_config(source)  # a run directory, or an error that says so
     # Without -c the source run's own config is the base; overrides apply either way.
-    cfg = load_config(args.config or source / "config.yaml", args.overrides)
+    cfg = load_config(args.config or source / "config.yaml", args.overrides, sections=("unlearn",))
     configure_torch(cfg.trainer)
     out = Path(args.out) if args.out else source.with_name(source.name + "-unlearn")
     print(f"unlearning run directory: {out}")

@@ -34,7 +34,8 @@ from lightning_fedkg.config import (
     save_config,
 )
 
-__all__ = ["CONFIG_FILE", "LOCK_FILE", "RunDirectory", "RunLockedError", "check_resumable", "holds_run_output"]
+__all__ = ["CONFIG_FILE", "LOCK_FILE", "RunDirectory", "RunLockedError", "check_resumable", "holds_run_output",
+           "read_run_config"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -83,6 +84,17 @@ def _exclusive_lock(run_dir: Path) -> Iterator[None]:
                 # Closing the last descriptor releases the flock. The file stays: deleting it
                 # would let a waiting process lock an unlinked inode while a third creates a new one.
                 os.close(entry[0])
+
+
+def read_run_config(run_dir: str | Path, sections=()) -> ExperimentConfig:
+    """The config a run directory was run with (its ``config.yaml``): what every ``--from
+    RUN_DIR`` command starts from. Reads only. ``sections`` as in
+    :func:`~lightning_fedkg.config.load_config`. Raises :class:`ConfigError` when ``run_dir``
+    is not a run directory or its config cannot be read."""
+    config_path = Path(run_dir) / CONFIG_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
+    return config_from_yaml_text(config_path.read_text(), sections=sections, source=str(config_path))
 
 
 def holds_run_output(run_dir: str | Path) -> bool:
@@ -159,11 +171,15 @@ class RunDirectory:
         a run with other settings (see :func:`check_resumable`; a ``config.yaml`` alone is
         replaced); in both cases no file in it is modified. The lock is held until the
         ``with`` block exits. Opening the same directory again inside the block (e.g. the
-        CLI, then the orchestrator) is allowed and shares the lock.
+        CLI, then the orchestrator) is allowed, shares the lock and writes nothing.
         """
         path = Path(run_dir)
         path.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(path):
             resumed = check_resumable(path, cfg)
-            save_config(cfg, path / CONFIG_FILE)
+            # An inner open only checks: the outermost one saved the config as the user gave
+            # it (a runner's copy may have settings resolved for this process, such as
+            # trainer.progress_bar: null decided as false).
+            if _held[os.path.realpath(path)][1] == 1:
+                save_config(cfg, path / CONFIG_FILE)
             yield cls(path=path, cfg=cfg, resumed=resumed)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from lightning_fedkg.atomic import write_atomic
-from lightning_fedkg.config import ConfigError, resume_differences, resume_fingerprint
+from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_differences
 
 __all__ = [
     "CHECKPOINT_DIR",

@@ -25,7 +25,6 @@ the mean over clients weighted by their evaluation triples; patience counts eval
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -38,20 +37,15 @@ import lightning as L
 from lightning_fedkg.config import (
     ConfigError,
     ExperimentConfig,
-    config_from_yaml_text,
-    resume_fingerprint,
     show_progress_bar,
 )
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
     capture_rng,
-    commit_round,
-    latest_manifest,
     load_party,
     read_manifest,
     resolve_manifest,
-    resume_manifest,
     restore_rng,
 )
 from lightning_fedkg.federated.message import Message
@@ -63,15 +57,15 @@ from lightning_fedkg.federated.party import (
     load_federated_kg,
 )
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
+from lightning_fedkg.federated.runner import Commit, Engine, run_engine
 from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, ServerContext
-from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, weighted_average, with_count
-from lightning_fedkg.runtime import configure_torch
-from lightning_fedkg.seeding import derive_seed
+from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, with_count
 
 __all__ = [
     "METRIC_KEYS",
     "EarlyStopping",
     "FederatedRun",
+    "RoundEngine",
     "RoundFailed",
     "run_federated",
     "evaluate_federated_checkpoint",
@@ -290,6 +284,13 @@ class FederatedRun:
         if self.writer is not None:
             self.writer.log(scalars, round)
 
+    def mute_writers(self) -> None:
+        """Log nothing more to TensorBoard (a finished run tested again has logged it all)."""
+        for holder in [self, *self.parties.values()]:
+            if holder.writer is not None:
+                holder.writer.close()
+                holder.writer = None
+
     def close(self) -> None:
         self.channel.close()
         for w in [self.writer, *(p.writer for p in self.parties.values())]:
@@ -302,33 +303,186 @@ def round_bytes(channel: Channel) -> int:
     return int(sum(r.bytes for r in channel.records() if r.round >= 1))
 
 
-def commit_client_bests(ckpt_dir: Path, run: FederatedRun, per_client: list[dict], client_best: dict,
-                        round: int, monitor: str) -> None:
-    """``federated.best=client``: commit the ``best`` set with each client at its own best round.
+class RoundEngine(Engine):
+    """The round loop of a server-client method in this process (see the module doc).
 
-    A client whose validation ``monitor`` is a strict new best of its own (a failed client
-    never is) contributes its current state; the others keep the state of their earlier
-    best, read back from the previous ``best`` set. ``client_best`` is updated in place.
+    State beyond the parties': early stopping, the validation history, each client's best
+    round (``federated.best=client``), the seconds spent, the RNG, the wire log and the
+    failures; all of it is committed with every round.
     """
-    improved = {e["name"] for e in per_client
-                if "failed" not in e and e[monitor] > client_best.get(e["name"], {}).get("value", -math.inf)}
-    if not improved:
-        return
-    states = run.party_states(weights_only=True)
-    best_path = ckpt_dir / "best.json"
-    if best_path.is_file():
-        previous = read_manifest(best_path)
-        for name in client_best.keys() - improved:
-            states[name] = load_party(best_path, previous, name)
-    for e in per_client:
-        if e["name"] in improved:
-            client_best[e["name"]] = {"round": int(round), "value": float(e[monitor])}
-    commit_round(ckpt_dir, "best", states, {"version": CHECKPOINT_VERSION, "round": int(round),
-                                            "client_rounds": {n: b["round"] for n, b in client_best.items()}})
+
+    version = CHECKPOINT_VERSION
+    unit = "round"
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> None:
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.federation = FederatedRun(cfg, run_dir, purge_step=purge_step)
+        self.channel = self.federation.channel
+        self.stopper = EarlyStopping(patience=cfg.federated.patience)
+        self.history: list[dict] = []
+        self.client_best: dict[str, dict] = {}  # federated.best=client: {party: {"round", "value"}}
+        self.seconds = 0.0  # wall time of the round loop, summed over the processes of a resumed run
+        self.last_round = 0
+        self.trained = 0  # rounds trained by this process
+
+    def resumed(self, run_dir: Path, manifest: dict) -> str:
+        if self.stopper.should_stop or self.last_round >= self.cfg.federated.rounds:
+            return f"{run_dir} finished after round {self.last_round}"
+        return super().resumed(run_dir, manifest)
+
+    def restore(self, load, manifest) -> None:
+        runner = load(RUNNER)
+        self.federation.load_party_states(load)
+        self.federation.channel.load_state_dict(runner["channel"])
+        self.federation.failures = list(runner["failures"])
+        # The patience may be changed on resume; the counters carry over.
+        self.stopper = EarlyStopping(**{**runner["early_stopping"], "patience": self.cfg.federated.patience})
+        self.history = list(runner["history"])
+        self.client_best = dict(runner.get("client_best", {}))
+        self.seconds = float(runner.get("seconds", 0.0))
+        restore_rng(runner["rng"])
+        self.last_round = self.federation.last_round = int(manifest["round"])
+
+    def run(self, commit: Commit) -> None:
+        fc, run = self.cfg.federated, self.federation
+        if not run.aligned:
+            run.align()
+            run.log_server({"comm/alignment_bytes": float(sum(r.bytes for r in run.channel.records(round=0)))}, 0)
+        from tqdm import tqdm
+
+        show = show_progress_bar(self.cfg.trainer)
+        bar = tqdm(total=fc.rounds, initial=min(self.last_round, fc.rounds), desc=f"{fc.strategy} rounds",
+                   unit="round", disable=not show, dynamic_ncols=True)
+        try:
+            for r in range(self.last_round + 1, fc.rounds + 1):
+                if self.stopper.should_stop:
+                    break
+                started = time.perf_counter()
+                self.train_and_validate(r, commit)
+                self.seconds += time.perf_counter() - started
+                self.last_round, self.trained = r, self.trained + 1
+                commit(r, {**run.party_states(), RUNNER: self.state()}, stopped=self.stopper.should_stop)
+                bar.update(1)
+                if not show:  # a log file gets one line per round instead of a bar
+                    log.info("%s", self.progress_line(r, time.perf_counter() - started))
+        finally:
+            bar.close()
+
+    def train_and_validate(self, r: int, commit: Commit) -> None:
+        """Round ``r``'s stages, then (every ``eval_every`` rounds and at the last) validation,
+        early stopping and the ``best`` set; its server scalars."""
+        fc, run = self.cfg.federated, self.federation
+        run.train_round(r)
+        scalars = {}
+        if r % fc.eval_every == 0 or r == fc.rounds:
+            avg, per_client = run.evaluate("val", r)
+            monitor = avg[run.task.monitor]
+            self.history.append({"round": r, run.task.monitor: monitor,
+                                 "clients": {e["name"]: e.get(run.task.monitor) for e in per_client}})
+            improved = self.stopper.update(monitor, r)
+            if fc.best == "client":
+                self.commit_client_bests(commit, per_client, r)
+            elif improved:
+                commit.best(run.party_states(weights_only=True), round=r)
+            scalars.update({f"val/{k}": v for k, v in avg.items()})
+        scalars["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
+        scalars["comm/bytes_total"] = float(round_bytes(run.channel))
+        run.log_server(scalars, r)
+
+    def progress_line(self, r: int, seconds: float) -> str:
+        line = f"round {r}/{self.cfg.federated.rounds} ({seconds:.1f} s)"
+        if self.history and self.history[-1]["round"] == r:
+            key = self.federation.task.monitor
+            line += (f": val {key} {self.history[-1][key]:.4f}, best {self.stopper.best_metric:.4f} "
+                     f"at round {self.stopper.best_round}")
+        return line
+
+    def commit_client_bests(self, commit: Commit, per_client: list[dict], round: int) -> None:
+        """``federated.best=client``: commit the ``best`` set with each client at its own best round.
+
+        A client whose validation monitor is a strict new best of its own (a failed client
+        never is) contributes its current state; the others keep the state of their earlier
+        best, read back from the previous ``best`` set.
+        """
+        monitor, best = self.federation.task.monitor, self.client_best
+        improved = {e["name"] for e in per_client
+                    if "failed" not in e and e[monitor] > best.get(e["name"], {}).get("value", -math.inf)}
+        if not improved:
+            return
+        states = self.federation.party_states(weights_only=True)
+        best_path = commit.ckpt_dir / "best.json"
+        if best_path.is_file():
+            previous = read_manifest(best_path)
+            for name in best.keys() - improved:
+                states[name] = load_party(best_path, previous, name)
+        for e in per_client:
+            if e["name"] in improved:
+                best[e["name"]] = {"round": int(round), "value": float(e[monitor])}
+        commit.best(states, round=int(round), client_rounds={n: b["round"] for n, b in best.items()})
+
+    def state(self) -> dict:
+        """The ``runner`` file of a committed round."""
+        return {
+            "seconds": self.seconds,
+            "early_stopping": asdict(self.stopper),
+            "history": self.history,
+            "client_best": self.client_best,
+            "rng": capture_rng(),
+            "channel": self.federation.channel.state_dict(),
+            "failures": self.federation.failures,
+        }
+
+    def results(self) -> dict:
+        """Test the best state; the strategy's report and every phase's block."""
+        fc, run, run_dir = self.cfg.federated, self.federation, self.run_dir
+        best_path = run_dir / CHECKPOINT_DIR / "best.json"
+        if not best_path.is_file():
+            raise RuntimeError(f"{best_path} is missing: no evaluation has completed")
+        if self.trained == 0:
+            # A finished run run again: the test is repeated (same state, same result, same
+            # wire log), but not logged a second time.
+            log.info("%s finished after round %d: nothing to train; testing its best state again",
+                     run_dir, self.last_round)
+            run.mute_writers()
+        best = read_manifest(best_path)
+        run.load_party_states(lambda party: load_party(best_path, best, party), weights_only=True)
+        run.last_round = self.last_round
+        avg, per_client = run.evaluate("test", self.last_round, download=fc.best != "client")
+        records = run.channel.records()
+        metrics = {
+            "test": with_count(avg, per_client),
+            "clients": per_client,
+            "rounds": int(self.last_round),
+            "best_round": int(self.stopper.best_round),
+            "best": fc.best,
+            **({"client_best_rounds": {n: b["round"] for n, b in self.client_best.items()}}
+               if fc.best == "client" else {}),
+            "bytes_sent": round_bytes(run.channel),
+            "alignment_bytes": int(sum(r.bytes for r in records if r.round == 0)),
+            "wire_bytes": int(run.channel.total_wire_bytes),
+            "strategy": fc.strategy,
+            "validation": self.history,
+            "failures": run.failures,
+            "seconds": round(self.seconds, 3),
+        }
+        metrics.update(run.server.report())
+        # The federation's test belongs to the state it tested: the best round's step.
+        run.log_server({f"test/{k}": v for k, v in avg.items()}, self.stopper.best_round)
+        run.log_server({"comm/bytes_total": float(metrics["bytes_sent"])}, self.last_round)
+        run.last_round = self.last_round
+        metrics.update(run_phases(run.strategy.phases(self.cfg), PhaseContext(self.cfg, run, run_dir, run.writer)))
+        return metrics
+
+    def close(self) -> None:
+        self.federation.close()
 
 
 def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run the federated experiment ``cfg`` in ``run_dir``; resume it from its last committed round.
+
+    A peer-to-peer strategy runs on :class:`~.peer.EventEngine` (or, with
+    ``federated.engine=ray``, :class:`~.peer_ray.RayEngine`); any other in rounds
+    (:class:`RoundEngine`), all through the one skeleton :func:`~.runner.run_engine`.
 
     Writes per-party checkpoints every round (``checkpoints/``), the best validation state,
     TensorBoard sub-runs ``tb/<party>`` with the round as step, ``channel_log.jsonl`` as
@@ -344,136 +498,21 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     ``strategy``, ``validation`` (``[{round, mrr, clients: {name: mrr}}]``), ``failures`` (``[{round, stage, party,
     error}]``), ``seconds`` (wall time of the rounds, validation included, summed over
     resumes), the strategy's own blocks (FedLU's ``test_global``, ``distillation``) and one
-    block per phase (FedE's ``fusion``).
+    block per phase.
     """
-    from lightning_fedkg.federated.peer import is_peer_strategy, run_peer_to_peer
-    from lightning_fedkg.rundir import RunDirectory
+    from lightning_fedkg.federated.peer import EventEngine, is_peer_strategy
 
-    if is_peer_strategy(cfg.federated.strategy):
-        if cfg.federated.engine == "ray":
-            from lightning_fedkg.federated.peer_ray import run_peer_to_peer_ray
-
-            return run_peer_to_peer_ray(cfg, run_dir, resume=resume)
-        return run_peer_to_peer(cfg, run_dir, resume=resume)
     fc = cfg.federated
+    if is_peer_strategy(fc.strategy):
+        if fc.engine == "ray":
+            from lightning_fedkg.federated.peer_ray import RayEngine
+
+            return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)
+        return run_engine(cfg, run_dir, EventEngine, EventEngine.version, resume)
     if fc.engine != "local":
         raise ConfigError(f"federated.engine={fc.engine} runs peer-to-peer strategies only; "
                           f"{fc.strategy!r} runs in rounds (federated.engine=local)")
-    # Locked, settings checked and config.yaml saved before anything else is written (the
-    # CLI already holds the same lock; nested opens share it).
-    with RunDirectory.open(run_dir, cfg):
-        return _run_rounds(cfg, Path(run_dir), resume)
-
-
-def _run_rounds(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
-    fc = cfg.federated
-    configure_torch(cfg.trainer)  # threads and determinism, when a library caller did not
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    ckpt_dir = run_dir / CHECKPOINT_DIR
-    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
-    last_round = int(manifest["round"]) if manifest else 0
-    run = FederatedRun(cfg, run_dir, purge_step=last_round + 1 if manifest else None)
-    stopper = EarlyStopping(patience=fc.patience)
-    history: list[dict] = []
-    client_best: dict[str, dict] = {}  # federated.best=client: {party: {"round", "value"}}
-    stopped = False
-    seconds = 0.0  # wall time of the round loop, summed over the processes of a resumed run
-    if manifest is not None:
-        runner = load_party(manifest_path, manifest, RUNNER)
-        run.load_party_states(lambda party: load_party(manifest_path, manifest, party))
-        run.channel.load_state_dict(runner["channel"])
-        run.failures = list(runner["failures"])
-        # The patience may be changed on resume; the counters carry over.
-        stopper = EarlyStopping(**{**runner["early_stopping"], "patience": fc.patience})
-        history = list(runner["history"])
-        client_best = dict(runner.get("client_best", {}))
-        seconds = float(runner.get("seconds", 0.0))
-        stopped = stopper.should_stop
-        restore_rng(runner["rng"])
-        run.last_round = last_round
-        log.info("resuming %s after round %d", run_dir, last_round)
-    run.channel.open_log(run_dir / "channel_log.jsonl", run_dir / "payloads" if fc.record_payloads else None)
-    if not run.aligned:
-        run.align()
-        run.log_server({"comm/alignment_bytes": float(sum(r.bytes for r in run.channel.records(round=0)))}, 0)
-
-    from tqdm import tqdm
-
-    bar = tqdm(total=fc.rounds, initial=min(last_round, fc.rounds), desc=f"{fc.strategy} rounds",
-               unit="round", disable=not show_progress_bar(cfg.trainer), dynamic_ncols=True)
-    try:
-        for r in range(last_round + 1, fc.rounds + 1):
-            if stopped:
-                break
-            started = time.perf_counter()
-            run.train_round(r)
-            scalars = {}
-            if r % fc.eval_every == 0 or r == fc.rounds:
-                avg, per_client_val = run.evaluate("val", r)
-                monitor = avg[run.task.monitor]
-                history.append({"round": r, run.task.monitor: monitor,
-                                "clients": {e["name"]: e.get(run.task.monitor) for e in per_client_val}})
-                improved = stopper.update(monitor, r)
-                if fc.best == "client":
-                    commit_client_bests(ckpt_dir, run, per_client_val, client_best, r, run.task.monitor)
-                elif improved:
-                    commit_round(ckpt_dir, "best", run.party_states(weights_only=True),
-                                 {"version": CHECKPOINT_VERSION, "round": r})
-                stopped = stopper.should_stop
-                scalars.update({f"val/{k}": v for k, v in avg.items()})
-                bar.set_postfix(val=f"{monitor:.4f}", best=f"{stopper.best_metric:.4f}@{stopper.best_round}")
-            scalars["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
-            scalars["comm/bytes_total"] = float(round_bytes(run.channel))
-            run.log_server(scalars, r)
-            last_round = r
-            seconds += time.perf_counter() - started
-            runner_state = {
-                "seconds": seconds,
-                "early_stopping": asdict(stopper),
-                "history": history,
-                "client_best": client_best,
-                "rng": capture_rng(),
-                "channel": run.channel.state_dict(),
-                "failures": run.failures,
-            }
-            commit_round(ckpt_dir, f"round_{r:04d}", {**run.party_states(), RUNNER: runner_state},
-                         {"version": CHECKPOINT_VERSION, "round": r, "stopped": stopped,
-                          "fingerprint": resume_fingerprint(cfg)})
-            bar.update(1)
-    finally:
-        bar.close()
-
-    best_path = ckpt_dir / "best.json"
-    if not best_path.is_file():
-        run.close()
-        raise RuntimeError(f"{best_path} is missing: no evaluation has completed")
-    best = read_manifest(best_path)
-    run.load_party_states(lambda party: load_party(best_path, best, party), weights_only=True)
-    run.last_round = last_round
-    avg, per_client = run.evaluate("test", last_round, download=fc.best != "client")
-    records = run.channel.records()
-    metrics = {
-        "test": with_count(avg, per_client),
-        "clients": per_client,
-        "rounds": int(last_round),
-        "best_round": int(stopper.best_round),
-        "best": fc.best,
-        **({"client_best_rounds": {n: b["round"] for n, b in client_best.items()}} if fc.best == "client" else {}),
-        "bytes_sent": round_bytes(run.channel),
-        "alignment_bytes": int(sum(r.bytes for r in records if r.round == 0)),
-        "wire_bytes": int(run.channel.total_wire_bytes),
-        "strategy": fc.strategy,
-        "validation": history,
-        "failures": run.failures,
-        "seconds": round(seconds, 3),
-    }
-    metrics.update(run.server.report())
-    run.log_server({**{f"test/{k}": v for k, v in avg.items()},
-                    "comm/bytes_total": float(metrics["bytes_sent"])}, last_round)
-    metrics.update(run_phases(run.strategy.phases(cfg), PhaseContext(cfg, run, run_dir, run.writer)))
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    run.close()
-    return metrics
+    return run_engine(cfg, run_dir, RoundEngine, RoundEngine.version, resume)
 
 
 def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[FederatedRun, int]:
@@ -492,17 +531,15 @@ def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[Feder
     return run, run.last_round
 
 
-def load_run_from(run_dir: str | Path) -> tuple[ExperimentConfig, FederatedRun]:
+def load_run_from(run_dir: str | Path, sections=()) -> tuple[ExperimentConfig, FederatedRun]:
     """``--from RUN_DIR``: a finished run's config and its parties at the best state.
 
     The source folder is only read, never written (commands such as unlearn or audit write
     into their own ``--out``).
     """
-    run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = config_from_yaml_text(config_path.read_text())
+    from lightning_fedkg.rundir import read_run_config
+
+    cfg = read_run_config(run_dir, sections)
     run, _ = restore_finished_run(cfg, run_dir)
     return cfg, run
 

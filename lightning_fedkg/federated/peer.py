@@ -22,7 +22,6 @@ message is pending.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
@@ -33,23 +32,22 @@ from typing import Any
 import lightning as L
 from torch import Tensor
 
-from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_fingerprint
+from lightning_fedkg.config import ConfigError, ExperimentConfig
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
     capture_rng,
-    commit_round,
     latest_manifest,
     load_party,
     read_manifest,
     resolve_manifest,
     restore_rng,
-    resume_manifest,
 )
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.party import Party, build_client_parties, load_federated_kg
+from lightning_fedkg.federated.runner import Engine, run_engine
 from lightning_fedkg.federated.strategy import STRATEGIES, Strategy
 from lightning_fedkg.federated.tasks import TASKS, weighted_average, with_count
 
@@ -283,12 +281,6 @@ def runner_state(events: int, started: bool, pending: list[tuple[str, str, str, 
             "channel": channel.state_dict(), "failures": list(failures), "rng": capture_rng()}
 
 
-def commit_events(ckpt_dir: Path, cfg: ExperimentConfig, events: int, states: dict[str, Any]) -> Path:
-    """Commit ``states`` (every party's and the runner's) as the resume point after ``events``."""
-    return commit_round(ckpt_dir, f"round_{events:04d}", states,
-                        {"version": CHECKPOINT_VERSION, "round": int(events), "fingerprint": resume_fingerprint(cfg)})
-
-
 def peer_metrics(cfg: ExperimentConfig, strategy: type[PeerStrategy], task, per_party: list[dict], *,
                  events: int, pending: int, channel: Channel, failures: list[dict], reports: dict[str, dict],
                  engine: str) -> dict:
@@ -310,56 +302,60 @@ def peer_metrics(cfg: ExperimentConfig, strategy: type[PeerStrategy], task, per_
     return metrics
 
 
-def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
-    """Run a :class:`PeerStrategy` in ``run_dir`` until no message is pending or
-    ``federated.rounds`` deliveries were handled; resumable after any delivery.
+class EventEngine(Engine):
+    """The deterministic event engine: :class:`EventRunner` in this process, a resume point
+    after every delivery (or after the strategy's ``checkpoint_events``, the last delivery
+    and the budget's end). ``metrics.json``: see :func:`peer_metrics`, with ``engine:
+    "local"`` and ``wall_seconds`` (start to the last delivery, as the Ray engine's)."""
 
-    ``federated.engine=ray`` hands the run to :func:`~.peer_ray.run_peer_to_peer_ray` (one
-    process per party; needs the ``ray`` extra).
+    version = CHECKPOINT_VERSION
+    unit = "event"
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> None:
+        self.cfg = cfg
+        self.runner = EventRunner(cfg, run_dir, purge_step=purge_step)
+        self.channel = self.runner.channel
+        self.wall = 0.0
+
+    def restore(self, load, manifest) -> None:
+        self.runner.load_states(load)
+
+    def run(self, commit) -> None:
+        runner, budget = self.runner, self.cfg.federated.rounds
+        began = time.perf_counter()
+        if not runner.started:
+            runner.start()
+        commit_on = runner.strategy.checkpoint_events
+        while runner.pending and runner.events < budget:
+            delivered = runner.step()
+            if commit_on is None or delivered.event in commit_on or not runner.pending or runner.events >= budget:
+                commit(runner.events, runner.states())
+        self.wall = time.perf_counter() - began
+
+    def results(self) -> dict:
+        runner = self.runner
+        _, per_party = runner.evaluate("test")
+        reports = {n: runner.peers[n].report() for n in sorted(runner.peers)}
+        metrics = peer_metrics(self.cfg, runner.strategy, runner.task, per_party, events=runner.events,
+                               pending=len(runner.pending), channel=runner.channel, failures=runner.failures,
+                               reports=reports, engine="local")
+        metrics["wall_seconds"] = round(self.wall, 3)
+        return metrics
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
+    """Run a :class:`PeerStrategy` on :class:`EventEngine` in ``run_dir`` until no message is
+    pending or ``federated.rounds`` deliveries were handled; resumable after any delivery.
 
     Returns the ``metrics.json`` dict: ``test`` and ``clients`` (each party's own test, after
     the run, triple-weighted), ``events``, ``pending``, ``bytes_sent``, ``wire_bytes``,
     ``strategy``, ``runner: "event"``, ``engine`` (``"local"``), ``failures``, ``peers``
     (each peer's :meth:`PeerHalf.report`) and the strategy's :meth:`PeerStrategy.summarize`.
     """
-    from lightning_fedkg.rundir import RunDirectory
-
-    with RunDirectory.open(run_dir, cfg):
-        return _run_events(cfg, Path(run_dir), resume)
-
-
-def _run_events(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
-    from lightning_fedkg.runtime import configure_torch
-
-    configure_torch(cfg.trainer)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    ckpt_dir = run_dir / CHECKPOINT_DIR
-    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
-    runner = EventRunner(cfg, run_dir, purge_step=int(manifest["round"]) + 1 if manifest else None)
-    if manifest is not None:
-        runner.load_states(lambda party: load_party(manifest_path, manifest, party))
-        log.info("resuming %s after event %d", run_dir, runner.events)
-    runner.channel.open_log(run_dir / "channel_log.jsonl",
-                            run_dir / "payloads" if cfg.federated.record_payloads else None)
-    began = time.perf_counter()
-    if not runner.started:
-        runner.start()
-    commit_on = runner.strategy.checkpoint_events
-    while runner.pending and runner.events < cfg.federated.rounds:
-        delivered = runner.step()
-        if (commit_on is None or delivered.event in commit_on or not runner.pending
-                or runner.events >= cfg.federated.rounds):
-            commit_events(ckpt_dir, cfg, runner.events, runner.states())
-    wall = time.perf_counter() - began
-    _, per_party = runner.evaluate("test")
-    reports = {n: runner.peers[n].report() for n in sorted(runner.peers)}
-    metrics = peer_metrics(cfg, runner.strategy, runner.task, per_party, events=runner.events,
-                           pending=len(runner.pending), channel=runner.channel, failures=runner.failures,
-                           reports=reports, engine="local")
-    metrics["wall_seconds"] = round(wall, 3)  # as the Ray engine's: start to the last delivery
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    runner.close()
-    return metrics
+    return run_engine(cfg, run_dir, EventEngine, EventEngine.version, resume)
 
 
 def evaluate_peer_checkpoint(cfg: ExperimentConfig, ckpt: str | Path) -> dict:

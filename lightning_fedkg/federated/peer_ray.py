@@ -52,7 +52,6 @@ directory must be at the same paths on every node.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -65,10 +64,11 @@ from typing import Any, Iterator
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig
 from lightning_fedkg.federated.channel import Channel
-from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, load_party
 from lightning_fedkg.federated.message import Message, decode, encode
+from lightning_fedkg.federated.peer import CHECKPOINT_VERSION
+from lightning_fedkg.federated.runner import Engine, run_engine
 
-__all__ = ["run_peer_to_peer_ray", "PartyActor", "RayNotInstalledError", "import_ray"]
+__all__ = ["RayEngine", "run_peer_to_peer_ray", "PartyActor", "RayNotInstalledError", "import_ray"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -264,75 +264,89 @@ def actor_options(ray, cfg: ExperimentConfig, parties: int) -> dict:
     return options
 
 
+class RayEngine(Engine):
+    """The Ray engine (see the module doc): one actor per party, the driver routes.
+
+    Built by :meth:`open` (it starts Ray unless the caller did, and the actors); closing it
+    kills the actors and stops a Ray it started. It commits once, at the end of the run,
+    and only if the run handled anything.
+    """
+
+    version = CHECKPOINT_VERSION
+    unit = "event"
+
+    def __init__(self, ray, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> None:
+        from lightning_fedkg.federated.peer import peer_strategy
+
+        self.ray, self.cfg = ray, cfg
+        self.strategy = peer_strategy(cfg)
+        self.names = list(self.strategy.party_names(cfg))
+        self.channel = Channel()
+        self.actors: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
+        self.wall = 0.0
+        try:
+            self._stack.enter_context(ray_session(ray, num_cpus=len(self.names)))
+            Actor = ray.remote(PartyActor).options(**actor_options(ray, cfg, len(self.names)))
+            self.actors = {n: Actor.remote(cfg, n, self.names, str(run_dir), purge_step) for n in self.names}
+            ray.get([a.pid.remote() for a in self.actors.values()])  # built: time the run, not the start-up
+        except BaseException:
+            self.close()
+            raise
+        self.router = Router(ray, self.actors, self.channel, cfg.federated.rounds)
+
+    @classmethod
+    def open(cls, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> "RayEngine":
+        """The engine, or :class:`RayNotInstalledError` without Ray."""
+        return cls(import_ray(), cfg, Path(run_dir), purge_step)
+
+    def restore(self, load, manifest) -> None:
+        from lightning_fedkg.federated.peer import RUNNER
+
+        self.ray.get([self.actors[n].load_state.remote(load(n)) for n in self.names])
+        self.router.load(load(RUNNER))
+
+    def run(self, commit) -> None:
+        from lightning_fedkg.federated.peer import RUNNER, runner_state
+
+        router, ray = self.router, self.ray
+        before = (router.events, router.started)
+        began = time.perf_counter()
+        router.run()
+        self.wall = time.perf_counter() - began
+        if (router.events, router.started) != before:  # as locally: commit only what this run did
+            states = dict(zip(self.names, ray.get([self.actors[n].state.remote() for n in self.names])))
+            states[RUNNER] = runner_state(router.events, router.started, list(router.pending), self.channel,
+                                          router.failures)
+            commit(router.events, states)
+
+    def results(self) -> dict:
+        from lightning_fedkg.federated.peer import peer_metrics
+        from lightning_fedkg.federated.tasks import TASKS
+
+        ordered = sorted(self.names)
+        per_party = self.ray.get([self.actors[n].evaluate.remote("test") for n in ordered])
+        reports = dict(zip(ordered, self.ray.get([self.actors[n].report.remote() for n in ordered])))
+        self.ray.get([a.close.remote() for a in self.actors.values()])
+        router = self.router
+        metrics = peer_metrics(self.cfg, self.strategy, TASKS.get(self.cfg.federated.task)(), per_party,
+                               events=router.events, pending=len(router.pending), channel=self.channel,
+                               failures=router.failures, reports=reports, engine="ray")
+        metrics["wall_seconds"] = round(self.wall, 3)
+        return metrics
+
+    def close(self) -> None:
+        self.channel.close()
+        for actor in self.actors.values():
+            self.ray.kill(actor)
+        self._stack.close()
+
+
 def run_peer_to_peer_ray(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """:func:`~.peer.run_peer_to_peer` with one Ray actor per party (see the module doc).
 
     Returns the ``metrics.json`` dict: the local engine's keys with ``engine: "ray"``, plus
     ``wall_seconds``. Raises :class:`RayNotInstalledError` without Ray.
     """
-    from lightning_fedkg.rundir import RunDirectory
-
-    ray = import_ray()
-    with RunDirectory.open(run_dir, cfg):
-        return _run_ray(ray, cfg, Path(run_dir), resume)
-
-
-def _run_ray(ray, cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
-    import lightning as L
-
-    from lightning_fedkg.federated.checkpoint import resume_manifest
-    from lightning_fedkg.federated.peer import (
-        CHECKPOINT_VERSION,
-        RUNNER,
-        commit_events,
-        peer_metrics,
-        peer_strategy,
-        runner_state,
-    )
-    from lightning_fedkg.federated.tasks import TASKS
-    from lightning_fedkg.runtime import configure_torch
-
-    configure_torch(cfg.trainer)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    strategy = peer_strategy(cfg)
-    names = list(strategy.party_names(cfg))
-    ckpt_dir = run_dir / CHECKPOINT_DIR
-    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, CHECKPOINT_VERSION, resume)
-    purge_step = int(manifest["round"]) + 1 if manifest else None
-    channel = Channel()
-    with ray_session(ray, num_cpus=len(names)):
-        Actor = ray.remote(PartyActor).options(**actor_options(ray, cfg, len(names)))
-        actors = {n: Actor.remote(cfg, n, names, str(run_dir), purge_step) for n in names}
-        try:
-            router = Router(ray, actors, channel, cfg.federated.rounds)
-            if manifest is not None:
-                ray.get([actors[n].load_state.remote(load_party(manifest_path, manifest, n)) for n in names])
-                router.load(load_party(manifest_path, manifest, RUNNER))
-                log.info("resuming %s after event %d on Ray", run_dir, router.events)
-            else:
-                ray.get([a.pid.remote() for a in actors.values()])  # built: time the run, not the start-up
-            channel.open_log(run_dir / "channel_log.jsonl",
-                             run_dir / "payloads" if cfg.federated.record_payloads else None)
-            before = (router.events, router.started)
-            began = time.perf_counter()
-            router.run()
-            wall = time.perf_counter() - began
-            if (router.events, router.started) != before:  # as locally: commit only what this run did
-                states = dict(zip(names, ray.get([actors[n].state.remote() for n in names])))
-                states[RUNNER] = runner_state(router.events, router.started, list(router.pending), channel,
-                                              router.failures)
-                commit_events(ckpt_dir, cfg, router.events, states)
-            ordered = sorted(names)
-            per_party = ray.get([actors[n].evaluate.remote("test") for n in ordered])
-            reports = dict(zip(ordered, ray.get([actors[n].report.remote() for n in ordered])))
-            ray.get([a.close.remote() for a in actors.values()])
-        finally:
-            channel.close()
-            for actor in actors.values():
-                ray.kill(actor)
-    metrics = peer_metrics(cfg, strategy, TASKS.get(cfg.federated.task)(), per_party, events=router.events,
-                           pending=len(router.pending), channel=channel, failures=router.failures,
-                           reports=reports, engine="ray")
-    metrics["wall_seconds"] = round(wall, 3)
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    import_ray()  # before anything is written
+    return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)

@@ -391,7 +391,7 @@ def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: s
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     if out_dir.resolve() == source_dir.resolve():
         raise ConfigError("--out must differ from --from: the source run is never written")
-    source_cfg, run = load_run_from(source_dir)
+    source_cfg, run = load_run_from(source_dir, sections=(UnlearnPhase.name,))
     if cfg is None:
         cfg = source_cfg
     else:
