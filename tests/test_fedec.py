@@ -37,9 +37,8 @@ def set_rows(module, rows):
 def test_the_contrastive_term_value_by_hand():
     module, client = hand_client(mu=0.1, temperature=0.5)
     set_rows(module, [[3.0, 0.0], [1.0, 1.0]])  # the download E_glb
-    with torch.no_grad():  # E_prev: the rows after the client's previous local fit
-        getattr(module, PREVIOUS_PREFIX + "entity_emb").copy_(torch.tensor([[0.0, 1.0], [0.0, -1.0]]))
-        getattr(module, HAS_PREVIOUS).fill_(True)
+    # E_prev: the rows after the client's previous local fit, kept by the half
+    client.load_state_dict({"previous": {"entity_emb": torch.tensor([[0.0, 1.0], [0.0, -1.0]])}})
     client.before_fit(Message())
     (term,) = module.regularizers
     set_rows(module, [[1.0, 0.0], [0.0, 2.0]])  # E after some local steps
@@ -58,7 +57,7 @@ def test_the_contrastive_term_value_by_hand():
 def test_before_the_first_local_fit_the_previous_rows_are_the_download():
     # FedLU's client model starts from the server's rows, so E_prev = E_glb: the constant μ·log 2
     module, client = hand_client(mu=0.3, temperature=0.2)
-    assert not bool(getattr(module, HAS_PREVIOUS))
+    assert not client.has_previous() and client.state_dict() == {}
     set_rows(module, [[1.0, 2.0], [-1.0, 0.5]])
     client.before_fit(Message())
     (term,) = module.regularizers
@@ -91,12 +90,18 @@ def test_previous_rows_are_the_end_of_local_training_not_the_evaluation_download
     trained = {c.name: c.model.entity_emb.detach().clone() for c in run.clients}
     assert all(c.module.regularizers == [] for c in run.clients)  # the term is gone after the fit
     run.evaluate("val", 1)  # overwrites every module's rows with the aggregated ones
+    states, best = run.party_states(), run.party_states(weights_only=True)
     for c in run.clients:
         assert not torch.equal(c.model.entity_emb.detach(), trained[c.name])
-        assert bool(getattr(c.module, HAS_PREVIOUS))
-        assert torch.equal(getattr(c.module, PREVIOUS_PREFIX + "entity_emb"), trained[c.name])
-        # and the buffers travel with the module's weights (checkpoints, resume)
-        assert torch.equal(c.state_dict()["module"][PREVIOUS_PREFIX + "entity_emb"], trained[c.name])
+        half = run.client_halves[c.name]
+        assert half.has_previous() and torch.equal(half.previous()["entity_emb"], trained[c.name])
+        # the half's state travels in the client's checkpoints (round and best sets) ...
+        for state in (states[c.name], best[c.name]):
+            assert set(state["half"]) == {"previous"} and set(state["half"]["previous"]) == {"entity_emb"}
+            assert torch.equal(state["half"]["previous"]["entity_emb"], trained[c.name])
+        # ... and nothing of FedEC's is in the module's own state
+        assert not [k for k in c.module.state_dict() if k.startswith("fedec")]
+        assert not [k for k in states[c.name]["module"] if k.startswith("fedec")]
 
 
 def test_two_rounds_on_umls_move_only_entity_rows(tmp_path, one_thread):
@@ -140,3 +145,129 @@ def test_the_temperature_must_be_positive():
 
     with pytest.raises(ConfigError, match="temperature"):
         load_config(None, ["federated.strategy=fedec", "federated.fedec.temperature=0"])
+
+
+# ---------------------------------------------------------------- E_prev is the client half's state
+def test_the_half_state_is_a_checked_snapshot():
+    module, client = hand_client(mu=0.1, temperature=0.2)
+    set_rows(module, [[1.0, 2.0], [3.0, 4.0]])
+    client.remember()
+    state = client.state_dict()
+    set_rows(module, [[5.0, 6.0], [7.0, 8.0]])
+    client.remember()
+    # a copy of the rows at the time, not a view of the half's (or the module's) tensors
+    assert torch.equal(state["previous"]["entity_emb"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    assert torch.equal(client.previous()["entity_emb"], torch.tensor([[5.0, 6.0], [7.0, 8.0]]))
+    assert not [k for k in module.state_dict() if k.startswith("fedec")]
+    with pytest.raises(ValueError, match="shape"):
+        client.load_state_dict({"previous": {"entity_emb": torch.zeros(3, 2)}})
+    with pytest.raises(KeyError, match="entity_emb"):
+        client.load_state_dict({"previous": {"entity_proj": torch.zeros(2, 2)}})
+    client.load_state_dict(state)
+    assert torch.equal(client.previous()["entity_emb"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    client.load_state_dict({})  # the state before any local fit
+    assert not client.has_previous() and client.state_dict() == {}
+
+
+def test_checkpoints_without_half_state_still_load(one_thread):
+    trained = FederatedRun(load_config(None, FEDEC), run_dir=None)
+    trained.train_round(1)
+    states = trained.party_states()
+    rows = {n: s["half"]["previous"]["entity_emb"] for n, s in states.items() if n.startswith("client_")}
+    fresh = FederatedRun(load_config(None, FEDEC), run_dir=None)
+    names = list(rows)
+
+    def without_half(flag=None):
+        """Client states as written before halves had state: with ``flag``, FedEC's rows
+        as module buffers (``fedec_previous_entity_emb``, ``fedec_has_previous``)."""
+        out = {"server": states["server"]}
+        for n in names:
+            state = {k: v for k, v in states[n].items() if k != "half"}
+            if flag is not None:
+                state["module"] = {**state["module"], PREVIOUS_PREFIX + "entity_emb": rows[n] + 1.0,
+                                   HAS_PREVIOUS: torch.tensor(flag)}
+            out[n] = state
+        return out
+
+    fresh.load_party_states(without_half().__getitem__)  # no half state at all: the half stays fresh
+    assert not any(fresh.client_halves[n].has_previous() for n in names)
+    fresh.load_party_states(without_half(flag=True).__getitem__)  # the former module buffers
+    for c in fresh.clients:
+        assert torch.equal(fresh.client_halves[c.name].previous()["entity_emb"], rows[c.name] + 1.0)
+        assert torch.equal(c.model.entity_emb.detach(), states[c.name]["module"]["model.entity_emb"])
+        assert not [k for k in c.module.state_dict() if k.startswith("fedec")]
+    fresh.load_party_states(without_half(flag=False).__getitem__, weights_only=True)
+    assert not any(fresh.client_halves[n].has_previous() for n in names)
+    fresh.load_party_states(states.__getitem__)  # the current format
+    for n in names:
+        assert torch.equal(fresh.client_halves[n].previous()["entity_emb"], rows[n])
+
+
+def record_terms(run) -> dict[str, list[torch.Tensor]]:
+    """``{client: [contrastive term value of every training batch]}`` from now on."""
+    values: dict[str, list[torch.Tensor]] = {}
+    for name, half in run.client_halves.items():
+        add = half.add_loss_term
+
+        def recorded_add(term, _name=name, _add=add):
+            def recorded():
+                value = term()
+                values.setdefault(_name, []).append(value.detach().clone())
+                return value
+
+            _add(recorded)
+
+        half.add_loss_term = recorded_add
+    return values
+
+
+def test_a_run_resumed_into_a_fresh_federation_computes_the_same_contrastive_terms(one_thread):
+    import io
+
+    from lightning_fedkg.federated.checkpoint import capture_rng, restore_rng
+
+    cfg = FEDEC + ["trainer.threads=1", "federated.fedec.mu=0.5"]
+    straight = FederatedRun(load_config(None, cfg), run_dir=None)
+    for r in (1, 2):
+        straight.train_round(r)
+        straight.evaluate("val", r)  # overwrites the rows: E_prev must come from the half
+    buffer = io.BytesIO()
+    torch.save({"parties": straight.party_states(), "rng": capture_rng()}, buffer)
+
+    def resumed(keep_half: bool = True) -> FederatedRun:
+        buffer.seek(0)
+        saved = torch.load(buffer, weights_only=False)
+        run = FederatedRun(load_config(None, cfg), run_dir=None)
+        parties = saved["parties"]
+        if not keep_half:
+            parties = {n: {k: v for k, v in s.items() if k != "half"} for n, s in parties.items()}
+        run.load_party_states(parties.__getitem__)
+        restore_rng(saved["rng"])
+        return run
+
+    runs = {"straight": straight, "resumed": resumed(), "no_half": resumed(keep_half=False)}
+    terms = {}
+    for label, run in runs.items():
+        if label == "straight":
+            buffer.seek(0)
+            restore_rng(torch.load(buffer, weights_only=False)["rng"])
+        terms[label] = record_terms(run)
+        run.train_round(3)
+    names = [c.name for c in straight.clients]
+    mu_log2 = torch.tensor(0.5 * math.log(2.0))
+    for name in names:
+        a, b = terms["straight"][name], terms["resumed"][name]
+        assert len(a) == len(b) > 0
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), name  # bit for bit, every batch
+        # E_prev was a trained model, so the first batch's term is below μ·log 2 (at E = E_glb)
+        assert a[0] < mu_log2 - 1e-4
+        # without the half's state the resumed client would start over from μ·log 2
+        assert torch.allclose(terms["no_half"][name][0], mu_log2)
+    for c, r in zip(straight.clients, runs["resumed"].clients):
+        for k, v in c.module.state_dict().items():
+            assert torch.equal(v, r.module.state_dict()[k]), (c.name, k)
+        assert torch.equal(straight.client_halves[c.name].previous()["entity_emb"],
+                           runs["resumed"].client_halves[c.name].previous()["entity_emb"])
+    for t, table in straight.server.table.items():
+        assert torch.equal(table, runs["resumed"].server.table[t])
+        assert not torch.equal(table, runs["no_half"].server.table[t])

@@ -1,4 +1,4 @@
-"""Holder-mean aggregation of row-indexed shared groups (FedE's engine, Chen et al., IJCKG 2021, Eq. 2).
+"""Holder-mean aggregation of shared groups (FedE's engine, Chen et al., IJCKG 2021, Eq. 2).
 
 The server keeps one union table per shared tensor and, per client, its index map
 ``idx_c`` (the permutation matrix ``P^c`` of FedE's Eq. 1), learnt in round 0 from keyed
@@ -6,6 +6,10 @@ hashes of the item names (:mod:`.alignment`). Each round the selected clients re
 their rows ``E[idx_c]`` and send them back trained; the server replaces each table by the
 holder-mean of the uploads (:mod:`.aggregation`). Nothing outside the strategy's declared
 groups ever crosses.
+
+A strategy may declare several groups (``("entity", "relation")``): each is aggregated
+over its own holders with the alignment of its own row index (one union per index kind);
+a group without a row index is averaged whole over the clients that answered.
 
 The server's initial rows come from the clients' declarations
 (:class:`~lightning_fedkg.models.shareable.InitSpec`), each row drawn from a key derived
@@ -25,13 +29,18 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_counts, holder_mean
-from lightning_fedkg.federated.alignment import Alignment, union_alignment
+from lightning_fedkg.federated.alignment import DIGEST_BYTES, Alignment, union_alignment
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import ServerHalf
 from lightning_fedkg.models.shareable import InitSpec
 from lightning_fedkg.seeding import key_from_digest, keyed_uniform, purpose_key
 
 __all__ = ["HolderMeanServer", "initial_rows"]
+
+#: The index of a tensor shared whole, seen as a table of one row that every holder holds.
+ONE_ROW = torch.zeros(1, dtype=torch.long)
+#: The digest a tensor shared whole draws its initial value from (its name is in the salt).
+WHOLE = torch.zeros(1, DIGEST_BYTES, dtype=torch.uint8)
 
 
 def initial_rows(digests: Tensor, shape: list[int], init: InitSpec, seed: int, tensor: str) -> Tensor:
@@ -45,60 +54,110 @@ def initial_rows(digests: Tensor, shape: list[int], init: InitSpec, seed: int, t
 
 
 class HolderMeanServer(ServerHalf):
-    """Holder-mean over the rows of the strategy's one row-indexed group (FedE, FedR)."""
+    """Holder-mean over the rows of every group the strategy declares (FedE, FedR, FedLU).
+
+    Each group has the row index its clients declare (``"entity"``, ``"relation"``, or
+    None), so ``groups = ("entity", "relation")`` averages entity rows over the entity
+    holders and relation rows over the relation holders. A group without a row index is
+    shared whole: each of its tensors is averaged over the clients that hold it and
+    answered, weighted equally (as a table of one row that every holder holds).
+
+    Attributes:
+        table: ``{tensor: Tensor}`` over all groups (a tensor name belongs to one group
+            only); row-indexed tensors are ``[N, ...]`` over their index's union, the others
+            have the declared shape.
+        alignments: ``{group: Alignment | None}``; groups with the same index share one
+            :class:`~.alignment.Alignment` (one union per index kind), None for a group
+            without a row index.
+        holders_of: ``{tensor: parties that declare it}`` (parties may run different models).
+    """
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
-        (self.group,) = strategy.groups
         self.aggregation = ctx.cfg.federated.aggregation
         if self.aggregation not in ("selected_holders", "all_holders"):
             raise ValueError(f"unknown federated.aggregation {self.aggregation!r}")
-        self.alignment: Alignment | None = None
+        self.alignments: dict[str, Alignment | None] = {}
         self.table: dict[str, Tensor] = {}
-        #: ``{tensor: parties that declare it}`` (parties may run different models).
+        self.group_of: dict[str, str] = {}  # tensor -> its group
         self.holders_of: dict[str, list[str]] = {}
-        self._holder_counts: dict[str, Tensor] = {}  # derived from the two above, cached
+        self._holder_counts: dict[str, Tensor] = {}  # derived from the above, cached
+
+    @property
+    def alignment(self) -> Alignment | None:
+        """The one alignment of a server whose groups use a single row index (FedE's
+        entities, FedR's relations); None before round 0 or when no group is row-indexed."""
+        distinct = {id(a): a for a in self.alignments.values() if a is not None}
+        if len(distinct) > 1:
+            raise ValueError(f"the groups {sorted(self.alignments)} use {len(distinct)} row indexes: "
+                             "read alignments[group]")
+        return next(iter(distinct.values()), None)
 
     # ---------------------------------------------------------------- round 0
     def configure_align(self) -> dict[str, Message]:
-        return {name: Message(config={"groups": [self.group]}) for name in self.clients}
+        return {name: Message(config={"groups": list(self.groups)}) for name in self.clients}
 
     def aggregate_align(self, replies, failures) -> None:
-        """Union of the digests → index maps, holder counts and the initial tables.
+        """Union of the digests of each row index → index maps, holder counts, initial tables.
 
-        Parties may run different models (``federated.parties``): each tensor of the group
+        Parties may run different models (``federated.parties``): each tensor of a group
         gets one table, shared by the parties that declare it (TransE and TransD parties
         share ``entity_emb``; only TransD parties hold ``entity_proj``). A tensor declared
-        with different shapes or inits by two parties is an error.
+        with different shapes or inits by two parties, or in two groups, is an error; so is
+        a group that the clients index differently.
         """
         if failures or set(replies) != set(self.clients):
             raise RuntimeError(f"alignment needs every client; failed: {failures or 'missing replies'}")
-        specs = {name: replies[name].config["groups"][self.group] for name in self.clients}
-        indexes = {spec["index"] for spec in specs.values()}
-        if len(indexes) != 1:
-            raise ValueError(f"group {self.group!r} is indexed differently by the clients: {sorted(indexes)}")
-        (index,) = indexes
         tensors: dict[str, dict] = {}
-        self.holders_of = {}
-        for name, spec in specs.items():
-            for tensor, declared in spec["tensors"].items():
-                if tensor in tensors and tensors[tensor] != declared:
-                    first = self.holders_of[tensor][0]
-                    raise ValueError(f"{name} declares {tensor!r} as {declared}, {first} as {tensors[tensor]}")
-                tensors.setdefault(tensor, declared)
-                self.holders_of.setdefault(tensor, []).append(name)
-        self.alignment = union_alignment({n: replies[n].arrays[f"{index}_digests"] for n in self.clients})
-        self._holder_counts = {}
-        self.table = {
-            t: initial_rows(self.alignment.digests, s["shape"], InitSpec.from_json(s["init"]), self.cfg.seed, t)
-            for t, s in tensors.items()
+        index_of: dict[str, str | None] = {}
+        self.group_of, self.holders_of = {}, {}
+        for group in self.groups:
+            specs = {name: replies[name].config["groups"][group] for name in self.clients}
+            indexes = {spec["index"] for spec in specs.values()}
+            if len(indexes) != 1:
+                raise ValueError(f"group {group!r} is indexed differently by the clients: "
+                                 f"{sorted(indexes, key=str)}")
+            (index_of[group],) = indexes
+            for name, spec in specs.items():
+                for tensor, declared in spec["tensors"].items():
+                    if self.group_of.setdefault(tensor, group) != group:
+                        raise ValueError(f"{name} declares {tensor!r} in groups {self.group_of[tensor]!r} "
+                                         f"and {group!r}; a tensor belongs to one group")
+                    if tensor in tensors and tensors[tensor] != declared:
+                        first = self.holders_of[tensor][0]
+                        raise ValueError(f"{name} declares {tensor!r} as {declared}, {first} as {tensors[tensor]}")
+                    tensors.setdefault(tensor, declared)
+                    self.holders_of.setdefault(tensor, []).append(name)
+        # One union per index kind, however many groups use it.
+        unions = {
+            index: union_alignment({n: replies[n].arrays[f"{index}_digests"] for n in self.clients})
+            for index in sorted({i for i in index_of.values() if i is not None})
         }
+        self.alignments = {g: None if i is None else unions[i] for g, i in index_of.items()}
+        self._holder_counts = {}
+        self.table = {}
+        for t, s in tensors.items():
+            a = self.alignments[self.group_of[t]]
+            init = InitSpec.from_json(s["init"])
+            if a is None:  # drawn as one row keyed by the tensor's name alone (the salt)
+                self.table[t] = initial_rows(WHOLE, s["shape"], init, self.cfg.seed, t)[0]
+            else:
+                self.table[t] = initial_rows(a.digests, s["shape"], init, self.cfg.seed, t)
 
     # ---------------------------------------------------------------- rounds
+    def client_index(self, tensor: str, name: str) -> Tensor | None:
+        """``idx_c`` of client ``name``'s rows of ``tensor``, or None for a tensor shared whole."""
+        a = self.alignments[self.group_of[tensor]]
+        return None if a is None else a.index[name]
+
     def rows(self, name: str) -> dict[str, Tensor]:
-        """``E[idx_c]`` of every shared tensor client ``name`` declares."""
-        idx = self.alignment.index[name]
-        return {t: table[idx] for t, table in self.table.items() if name in self.holders_of[t]}
+        """``E[idx_c]`` of every shared tensor client ``name`` declares (a whole tensor as is)."""
+        out = {}
+        for t, table in self.table.items():
+            if name in self.holders_of[t]:
+                idx = self.client_index(t, name)
+                out[t] = table.clone() if idx is None else table[idx]
+        return out
 
     def configure_train(self, round, selected):
         return {name: Message(arrays=self.rows(name)) for name in selected}
@@ -110,18 +169,32 @@ class HolderMeanServer(ServerHalf):
             order = [n for n in self.holders_of[t] if n in replies]
             if not order:
                 continue
-            indices = [self.alignment.index[n] for n in order]
-            rows = [replies[n].arrays[t] for n in order]
-            if self.aggregation == "all_holders":
-                self.table[t] = damped_holder_mean(table, indices, rows, self.holder_counts(t))
+            whole = self.alignments[self.group_of[t]] is None
+            if whole:
+                # A whole tensor is a one-row table that every holder holds: the same
+                # float64 sums, hence the same exactness, as the row-indexed case.
+                table = table.unsqueeze(0)
+                indices = [ONE_ROW] * len(order)
+                rows = [replies[n].arrays[t].unsqueeze(0) for n in order]
             else:
-                self.table[t] = holder_mean(table, indices, rows)
+                indices = [self.client_index(t, n) for n in order]
+                rows = [replies[n].arrays[t] for n in order]
+            if self.aggregation == "all_holders":
+                new = damped_holder_mean(table, indices, rows, self.holder_counts(t))
+            else:
+                new = holder_mean(table, indices, rows)
+            self.table[t] = new[0] if whole else new
 
     def holder_counts(self, tensor: str) -> Tensor:
-        """``N_i`` of tensor ``tensor``: how many parties hold row ``i`` of it (computed once)."""
+        """``N_i`` of tensor ``tensor``: how many parties hold row ``i`` of it (computed once;
+        one entry, the number of holders, for a tensor shared whole)."""
         if tensor not in self._holder_counts:
-            holders = [self.alignment.index[n] for n in self.holders_of[tensor]]
-            self._holder_counts[tensor] = holder_counts(self.alignment.size, holders)
+            a = self.alignments[self.group_of[tensor]]
+            holders = self.holders_of[tensor]
+            if a is None:
+                self._holder_counts[tensor] = holder_counts(1, [ONE_ROW] * len(holders))
+            else:
+                self._holder_counts[tensor] = holder_counts(a.size, [a.index[n] for n in holders])
         return self._holder_counts[tensor]
 
     def configure_evaluate(self, round, split):
@@ -130,17 +203,38 @@ class HolderMeanServer(ServerHalf):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
+        """Tables, alignments (one entry per index kind, named by its groups), holders.
+
+        Plain containers of tensors, loadable with ``torch.load(weights_only=True)``.
+        """
         state = super().state_dict()
         state["table"] = {t: v.clone() for t, v in self.table.items()}
-        a = self.alignment
-        state["alignment"] = None if a is None else {"digests": a.digests, "index": a.index, "holders": a.holders}
+        packed: dict[int, dict] = {}  # groups sharing an alignment share one entry (saved once)
+        state["alignments"] = {
+            g: None if a is None else packed.setdefault(
+                id(a), {"digests": a.digests, "index": a.index, "holders": a.holders})
+            for g, a in self.alignments.items()
+        }
+        state["group_of"] = dict(self.group_of)
         state["holders_of"] = {t: list(v) for t, v in self.holders_of.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`, or the single-group format written before several
+        groups were supported (one alignment under ``"alignment"``, every tensor in the
+        strategy's one group)."""
         super().load_state_dict(state)
         self.table = {t: v.clone() for t, v in state["table"].items()}
-        a = state.get("alignment")
-        self.alignment = None if a is None else Alignment(a["digests"], dict(a["index"]), a["holders"])
+        if "alignments" in state:
+            stored, self.group_of = state["alignments"], dict(state["group_of"])
+        else:
+            (group,) = self.groups
+            stored = {} if state.get("alignment") is None else {group: state["alignment"]}
+            self.group_of = {t: group for t in self.table}
+        built: dict[int, Alignment] = {}  # entries that were shared are shared again
+        self.alignments = {
+            g: None if a is None else built.setdefault(id(a), Alignment(a["digests"], dict(a["index"]), a["holders"]))
+            for g, a in stored.items()
+        }
         self.holders_of = {t: list(v) for t, v in state.get("holders_of", {}).items()}
         self._holder_counts = {}

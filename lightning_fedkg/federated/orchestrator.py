@@ -266,18 +266,34 @@ class FederatedRun:
 
     # ------------------------------------------------------------------ state
     def party_states(self, weights_only: bool = False) -> dict[str, Any]:
-        """``{party: state}`` for a checkpoint: the server half and every client."""
-        if weights_only:
-            clients = {p.name: {"module": p.state_dict()["module"]} for p in self.clients}
-        else:
-            clients = {p.name: p.state_dict() for p in self.clients}
+        """``{party: state}`` for a checkpoint: the server half and every client.
+
+        A client's state is its party's (:meth:`~.party.Party.state_dict`; only
+        ``"module"`` with ``weights_only``) plus ``"half"``, its client half's own state
+        (:meth:`~.strategy.ClientHalf.state_dict`), in both kinds of state: a half's state
+        belongs to the model a client continues from (FedEC's rows after the last local
+        fit), and a ``best`` state is continued from (``fedkg unlearn --from``), so it
+        needs the state of the same round as the weights.
+        """
+        clients = {}
+        for p in self.clients:
+            state = {"module": p.state_dict()["module"]} if weights_only else p.state_dict()
+            state["half"] = self.client_halves[p.name].state_dict()
+            clients[p.name] = state
         return {SERVER: self.server.state_dict(), **clients}
 
     def load_party_states(self, load, weights_only: bool = False) -> None:
-        """Restore from ``load(party) -> state`` (reads one file per party)."""
+        """Restore from ``load(party) -> state`` (reads one file per party).
+
+        A client state without ``"half"`` (written before client halves had state)
+        leaves its half as built.
+        """
         self.server.load_state_dict(load(SERVER))
         for p in self.clients:
-            p.load_state_dict(load(p.name), weights_only=weights_only)
+            state = load(p.name)
+            p.load_state_dict(state, weights_only=weights_only)
+            if "half" in state:
+                self.client_halves[p.name].load_state_dict(state["half"])
         self.aligned = True
 
     def log_server(self, scalars: dict, round: int) -> None:

@@ -150,7 +150,11 @@ class ServerHalf:
 
 
 class ClientHalf:
-    """Client side of a strategy: acts on its own :class:`~..party.Party` only."""
+    """Client side of a strategy: acts on its own :class:`~..party.Party` only.
+
+    It may keep state of its own between rounds (:meth:`state_dict`), which the runner
+    checkpoints with its party.
+    """
 
     def __init__(self, party: Any, strategy: type["Strategy"]) -> None:
         self.party = party
@@ -240,6 +244,20 @@ class ClientHalf:
         entry = self.party.evaluate(split)
         self.party.log({f"{split}/{k}": v for k, v in entry.items() if k in self.party.task.metric_keys}, round)
         return Message(metrics=entry)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """The half's own state, saved in its party's checkpoint next to the party's
+        (default: none). What a client remembers between rounds that is not the module's
+        (FedEC's rows after the last local fit) lives here, not as buffers attached to the
+        module from outside. Return tensors on the CPU, as copies: the checkpoint is a
+        snapshot and must not follow later rounds.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (default: nothing to restore). Not called for a
+        checkpoint written before halves had state: the half then keeps its fresh state."""
 
 
 class Strategy:

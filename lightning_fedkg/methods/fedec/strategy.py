@@ -20,13 +20,17 @@ also overwritten by every *evaluation* download (it evaluates with the aggregate
 :meth:`~.fede.HolderMeanServer.configure_evaluate`), so "the rows before the download" is
 not its own previous model after an evaluated round or a round it was not selected in.
 The client half therefore copies its rows at the end of each successful local training
-into buffers of the module (``fedec_previous_<tensor>`` and the flag
-``fedec_has_previous``), registered when the half is built, before a resume loads a
-checkpoint: they are saved and restored with the module's weights, so a resumed run
-computes the same term. Before its first local training a client has no previous local
+and keeps them itself (``FedECClient.state_dict``: ``{"previous": {tensor: rows}}``, empty
+before the first local fit); the runner saves that state in the client's checkpoint next
+to its module, so a resumed run computes the same term, and the module's own state has
+nothing of FedEC's. Before its first local training a client has no previous local
 model; as in FedLU's code, whose client model starts from the server's initial rows,
 ``E_prev`` is then the download itself and the term is the constant ``μ·log 2`` (no
 gradient) in that round.
+
+Checkpoints written when the rows were module buffers (``fedec_previous_<tensor>`` and
+``fedec_has_previous`` in the module's state, no half state) still load: the client
+takes the old buffers out of the module's state as it is loaded.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ from lightning_fedkg.federated.holder_mean import HolderMeanServer
 
 __all__ = ["FedEC", "FedECClient", "contrastive_term", "PREVIOUS_PREFIX", "HAS_PREVIOUS"]
 
-#: Module buffer ``<prefix><tensor>``: the tensor's rows at the end of the last local fit.
+#: Former module buffer ``<prefix><tensor>`` (the tensor's rows at the end of the last
+#: local fit), read from old checkpoints only.
 PREVIOUS_PREFIX = "fedec_previous_"
-#: Module buffer (0-d bool): whether the ``fedec_previous_*`` buffers hold a trained model.
+#: Former module buffer (0-d bool): whether the ``fedec_previous_*`` buffers held a trained model.
 HAS_PREVIOUS = "fedec_has_previous"
 
 
@@ -70,30 +75,38 @@ class FedECClient(ClientHalf):
 
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
-        module = party.module
-        for name, p in self._entity_tensors().items():
-            module.register_buffer(PREVIOUS_PREFIX + name, p.detach().clone())
-        module.register_buffer(HAS_PREVIOUS, torch.tensor(False))
+        #: ``E_prev`` per tensor: the rows at the end of the last local fit, on the module's
+        #: device; None before the first one.
+        self._previous: dict[str, Tensor] | None = None
+        # Old checkpoints hold E_prev as module buffers; this hook takes them out of the
+        # module's state before the module loads it (which would refuse unknown keys).
+        party.module.register_load_state_dict_pre_hook(self._take_legacy_buffers)
 
     def _entity_tensors(self) -> dict:
         """``{wire name: Parameter}`` of the shared groups, in a fixed order."""
         return {n: p for g in self.shared().values() for n, p in sorted(g.tensors.items())}
 
     def previous(self) -> dict[str, Tensor]:
-        """``E_prev`` per tensor: the buffers (rows at the end of the last local fit)."""
-        return {n: getattr(self.party.module, PREVIOUS_PREFIX + n) for n in self._entity_tensors()}
+        """``E_prev`` per tensor: the rows at the end of the last local fit (empty before it)."""
+        return dict(self._previous or {})
 
     def has_previous(self) -> bool:
-        return bool(getattr(self.party.module, HAS_PREVIOUS))
+        return self._previous is not None
 
     def before_fit(self, message) -> None:
         cfg = self.cfg.federated.fedec
         mu, temperature = float(cfg.mu), float(cfg.temperature)
         if mu == 0.0:
             return
-        params = list(self._entity_tensors().values())
+        tensors = self._entity_tensors()
+        params = list(tensors.values())
         glb = entity_rows([p.detach().clone() for p in params])
-        previous = entity_rows([t.detach().clone() for t in self.previous().values()]) if self.has_previous() else glb
+        if self._previous is None:
+            previous = glb
+        else:
+            # Restored from a checkpoint, the rows are on the CPU: move them once.
+            self._previous = {n: self._previous[n].to(p.device) for n, p in tensors.items()}
+            previous = entity_rows(list(self._previous.values()))
 
         def contrastive():
             return contrastive_term(entity_rows(params), glb, previous, mu, temperature)
@@ -103,15 +116,45 @@ class FedECClient(ClientHalf):
     @torch.no_grad()
     def remember(self) -> None:
         """Store the current rows (the end of a local fit) as the next round's ``E_prev``."""
-        for name, p in self._entity_tensors().items():
-            getattr(self.party.module, PREVIOUS_PREFIX + name).copy_(p.detach())
-        getattr(self.party.module, HAS_PREVIOUS).fill_(True)
+        self._previous = {name: p.detach().clone() for name, p in self._entity_tensors().items()}
 
     def on_train(self, message: Message, round: int) -> Message:
         """FedE's round; then, the local fit having succeeded, remember its rows as ``E_prev``."""
         reply = super().on_train(message, round)
         self.remember()
         return reply
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """``{"previous": {tensor: rows}}`` (CPU copies), or ``{}`` before the first local fit."""
+        if self._previous is None:
+            return {}
+        return {"previous": {n: t.detach().cpu().clone() for n, t in self._previous.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; the rows must match the module's tables exactly."""
+        previous = state.get("previous")
+        if previous is None:
+            self._previous = None
+            return
+        tensors = self._entity_tensors()
+        if set(previous) != set(tensors):
+            raise KeyError(f"{self.party.name}: FedEC state holds rows of {sorted(previous)}, "
+                           f"the module shares {sorted(tensors)}")
+        for n, p in tensors.items():
+            if previous[n].shape != p.shape:
+                raise ValueError(f"{self.party.name}: FedEC state has {n!r} of shape {tuple(previous[n].shape)}, "
+                                 f"the module's is {tuple(p.shape)}")
+        self._previous = {n: previous[n].detach().clone() for n in tensors}
+
+    def _take_legacy_buffers(self, module, state_dict, prefix, local_metadata, strict, missing_keys,
+                             unexpected_keys, error_msgs) -> None:
+        """Move ``fedec_*`` buffers of an old checkpoint's module state into this half."""
+        flag = state_dict.pop(prefix + HAS_PREVIOUS, None)
+        rows = {k[len(prefix + PREVIOUS_PREFIX):]: state_dict.pop(k) for k in list(state_dict)
+                if k.startswith(prefix + PREVIOUS_PREFIX)}
+        if flag is not None:
+            self.load_state_dict({"previous": rows} if bool(flag) else {})
 
 
 class FedEC(Strategy):
