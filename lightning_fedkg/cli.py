@@ -284,6 +284,26 @@ def package_version() -> str:
         return __version__
 
 
+def fit_epilog() -> str:
+    """What ``fedkg fit --help`` lists below the options: the config's sections and keys,
+    and the names a config can give (from the registries, without importing a method)."""
+    import typing
+
+    from lightning_fedkg.registry import MODELS, PHASES, STRATEGIES
+
+    types = typing.get_type_hints(ExperimentConfig)  # the fields' annotations are strings
+    sections = [f"  {name:<10} {', '.join(g.name for g in dataclasses.fields(kind))}"
+                if dataclasses.is_dataclass(kind) else f"  {name}" for name, kind in types.items()]
+    return "\n".join([
+        "config sections and their keys (override any as section.key=value):", *sections,
+        "  federated.<strategy>  the named strategy's own settings; <phase> likewise (e.g. unlearn)",
+        "",
+        f"federated.strategy: none (one KG), {', '.join(STRATEGIES.names())}, or package.module:Class",
+        f"model.name:         {', '.join(MODELS.names())}, or package.module:Class",
+        f"phases:             {', '.join(PHASES.names())}",
+    ])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, data stats)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
@@ -291,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)")
+    fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)",
+                         epilog=fit_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     fit.add_argument("-c", "--config", required=True, help="YAML config file")
     fit.add_argument("--out", help="run directory (default: <out_dir>/<name>)")
     fit.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.dim=64")

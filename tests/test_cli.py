@@ -279,3 +279,18 @@ def test_version_prints_the_distribution_version(capsys, monkeypatch):
         main(["--version"])
     assert exit.value.code == 0
     assert capsys.readouterr().out == f"fedkg {lightning_fedkg.__version__}\n"
+
+
+def test_fit_help_lists_the_sections_and_the_names_a_config_can_give(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", "--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert "  model      name, dim, gamma, epsilon, p_norm, relation_dim, orthogonality_margin\n" in out
+    assert "federated.<strategy>" in out
+    from lightning_fedkg.registry import MODELS, STRATEGIES
+
+    strategies = next(line for line in out.splitlines() if line.startswith("federated.strategy:"))
+    assert all(name in strategies for name in STRATEGIES.names()) and "fedlu" in strategies
+    assert "transe" in next(line for line in out.splitlines() if line.startswith("model.name:"))
+    assert set(MODELS.names()) >= {"transe", "rotate"}

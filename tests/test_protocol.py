@@ -367,6 +367,77 @@ def test_a_round_runs_every_stage_in_order_and_a_second_stage_failure_is_recorde
                                 "error": "RuntimeError: confirm lost"}
 
 
+class _RankingServer(HolderMeanServer):
+    """A second evaluation exchange that ranks on the server: after the usual evaluation,
+    each client is told where its MRR stands among the clients' and answers with what it
+    was told (a stand-in for retrieval's several exchanges: scores up, ranking on the server)."""
+
+    eval_stages = ("evaluate", "rank")
+
+    def aggregate_evaluate(self, round, split, replies, failures):
+        self.first = super().aggregate_evaluate(round, split, replies, failures)
+        return self.first
+
+    def configure_rank(self, round, split):
+        from lightning_fedkg.federated.message import Message
+
+        order = sorted(self.clients, key=lambda n: -dict((e["name"], e["mrr"]) for e in self.first[1])[n])
+        return {n: Message(config={"split": split, "position": order.index(n)}) for n in self.clients}
+
+    def aggregate_rank(self, round, split, replies, failures):
+        avg, per_client = self.first
+        return avg, [{**e, "position": int(replies[e["name"]].metrics["position"])} for e in per_client]
+
+
+class _RankingClient(ClientHalf):
+    def on_rank(self, message, round):
+        from lightning_fedkg.federated.message import Message
+
+        return Message(metrics={"position": message.config["position"]})
+
+
+class _Ranking(Strategy):
+    name = "ranking_fede"
+    Server = _RankingServer
+    Client = _RankingClient
+    groups = ("entity",)
+
+
+def test_evaluation_runs_every_evaluation_stage_and_ranks_on_the_server(one_thread):
+    run = FederatedRun(umls_config(federated__strategy=f"{__name__}:_Ranking"), run_dir=None)
+    run.train_round(1)
+    avg, per_client = run.evaluate("val", 1)
+    # The last stage's aggregation is the result; the positions are the MRR order (oracle: a sort).
+    order = sorted(per_client, key=lambda e: -e["mrr"])
+    assert [e["position"] for e in per_client] == [order.index(e) for e in per_client]
+    assert avg == run.server.first[0]
+    names = [r.name for r in run.channel.records(round=1)]
+    # every message of the first evaluation stage comes before the second stage's
+    assert max(i for i, n in enumerate(names) if n in ("eval_download", "eval_result")) < names.index("rank_request")
+    assert names.count("rank_request") == names.count("rank") == 3
+
+
+def test_the_upload_stage_aggregates_the_rows_clients_hold(one_thread):
+    run = FederatedRun(umls_config(), run_dir=None)
+    run.align()
+    for half in run.client_halves.values():  # rows of their own, as after unlearning
+        for group in half.shared().values():
+            group.write({n: torch.randn_like(t) for n, t in group.tensors.items()})
+    uploads = {n: half.upload()["entity_emb"].clone() for n, half in run.client_halves.items()}
+    before = run.server.table["entity_emb"].clone()
+    run.stage(1, "upload")
+    # Oracle: every row is the mean of the rows its holders uploaded; a row no client holds keeps its value.
+    sums, counts = torch.zeros_like(before, dtype=torch.float64), torch.zeros(before.shape[0])
+    for name, rows in uploads.items():
+        index = run.server.client_index("entity_emb", name)
+        sums[index] += rows.double()
+        counts[index] += 1
+    expected = torch.where(counts[:, None] > 0, sums / counts.clamp(min=1)[:, None], before.double())
+    assert torch.allclose(run.server.table["entity_emb"].double(), expected, atol=1e-6)
+    records = run.channel.records(round=1)
+    assert {r.name for r in records} == {"upload"} and all(r.receiver == "server" for r in records)
+
+
 def test_a_late_answer_is_a_timeout_failure(one_thread):
     from lightning_fedkg.config import load_config as _load
     from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed

@@ -241,28 +241,46 @@ class FederatedRun:
         raise RoundFailed(f"round {round}: fewer than federated.min_clients={fc.min_clients} clients answered "
                           f"after {fc.max_retries} retries; failures: {self.failures[-len(selected):]}")
 
+    def stage(self, round: int, stage: str, selected: list[str] | None = None):
+        """One exchange of a training-side stage outside a round's schedule (a phase's
+        step, e.g. unlearning's propagation): ``server.configure_<stage>(round, selected)``
+        → the client halves' ``on_<stage>`` → ``server.aggregate_<stage>(round, replies,
+        failures)``, whose result is returned. ``selected``: every client by default."""
+        selected = list(self.server.clients) if selected is None else list(selected)
+        messages = getattr(self.server, f"configure_{stage}")(round, selected)
+        replies, failures = self.exchange(round, stage, messages)
+        return getattr(self.server, f"aggregate_{stage}")(round, replies, failures)
+
     def load_evaluation_state(self, round: int, split: str = "test") -> None:
         """Put into every client's module what it is evaluated with (FedE: the aggregated
-        rows), through the Channel, without evaluating."""
-        down = WIRE_NAMES[("evaluate", split)][0]
-        for name, message in self.server.configure_evaluate(round, split).items():
+        rows; the first evaluation stage's download), through the Channel, without evaluating."""
+        first = self.server.eval_stages[0]
+        down = WIRE_NAMES.get((first, split), (f"{first}_request", first))[0]
+        for name, message in getattr(self.server, f"configure_{first}")(round, split).items():
             received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
             self.client_halves[name].receive(received.arrays)
 
     def evaluate(self, split: str, round: int, download: bool = True) -> tuple[dict, list[dict]]:
-        """Every client evaluates ``split``; returns the server's ``(weighted average, per-client)``.
+        """Every client evaluates ``split`` through the server's evaluation stages
+        (:attr:`~.strategy.ServerHalf.eval_stages`: ``configure_<stage>(round, split)`` →
+        ``on_<stage>`` → ``aggregate_<stage>(round, split, replies, failures)``, in order);
+        returns the last aggregation's ``(weighted average, per-client entries)``.
 
-        ``download=False`` keeps what the server would send for the evaluation (FedE's
-        aggregated rows): each client evaluates the state it holds, as after restoring a
-        ``federated.best=client`` set, whose states were saved after their own evaluation.
+        ``download=False`` withholds the arrays of the first stage (what clients evaluate
+        with: FedE's aggregated rows), so that each client evaluates the state it holds, as
+        after restoring a ``federated.best=client`` set, whose states were saved after their
+        own evaluation.
         """
         if not self.aligned:
             self.align()
-        messages = self.server.configure_evaluate(round, split)
-        if not download:
-            messages = {name: Message(config=m.config) for name, m in messages.items()}
-        replies, failures = self.exchange(round, "evaluate", messages, split=split)
-        return self.server.aggregate_evaluate(round, split, replies, failures)
+        result = None
+        for i, stage in enumerate(self.server.eval_stages):
+            messages = getattr(self.server, f"configure_{stage}")(round, split)
+            if i == 0 and not download:
+                messages = {name: Message(config=m.config) for name, m in messages.items()}
+            replies, failures = self.exchange(round, stage, messages, split=split)
+            result = getattr(self.server, f"aggregate_{stage}")(round, split, replies, failures)
+        return result
 
     # ------------------------------------------------------------------ state
     def party_states(self, weights_only: bool = False) -> dict[str, Any]:

@@ -84,6 +84,12 @@ class ServerHalf:
 
     #: The exchange stages of one training round, in order.
     stages: tuple[str, ...] = ("train",)
+    #: The exchange stages of one evaluation, in order: each ``configure_<stage>(round,
+    #: split)`` / ``aggregate_<stage>(round, split, replies, failures)``; the first carries
+    #: what clients evaluate with, the last returns ``(weighted average, per-client entries)``.
+    #: A method whose answers need several exchanges (retrieval: anchors, projections,
+    #: scores, ranking on the server) adds stages here.
+    eval_stages: tuple[str, ...] = ("evaluate",)
 
     def __init__(self, ctx: ServerContext, strategy: type["Strategy"]) -> None:
         self.cfg = ctx.cfg
@@ -114,6 +120,15 @@ class ServerHalf:
 
     def aggregate_train(self, round: int, replies: dict[str, Message], failures: dict[str, str]) -> None:
         """Combine the replies of the clients that answered into the server state."""
+
+    def configure_upload(self, round: int, selected: list[str]) -> dict[str, Message]:
+        """The ``upload`` stage (outside the round schedule): clients send their shared
+        groups as they are, without a download or training; nothing crosses downwards."""
+        return {name: Message() for name in selected}
+
+    def aggregate_upload(self, round: int, replies: dict[str, Message], failures: dict[str, str]) -> None:
+        """The uploads are aggregated as a training round's are."""
+        self.aggregate_train(round, replies, failures)
 
     # ---------------------------------------------------------------- evaluation
     def configure_evaluate(self, round: int, split: str) -> dict[str, Message]:
@@ -236,6 +251,10 @@ class ClientHalf:
             self.after_fit()
         self.party.log({"train/loss": stats["loss"]}, round)
         return Message(arrays=self.upload(), metrics=stats)
+
+    def on_upload(self, message: Message, round: int) -> Message:
+        """The shared groups as they are (the ``upload`` stage; no training)."""
+        return Message(arrays=self.upload())
 
     def on_evaluate(self, message: Message, round: int) -> Message:
         """Apply what the server sent, evaluate the requested split, report the metrics."""

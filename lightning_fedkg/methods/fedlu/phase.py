@@ -51,7 +51,6 @@ from torch import Tensor
 from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_differences, resume_fingerprint
 from lightning_fedkg.data.federated import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
-from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
 from lightning_fedkg.federated.phases import Phase, PhaseContext, run_phases
 from lightning_fedkg.federated.strategy import SERVER
@@ -266,11 +265,7 @@ def propagate(run, rounds: int) -> int:
     if rounds == 0:
         return r
     r += 1
-    replies = {}
-    for party in run.clients:
-        message = Message(arrays=run.client_halves[party.name].upload())
-        replies[party.name] = run.channel.send(party.name, SERVER, "upload", message, r)
-    run.server.aggregate_train(r, replies, {})
+    run.stage(r, "upload")
     for _ in range(rounds - 1):
         r += 1
         run.train_round(r)
