@@ -595,15 +595,20 @@ def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) 
             "round": round_}
 
 
-def format_table(metrics: dict, sections=()) -> str:
-    """A FedE-Table-3-style table: one row per client and the triple-weighted average.
+def format_table(metrics: dict, sections=(), columns=()) -> str:
+    """A FedE-Table-3-style table: one row per client and the weighted average.
 
-    Columns: client, #test (test triples), MRR, H@1, H@5, H@10 (MR and H@3 stay in
-    ``metrics.json``). ``sections`` adds ``(title, [(label, #test, metrics)])`` blocks below
-    (a phase's rows, :meth:`~.phases.Phase.table_rows`). The header names only the run facts
-    present in ``metrics``.
+    ``columns``: ``(label, metric key)`` pairs (a task's :attr:`~.tasks.Task.table_columns`;
+    link prediction: MRR, H@1, H@5, H@10, with MR and H@3 left in ``metrics.json``); by
+    default the link-prediction columns the test block has, else every metric it has.
+    ``sections`` adds ``(title, [(label, #test, metrics)])`` blocks below (a phase's rows,
+    :meth:`~.phases.Phase.table_rows`). The header names only the run facts present in
+    ``metrics``.
     """
-    cols = (("MRR", "mrr"), ("H@1", "hits@1"), ("H@5", "hits@5"), ("H@10", "hits@10"))
+    test = metrics["test"]
+    cols = tuple(columns) or (
+        tuple((label, key) for label, key in TASKS.get("link_prediction").table_columns if key in test)
+        or tuple((key, key) for key in test if key != "count"))
     width = max([10, *(len(label) + 2 for _, rows in sections for label, _, _ in rows)])
     header = f"{'client':<{width}}{'#test':>8}" + "".join(f"{c:>9}" for c, _ in cols)
     lines = []

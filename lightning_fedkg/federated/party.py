@@ -134,7 +134,7 @@ class Party:
             self.module = task.build_module(cfg, kg)
         self.datamodule = task.build_datamodule(cfg, kg, seed=derive_seed(cfg.seed, name, "data"))
         self.writer = writer
-        batches = max(1, math.ceil(kg.triples("train").shape[0] / cfg.train.batch_size))
+        batches = max(1, int(getattr(self.datamodule, "num_train_batches", 50)))
         with quiet_lightning():
             kwargs = trainer_kwargs(cfg.trainer)
             strategy = resident_strategy(cfg.trainer)
@@ -155,24 +155,27 @@ class Party:
         return self.module.model
 
     def fit(self, epochs: int) -> dict:
-        """Train ``epochs`` more epochs on the local train split; returns ``{"loss", "examples"}``."""
+        """Train ``epochs`` more epochs on the local train split; returns ``{"loss", "examples"}``
+        (``examples``: the task's :meth:`~.tasks.Task.train_size`)."""
         self.trainer.fit_loop.max_epochs = self.trainer.current_epoch + int(epochs)
         with quiet_lightning():
             self.trainer.fit(self.module, train_dataloaders=self.datamodule.train_dataloader())
         loss = self.trainer.callback_metrics.get("train/loss_epoch")
         return {"loss": float(loss) if loss is not None else math.nan,
-                "examples": int(self.kg.triples("train").shape[0])}
+                "examples": int(self.task.train_size(self.kg))}
 
     def run_evaluation(self, split: str) -> dict:
-        """The module's metric dict after validating/testing on ``"val"``/``"test"``."""
+        """Validate (``"val"``) or test (``"test"``) the module on the datamodule's loader of
+        that split; returns what the module logged (Lightning's result dict)."""
         with quiet_lightning():
             if split == "val":
-                self.trainer.validate(self.module, dataloaders=self.datamodule.val_dataloader(), verbose=False)
+                results = self.trainer.validate(self.module, dataloaders=self.datamodule.val_dataloader(),
+                                                verbose=False)
             elif split == "test":
-                self.trainer.test(self.module, dataloaders=self.datamodule.test_dataloader(), verbose=False)
+                results = self.trainer.test(self.module, dataloaders=self.datamodule.test_dataloader(), verbose=False)
             else:
                 raise ValueError(f"split must be 'val' or 'test', got {split!r}")
-        return dict(self.module.last_metrics[split])
+        return dict(results[0]) if results else {}
 
     def evaluate(self, split: str) -> dict:
         """The task's per-party entry for ``split`` (metric keys, ``count``, ``triples``)."""
@@ -185,13 +188,11 @@ class Party:
     def state_dict(self) -> dict:
         """Module weights, persistent optimizer state (if any) and the datamodule's sampler state."""
         # A module with optimizers that outlive a round (KGEModule with reset_optimizer=False,
-        # a FedLU local side, a GAN) exposes their state; one re-created each round has none
-        # worth saving.
-        persistent = not self.module.hparams.get("reset_optimizer", True)
+        # a FedLU local side, a GAN) exposes their state (None when there is none worth saving).
         save_optimizer = getattr(self.module, "optimizer_state_dict", None)
         return {
             "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-            "optimizer": save_optimizer() if persistent and save_optimizer is not None else None,
+            "optimizer": save_optimizer() if save_optimizer is not None else None,
             "datamodule": self.datamodule.state_dict(),
         }
 

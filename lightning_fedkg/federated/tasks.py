@@ -24,13 +24,24 @@ __all__ = ["Task", "LinkPrediction", "TASKS", "METRIC_KEYS", "weighted_average",
 
 
 class Task:
-    """Base class of tasks; subclasses implement every method."""
+    """Base class of tasks; subclasses implement every method.
+
+    A task is all a :class:`~.party.Party` knows about what it learns: the module and the
+    datamodule it builds, the splits it evaluates and how (:meth:`evaluate`), the metrics
+    it reports and their table (:attr:`metric_keys`, :attr:`monitor`,
+    :attr:`table_columns`), and how parties are weighted (:meth:`weight`,
+    :meth:`train_size`).
+    """
 
     name = "task"
     #: The metric early stopping maximises (after weighting).
     monitor = "mrr"
     #: Metric keys a party reports for a split.
     metric_keys: tuple[str, ...] = ()
+    #: The splits :meth:`evaluate` takes (``val`` picks the best state, ``test`` reports it).
+    splits: tuple[str, ...] = ("val", "test")
+    #: ``(label, metric key)`` of the results table's columns; empty: every metric key.
+    table_columns: tuple[tuple[str, str], ...] = ()
     #: Dataclass of the task's own ``task:`` config section, or None.
     config_class: type | None = None
 
@@ -46,6 +57,11 @@ class Task:
         raise NotImplementedError
 
     def weight(self, kg: Any, split: str) -> int:
+        """A party's weight in the federation-wide average of ``split``."""
+        raise NotImplementedError
+
+    def train_size(self, kg: Any) -> int:
+        """How many training examples a party holds (a round's ``examples``)."""
         raise NotImplementedError
 
 
@@ -54,6 +70,7 @@ class LinkPrediction(Task):
 
     name = "link_prediction"
     metric_keys = METRIC_KEYS
+    table_columns = (("MRR", "mrr"), ("H@1", "hits@1"), ("H@5", "hits@5"), ("H@10", "hits@10"))
 
     def build_module(self, cfg, kg):
         """A :class:`~lightning_fedkg.models.KGEModule`, or the learner the strategy asks for
@@ -72,11 +89,15 @@ class LinkPrediction(Task):
         return build_datamodule(kg, cfg, seed=seed)
 
     def evaluate(self, party, split):
-        metrics = party.run_evaluation(split)
-        return client_entry(metrics, self.weight(party.kg, split), self.metric_keys)
+        party.run_evaluation(split)
+        # KGEModule keeps the split's full result (the query count too) after each evaluation.
+        return client_entry(party.module.last_metrics[split], self.weight(party.kg, split), self.metric_keys)
 
     def weight(self, kg, split):
         return int(kg.triples("valid" if split == "val" else split).shape[0])
+
+    def train_size(self, kg):
+        return int(kg.triples("train").shape[0])
 
 
 def client_entry(metrics: dict, triples: int, keys=METRIC_KEYS) -> dict:

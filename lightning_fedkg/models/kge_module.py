@@ -250,8 +250,11 @@ class KGEModule(L.LightningModule):
         return self._optimizer
 
     def optimizer_state_dict(self) -> dict | None:
-        """State of the current Adam (None before one exists)."""
-        return None if self._optimizer is None else self._optimizer.state_dict()
+        """State of the Adam that outlives a ``fit()``; None when each ``fit()`` builds a
+        fresh one (``reset_optimizer``: nothing worth saving) or before one exists."""
+        if self.hparams.reset_optimizer or self._optimizer is None:
+            return None
+        return self._optimizer.state_dict()
 
     def load_optimizer_state_dict(self, state: dict | None) -> None:
         """Restore Adam state; builds the optimizer if needed so the next ``fit()`` reuses it

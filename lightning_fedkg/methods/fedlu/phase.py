@@ -243,7 +243,7 @@ def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[
     retain_dm = build_datamodule(_view(kg, retain, {}), cfg, seed=seed + 1, batch_size=batch_size)
     unlearner = ClientUnlearner(party.module, _settings(cfg))
     unlearner.interfere(forget_dm.train_dataloader)
-    return unlearner.decay(retain_dm.train_dataloader, lambda: party.run_evaluation("val")["mrr"])
+    return unlearner.decay(retain_dm.train_dataloader, lambda: party.evaluate("val")["mrr"])
 
 
 def retain_only(party: Party, forget: Tensor, cfg: ExperimentConfig) -> None:

@@ -187,11 +187,11 @@ class FKGEPeer(PeerHalf):
     # ------------------------------------------------------------------ quality
     def best_score(self) -> float:
         split = "val" if self.fk.backtrack_on == "valid" else "test"
-        return float(self.party.run_evaluation(split)["mrr"])
+        return float(self.party.evaluate(split)["mrr"])
 
     def quality(self) -> dict:
         """Test link prediction (filtered, both sides) and triple-classification accuracy."""
-        lp = self.party.run_evaluation("test")
+        lp = self.party.evaluate("test")
         kg, model = self.party.kg, self.party.model
         known = torch.cat([kg.triples(s) for s in kg.split_names])
         device = next(model.parameters()).device
