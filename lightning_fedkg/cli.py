@@ -23,7 +23,7 @@ from typing import Sequence
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
 from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
-from lightning_fedkg.rundir import RunDirectory, read_run_config
+from lightning_fedkg.rundir import RunDirectory, check_unlocked, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS, configure_torch
 
 log = logging.getLogger("lightning_fedkg")
@@ -160,11 +160,15 @@ def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     """``fedkg fit``: train what the config describes in its run directory (or resume it)."""
+    # What can be checked without importing torch comes first: the core sections, the data
+    # path and the lock (a mistake there is reported in a fraction of a second).
+    core = load_config(args.config, args.overrides, core_only=True)
+    check_data_name(core)
+    run_dir = resolve_run_dir(core, args.out)
+    check_unlocked(run_dir)
     cfg = load_config(args.config, args.overrides)
-    check_data_name(cfg)
     # Thread pools are per process and fixed once work starts: set them before anything runs.
     configure_torch(cfg.trainer)
-    run_dir = resolve_run_dir(cfg, args.out)
     # Locked and checked against the run it may hold before anything in it is written.
     with RunDirectory.open(run_dir, cfg):
         print(f"run directory: {run_dir}")

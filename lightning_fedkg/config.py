@@ -42,6 +42,7 @@ __all__ = [
     "ExperimentConfig",
     "load_config",
     "build_config",
+    "core_config",
     "experiment_class",
     "section_classes",
     "config_from_container",
@@ -418,8 +419,11 @@ def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[st
     """Merge ``(layer, source)`` pairs, in order, over the defaults of the sections their
     names resolve to (:func:`section_classes`, ``strict`` as there); check ranges and names.
 
-    Raises :class:`ConfigError` naming the source and the key (with the valid keys).
+    Raises :class:`ConfigError` naming the source and the key (with the valid keys). The
+    core sections are checked first (:func:`core_config`), before a name is resolved,
+    so that their mistakes are reported without importing torch.
     """
+    core_config(layers)
     raw = OmegaConf.create({})
     for layer, _ in layers:
         raw = OmegaConf.merge(raw, layer)
@@ -427,6 +431,42 @@ def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[st
     for layer, source in layers:
         cfg = _merge(cfg, layer, source)
     return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
+
+
+def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
+    """The core sections of ``layers`` (keys, types and ranges checked), without the
+    sections a name adds: nothing is imported, so this is fast. A method section is a
+    mapping that is not a core field (under ``federated``, or at the top level); a
+    misspelled one is reported by :func:`build_config`, once the names are resolved."""
+    federated_core = {f.name for f in fields(FederatedConfig)}
+    top_core = {f.name for f in fields(ExperimentConfig)}
+
+    def strip(layer: DictConfig) -> DictConfig:
+        values = OmegaConf.to_container(layer, resolve=False)
+        fed = values.get("federated")
+        if isinstance(fed, dict):
+            values["federated"] = {k: v for k, v in fed.items() if k in federated_core or not isinstance(v, dict)}
+        return OmegaConf.create({k: v for k, v in values.items() if k in top_core or not isinstance(v, dict)})
+
+    cfg = OmegaConf.structured(ExperimentConfig)
+    for layer, source in layers:
+        cfg = _merge(cfg, strip(layer), source)
+    core = validate_ranges(OmegaConf.to_object(cfg))
+    from lightning_fedkg.registry import MODELS, STRATEGIES, TASKS, RegistryError
+
+    # Unknown names are errors the registries give from their entry points alone (a known
+    # name is resolved, and its options checked, by build_config).
+    for key, registry, name in (("model.name", MODELS, core.model.name),
+                                ("federated.strategy", STRATEGIES, core.federated.strategy),
+                                ("federated.task", TASKS, core.federated.task)):
+        if name != "none" and ":" not in name and name.lower() not in registry.names():
+            try:
+                registry.get(name)
+            except RegistryError as err:
+                raise ConfigError(f"{key}: {err}") from None
+    if core.train.loss not in LOSSES:
+        raise ConfigError(f"train.loss: unknown loss {core.train.loss!r}; valid: {', '.join(LOSSES)}")
+    return core
 
 
 _NODE_KINDS = {yaml.SequenceNode: "list", yaml.ScalarNode: "single value"}
@@ -468,10 +508,12 @@ def _at(source: str, mark: yaml.Mark, reason: str) -> str:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
-                sections: Sequence[str] = ()) -> ExperimentConfig:
+                sections: Sequence[str] = (), core_only: bool = False) -> ExperimentConfig:
     """Build an :class:`ExperimentConfig` from a YAML file and ``key=value`` overrides.
 
     ``sections`` names phase sections to include even when neither source sets them.
+    ``core_only`` checks and returns the core sections only (:func:`core_config`: fast,
+    nothing imported; what a command needs to find its run directory).
     Raises :class:`ConfigError` naming the offending key and listing the valid keys, or the
     file, line and column of a YAML syntax error (see :func:`parse_yaml`).
     """
@@ -486,7 +528,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
     if overrides:
         layers.append((OmegaConf.from_dotlist(list(overrides)), "command line"))
-    return build_config(layers, sections, strict=True)
+    return core_config(layers) if core_only else build_config(layers, sections, strict=True)
 
 
 def config_from_container(values: dict) -> ExperimentConfig:

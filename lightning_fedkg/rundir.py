@@ -35,7 +35,7 @@ from lightning_fedkg.config import (
 )
 
 __all__ = ["CONFIG_FILE", "LOCK_FILE", "RunDirectory", "RunLockedError", "check_resumable", "holds_run_output",
-           "read_run_config"]
+           "read_run_config", "check_unlocked"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -68,10 +68,7 @@ def _exclusive_lock(run_dir: Path) -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise RunLockedError(
-                    f"another fedkg process is using {run_dir} (it holds {lock_path}); wait for it "
-                    "to finish or use another run directory (fedkg fit --out DIR)"
-                ) from None
+                raise _locked(run_dir) from None
             _held[key] = [fd, 1]
     try:
         yield
@@ -84,6 +81,28 @@ def _exclusive_lock(run_dir: Path) -> Iterator[None]:
                 # Closing the last descriptor releases the flock. The file stays: deleting it
                 # would let a waiting process lock an unlinked inode while a third creates a new one.
                 os.close(entry[0])
+
+
+def _locked(run_dir: Path) -> RunLockedError:
+    return RunLockedError(f"another fedkg process is using {run_dir} (it holds {run_dir / LOCK_FILE}); wait for "
+                          "it to finish or use another run directory (fedkg fit --out DIR)")
+
+
+def check_unlocked(run_dir: str | Path) -> None:
+    """Raise :class:`RunLockedError` now if another process holds ``run_dir``'s lock (a
+    command's early check, before its slow imports; :meth:`RunDirectory.open` takes the
+    lock itself later). Creates nothing."""
+    run_dir = Path(run_dir)
+    lock_path = run_dir / LOCK_FILE
+    if not lock_path.is_file() or os.path.realpath(run_dir) in _held:
+        return
+    fd = os.open(lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _locked(run_dir) from None
+    finally:
+        os.close(fd)  # also releases the probe's lock
 
 
 def read_run_config(run_dir: str | Path, sections=()) -> ExperimentConfig:

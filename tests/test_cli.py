@@ -294,3 +294,34 @@ def test_fit_help_lists_the_sections_and_the_names_a_config_can_give(capsys):
     assert all(name in strategies for name in STRATEGIES.names()) and "fedlu" in strategies
     assert "transe" in next(line for line in out.splitlines() if line.startswith("model.name:"))
     assert set(MODELS.names()) >= {"transe", "rotate"}
+
+
+FEDLU_CONFIG = str(REPO / "configs" / "fedlu" / "umls_fedlu.yaml")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.name=/no/such/folder"], "data.name: /no/such/folder is neither"),
+    (["model.name=transx"], "model.name: unknown KGE model 'transx'"),
+    (["federated.strategy=fedx"], "federated.strategy: unknown federated strategy 'fedx'"),
+    (["federated.roundz=3"], "unknown config key 'federated.roundz'"),
+], ids=["data", "model", "strategy", "core-key"])
+def test_a_federated_fit_reports_what_it_can_check_without_importing_torch(overrides, message):
+    proc = run_fedkg("fit", "-c", FEDLU_CONFIG, *overrides, code=HEAVY)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_a_locked_run_directory_is_reported_before_torch_is_imported(tmp_path):
+    import fcntl
+
+    run = tmp_path / "run"
+    run.mkdir()
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's lock, as the child sees it
+    try:
+        proc = run_fedkg("fit", "-c", FEDLU_CONFIG, "--out", str(run), code=HEAVY)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 2 and "another fedkg process is using" in proc.stderr, proc.stderr
+    assert "HEAVY []" in proc.stdout
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written
