@@ -55,11 +55,12 @@ def check_data_name(cfg: ExperimentConfig) -> None:
                       f"nor an existing path{where}")
 
 
-def format_metrics_table(metrics: dict) -> str:
+def format_metrics_table(metrics: dict, cfg: ExperimentConfig | None = None) -> str:
     """A readable table of a ``metrics.json`` dict (FedE-Table-3 style when federated).
 
     Federated results start with a ``key=value`` line of the :data:`SUMMARY_KEYS` they hold
-    (a tested checkpoint has no ``rounds`` or ``bytes_sent``, so none are shown).
+    (a tested checkpoint has no ``rounds`` or ``bytes_sent``, so none are shown); their
+    columns are those of ``cfg``'s task (:attr:`~lightning_fedkg.federated.tasks.Task.table_columns`).
     """
     if "kgs" in metrics:
         return format_kgs_table(metrics)
@@ -71,8 +72,13 @@ def format_metrics_table(metrics: dict) -> str:
         # A phase's block (FedE's fusion) adds the rows its phase shows.
         sections = [rows for name in PHASES.names() if isinstance(metrics.get(name), dict)
                     for rows in [PHASES.get(name)().table_rows(metrics[name])] if rows]
+        columns = ()
+        if cfg is not None and cfg.federated.strategy != "none":
+            from lightning_fedkg.registry import TASKS
+
+            columns = TASKS.get(cfg.federated.task).table_columns
         # format_table writes its own summary line, None included, when it sees "strategy".
-        table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS}, sections)
+        table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS}, sections, columns)
         return f"{summary}\n{table}" if summary else table
     from lightning_fedkg.evaluation.ranking import METRIC_KEYS
 
@@ -175,7 +181,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from lightning_fedkg.run import fit
 
         metrics = fit(resolve_auto_settings(cfg), run_dir)
-    print(format_metrics_table(metrics))
+    print(format_metrics_table(metrics, cfg))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0
 
@@ -198,7 +204,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     from lightning_fedkg.run import evaluate
 
     metrics = evaluate(cfg, ckpt)
-    print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics))
+    print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics, cfg))
     return 0
 
 

@@ -1,8 +1,14 @@
 """The "adding a method" example of docs/DESIGN.md runs as printed: a strategy outside the
-package, named by import path, with a setting of its own YAML section."""
+package, named by import path, with a setting of its own YAML section; a task with its own
+metrics table; an extra evaluation stage; a client-half state that survives SIGKILL."""
 
+import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -10,9 +16,11 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.federated.checkpoint import latest_manifest, read_manifest
 from lightning_fedkg.federated.orchestrator import FederatedRun
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
+REPO = Path(__file__).resolve().parents[1]
+DESIGN = REPO / "docs" / "DESIGN.md"
 MODULE = "design_example_method"
 
 
@@ -21,11 +29,15 @@ def example_blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
 
 
+def example_source() -> str:
+    """Every Python block of the example, as one module (``my_pkg.my_module``)."""
+    return "\n\n".join(example_blocks("python"))
+
+
 @pytest.fixture
 def example_module(monkeypatch):
-    """The example's code as an importable module (what ``my_pkg.my_module`` is to a user)."""
     module = types.ModuleType(MODULE)
-    exec(compile(example_blocks("python")[0], str(DESIGN), "exec"), module.__dict__)
+    exec(compile(example_source(), str(DESIGN), "exec"), module.__dict__)
     monkeypatch.setitem(sys.modules, MODULE, module)
     return module
 
@@ -64,6 +76,63 @@ def test_design_example_section_is_checked_like_a_builtin(example_module, tmp_pa
         example_config(tmp_path, "federated.damped_fede.beta=2.0")
     with pytest.raises(ConfigError, match=r"unknown config key 'federated\.damped_fede\.betta'.*Valid keys here: beta"):
         example_config(tmp_path, "federated.damped_fede.betta=0.3")
-    # Without the strategy the section is unknown: the valid keys name the core's and fede's.
+    # Without the strategy the section is unknown.
     with pytest.raises(ConfigError, match=r"unknown config key 'federated\.damped_fede'.*when federated\.strategy names"):
         load_config(None, ["federated.strategy=fede", "federated.damped_fede.beta=0.3"])
+
+
+# ---------------------------------------------------------------------- the other hooks, killed and resumed
+ROUNDS = 4
+AUDITED = ["seed=1", "model.dim=16", "train.lr=0.05", "federated.eval_every=1", "federated.patience=20",
+           f"federated.rounds={ROUNDS}", f"federated.strategy={MODULE}:AuditedDampedFedE",
+           f"federated.task={MODULE}:MrrAndHits3", "trainer.threads=1"]
+
+
+def launch(tmp_path: Path, run_dir: Path) -> subprocess.Popen:
+    """``fedkg fit`` of the audited example in a fresh process (the example module on its path)."""
+    (tmp_path / f"{MODULE}.py").write_text(example_source())
+    yaml = tmp_path / "damped.yaml"
+    yaml.write_text(example_blocks("yaml")[0].replace("my_pkg.my_module", MODULE))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "lightning_fedkg.cli", "fit", "-c", str(yaml), "--out", str(run_dir),
+           *SMALL, *AUDITED]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+def completed_round(run_dir: Path) -> int:
+    last = latest_manifest(run_dir / "checkpoints")
+    return 0 if last is None else int(read_manifest(last)["round"])
+
+
+def test_design_example_task_stage_and_client_state_survive_a_sigkill(tmp_path):
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    table = finish(launch(tmp_path, reference))
+    expected = json.loads((reference / "metrics.json").read_text())
+    # The task's metrics and table; the extra evaluation stage's answers in every client entry.
+    assert set(expected["test"]) == {"mrr", "hits@3", "count"}
+    assert "HR@3" in table and "H@10" not in table
+    assert expected["best_round"] == ROUNDS  # validation improved every round: the best state is the last
+    assert [c["fits"] for c in expected["clients"]] == [ROUNDS] * 3  # every client trained every round
+
+    proc = launch(tmp_path, interrupted)
+    deadline = time.monotonic() + 240
+    while completed_round(interrupted) < 1:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no round completed in time"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = completed_round(interrupted)
+    assert 1 <= killed_at < ROUNDS and not (interrupted / "metrics.json").exists()
+    finish(launch(tmp_path, interrupted))
+    resumed = json.loads((interrupted / "metrics.json").read_text())
+    # A half that lost its count on resume would report ROUNDS - killed_at fits.
+    assert [c["fits"] for c in resumed["clients"]] == [ROUNDS] * 3
+    for key in ("test", "clients", "validation", "best_round", "bytes_sent"):
+        assert resumed[key] == expected[key], key
