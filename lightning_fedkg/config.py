@@ -21,6 +21,7 @@ import functools
 import logging
 import math
 import sys
+import types
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import IO, Any, Dict, Literal, Optional, Sequence
@@ -134,6 +135,8 @@ LOSSES = ("self_adversarial", "uniform", "margin")
 
 #: ModelConfig fields that are keyword options of particular models (None = model default).
 MODEL_OPTION_KEYS = ("p_norm", "relation_dim", "orthogonality_margin")
+#: ModelConfig fields every model takes.
+MODEL_CORE_KEYS = ("name", "dim", "gamma", "epsilon")
 
 
 @dataclass
@@ -156,8 +159,11 @@ class ModelConfig:
     orthogonality_margin: Optional[float] = None
 
     def options(self) -> dict:
-        """The model options that are set (not None), as keyword arguments of the model."""
-        return {k: getattr(self, k) for k in MODEL_OPTION_KEYS if getattr(self, k) is not None}
+        """The model options that are set (not None), as keyword arguments of the model:
+        the built-ins' (:data:`MODEL_OPTION_KEYS`) and a user model's own (fields a config
+        adds for it, :func:`model_option_fields`)."""
+        keys = [f.name for f in fields(self) if f.name not in MODEL_CORE_KEYS]
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 @dataclass
@@ -331,9 +337,10 @@ def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
 Section = tuple[str, type, bool]
 
 
-def section_classes(raw: DictConfig, sections: Sequence[str] = (),
-                    strict: bool = False) -> tuple[tuple[Section, ...], tuple[Section, ...]]:
-    """The sections the names in ``raw`` resolve to: ``(federated sections, top-level sections)``.
+def section_classes(raw: DictConfig, sections: Sequence[str] = (), strict: bool = False
+                    ) -> tuple[tuple[Section, ...], tuple[Section, ...], tuple[tuple[str, Any], ...]]:
+    """What the names in ``raw`` add to the schema: ``(federated sections, top-level
+    sections, model options)``.
 
     * ``federated.<name>``: the ``config_class`` of the strategy ``federated.strategy`` names,
       and of every registered strategy whose section ``raw`` sets (a section of a method the
@@ -343,7 +350,9 @@ def section_classes(raw: DictConfig, sections: Sequence[str] = (),
     * ``<phase>``: the ``config_class`` of each registered phase whose section ``raw`` sets,
       or that ``sections`` asks for (``fedkg unlearn`` asks for ``unlearn``). A phase is its
       own resume point (its block is stored with its settings), so its section is
-      resume-free.
+      resume-free;
+    * ``model.<option>``: each keyword option of ``model.name``'s model that
+      :class:`ModelConfig` does not have already (:func:`model_option_fields`).
 
     Names resolve through :mod:`lightning_fedkg.registry` (entry points of the installed
     packages, or import paths): nothing here imports a method. Raises :class:`ConfigError`
@@ -386,30 +395,65 @@ def section_classes(raw: DictConfig, sections: Sequence[str] = (),
             phase = resolve(PHASES, key, key)
             if phase.config_class is not None:
                 top[key] = (key, phase.config_class, True)
-    return tuple(federated.values()), tuple(top.values())
+    model_raw = raw.get("model") if isinstance(raw.get("model"), DictConfig) else OmegaConf.create({})
+    return tuple(federated.values()), tuple(top.values()), model_option_fields(model_raw.get("name", "transe"))
+
+
+def model_option_fields(name: str) -> tuple[tuple[str, Any], ...]:
+    """``(option, type)`` of every keyword option of the model ``name`` names that
+    :class:`ModelConfig` lacks (a user model's own options), read from its ``__init__``
+    (:meth:`~lightning_fedkg.models.kge.KGEModel.option_names`); None stands for the
+    model's default, as for the built-in options."""
+    import inspect
+    import typing
+
+    from lightning_fedkg.registry import MODELS, RegistryError
+
+    try:
+        cls = MODELS.get(name)
+    except RegistryError as err:
+        raise ConfigError(f"model.name: {err}") from None
+    core = {f.name for f in fields(ModelConfig)}
+    extra = [o for o in (cls.option_names() or ()) if o not in core]
+    if not extra:
+        return ()
+    hints = typing.get_type_hints(cls.__init__)
+    params = inspect.signature(cls.__init__).parameters
+    out = []
+    for option in extra:
+        kind = hints.get(option, Any)
+        if params[option].default is None or typing.get_origin(kind) in (typing.Union, types.UnionType):
+            kind = next((a for a in typing.get_args(kind) if a is not type(None)), Any)
+        out.append((option, Optional[kind]))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
-def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ...] = ()) -> type[ExperimentConfig]:
-    """:class:`ExperimentConfig` with the given method sections as typed fields.
+def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ...] = (),
+                     model_options: tuple[tuple[str, Any], ...] = ()) -> type[ExperimentConfig]:
+    """:class:`ExperimentConfig` with the given method sections and model options as typed fields.
 
     Each section is a dataclass field with its defaults, so a method's settings are checked
     like the core's (unknown keys, types, ranges) and read as ``cfg.federated.fedlu.mu``.
     The same sections give the same class.
     """
-    if not federated and not top:
+    if not federated and not top and not model_options:
         return ExperimentConfig
 
     def as_field(key, cls, free):
         return (key, cls, field(default_factory=cls, metadata={"resume": "free"} if free else {}))
 
     federated_class = make_dataclass("FederatedConfig", [as_field(*s) for s in federated], bases=(FederatedConfig,))
+    model_class = make_dataclass("ModelConfig", [(o, kind, field(default=None)) for o, kind in model_options],
+                                 bases=(ModelConfig,))
     experiment_class_ = make_dataclass(
         "ExperimentConfig",
-        [("federated", federated_class, field(default_factory=federated_class)), *(as_field(*s) for s in top)],
+        [("model", model_class, field(default_factory=model_class)),
+         ("federated", federated_class, field(default_factory=federated_class)), *(as_field(*s) for s in top)],
         bases=(ExperimentConfig,),
     )
-    for built, base in ((federated_class, FederatedConfig), (experiment_class_, ExperimentConfig)):
+    for built, base in ((federated_class, FederatedConfig), (model_class, ModelConfig),
+                        (experiment_class_, ExperimentConfig)):
         built.__module__, built.__doc__ = __name__, base.__doc__
     return experiment_class_
 
@@ -440,12 +484,16 @@ def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
     misspelled one is reported by :func:`build_config`, once the names are resolved."""
     federated_core = {f.name for f in fields(FederatedConfig)}
     top_core = {f.name for f in fields(ExperimentConfig)}
+    model_core = {f.name for f in fields(ModelConfig)}
 
     def strip(layer: DictConfig) -> DictConfig:
         values = OmegaConf.to_container(layer, resolve=False)
         fed = values.get("federated")
         if isinstance(fed, dict):
             values["federated"] = {k: v for k, v in fed.items() if k in federated_core or not isinstance(v, dict)}
+        model = values.get("model")
+        if isinstance(model, dict):  # a user model's own options are known once it is resolved
+            values["model"] = {k: v for k, v in model.items() if k in model_core}
         return OmegaConf.create({k: v for k, v in values.items() if k in top_core or not isinstance(v, dict)})
 
     cfg = OmegaConf.structured(ExperimentConfig)

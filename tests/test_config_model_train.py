@@ -133,6 +133,27 @@ def test_model_named_by_import_path(tmp_path, monkeypatch):
         load_config(None, ["model.name=collections:OrderedDict"])
 
 
+def test_a_user_models_own_option_is_a_typed_config_key(tmp_path, monkeypatch):
+    (tmp_path / "my_kge_options.py").write_text(
+        "from lightning_fedkg.models.kge import TransE\n"
+        "class Scaled(TransE):\n"
+        "    def __init__(self, num_entities, num_relations, dim, gamma=10.0, epsilon=2.0, p_norm=1.0,\n"
+        "                 scale: float = 1.0):\n"
+        "        super().__init__(num_entities, num_relations, dim, gamma, epsilon, p_norm=p_norm)\n"
+        "        self.scale = scale\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(None, ["model.name=my_kge_options:Scaled", "model.scale=3"])
+    assert cfg.model.scale == 3.0 and cfg.model.options() == {"scale": 3.0}
+    assert load_config(None, ["model.name=my_kge_options:Scaled"]).model.scale is None  # the model's default
+    module = build("model.name=my_kge_options:Scaled", "model.scale=3")
+    assert module.model.scale == 3.0
+    with pytest.raises(ConfigError, match=r"model\.scale"):
+        load_config(None, ["model.name=my_kge_options:Scaled", "model.scale=big"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'model\.scale'"):
+        load_config(None, ["model.scale=3"])  # TransE has no such option
+
+
 def test_registry_is_dict_like():
     from lightning_fedkg.models import MODELS, TransR
 

@@ -5,10 +5,8 @@ metrics table; an extra evaluation stage; a client-half state that survives SIGK
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -16,8 +14,8 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.federated.checkpoint import latest_manifest, read_manifest
 from lightning_fedkg.federated.orchestrator import FederatedRun
+from tests.test_resume import kill_after_first_round
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGN = REPO / "docs" / "DESIGN.md"
@@ -105,11 +103,6 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
-def completed_round(run_dir: Path) -> int:
-    last = latest_manifest(run_dir / "checkpoints")
-    return 0 if last is None else int(read_manifest(last)["round"])
-
-
 def test_design_example_task_stage_and_client_state_survive_a_sigkill(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     table = finish(launch(tmp_path, reference))
@@ -120,15 +113,7 @@ def test_design_example_task_stage_and_client_state_survive_a_sigkill(tmp_path):
     assert expected["best_round"] == ROUNDS  # validation improved every round: the best state is the last
     assert [c["fits"] for c in expected["clients"]] == [ROUNDS] * 3  # every client trained every round
 
-    proc = launch(tmp_path, interrupted)
-    deadline = time.monotonic() + 240
-    while completed_round(interrupted) < 1:
-        assert proc.poll() is None, "the run ended before it could be interrupted"
-        assert time.monotonic() < deadline, "no round completed in time"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = completed_round(interrupted)
+    killed_at = kill_after_first_round(launch(tmp_path, interrupted), interrupted)
     assert 1 <= killed_at < ROUNDS and not (interrupted / "metrics.json").exists()
     finish(launch(tmp_path, interrupted))
     resumed = json.loads((interrupted / "metrics.json").read_text())

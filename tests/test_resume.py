@@ -55,6 +55,19 @@ def completed_round(run_dir: Path) -> int:
     return 0 if last is None else int(read_manifest(last)["round"])
 
 
+def kill_after_first_round(proc: subprocess.Popen, run_dir: Path) -> int:
+    """SIGKILL ``proc`` once a round is committed in ``run_dir``; returns the last committed round."""
+    deadline = time.monotonic() + 240
+    while completed_round(run_dir) < 1:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no round completed in time"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return completed_round(run_dir)
+
+
 def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
@@ -62,16 +75,7 @@ def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path):
 
     finish(launch(script, reference))
 
-    proc = launch(script, interrupted)
-    deadline = time.monotonic() + 240
-    while completed_round(interrupted) < 1:
-        assert proc.poll() is None, "the run ended before it could be interrupted"
-        assert time.monotonic() < deadline, "no round completed in time"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    killed_at = completed_round(interrupted)
+    killed_at = kill_after_first_round(launch(script, interrupted), interrupted)
     assert 1 <= killed_at < ROUNDS and not (interrupted / "metrics.json").exists()
 
     finish(launch(script, interrupted))
