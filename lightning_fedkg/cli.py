@@ -24,7 +24,7 @@ from typing import Sequence
 # torch, Lightning and PyG (seconds); the commands import them when they run.
 from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
 from lightning_fedkg.rundir import RunDirectory, check_unlocked, read_run_config
-from lightning_fedkg.runtime import EXPECTED_WARNINGS, configure_torch
+from lightning_fedkg.runtime import EXPECTED_WARNINGS, config_table_elements, configure_torch
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -174,7 +174,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     check_unlocked(run_dir)
     cfg = load_config(args.config, args.overrides)
     # Thread pools are per process and fixed once work starts: set them before anything runs.
-    configure_torch(cfg.trainer)
+    configure_torch(cfg.trainer, config_table_elements(cfg))
     # Locked and checked against the run it may hold before anything in it is written.
     with RunDirectory.open(run_dir, cfg):
         print(f"run directory: {run_dir}")
@@ -200,7 +200,7 @@ def cmd_test(args: argparse.Namespace) -> int:
             raise ConfigError("fedkg test needs -c CONFIG and --ckpt PATH, or --from RUN_DIR")
         cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
     cfg = resolve_auto_settings(cfg)
-    configure_torch(cfg.trainer)
+    configure_torch(cfg.trainer, config_table_elements(cfg))
     from lightning_fedkg.run import evaluate
 
     metrics = evaluate(cfg, ckpt)
@@ -246,7 +246,7 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     read_run_config(source)  # a run directory, or an error that says so
     # Without -c the source run's own config is the base; overrides apply either way.
     cfg = load_config(args.config or source / "config.yaml", args.overrides, sections=("unlearn",))
-    configure_torch(cfg.trainer)
+    configure_torch(cfg.trainer, config_table_elements(cfg))
     out = Path(args.out) if args.out else source.with_name(source.name + "-unlearn")
     print(f"unlearning run directory: {out}")
     metrics = run_unlearn(resolve_auto_settings(cfg), source, out)

@@ -211,9 +211,10 @@ class TrainerConfig:
 
     ``progress_bar`` ``None`` (the default) draws bars only when stdout is a terminal (see
     :func:`show_progress_bar`). ``threads`` is the process's CPU thread budget (``None``:
-    torch's default, one per core; set 1 when several runs share a machine) and
-    ``deterministic`` makes training bit-reproducible (deterministic algorithms, one thread
-    unless ``threads`` is set); both are applied by
+    chosen when the run starts by :func:`lightning_fedkg.runtime.auto_threads`: one thread
+    for the bundled tiny KGs, else the cores the 1-minute load average leaves free; set it
+    when several runs share a machine) and ``deterministic`` makes training bit-reproducible
+    (deterministic algorithms, one thread unless ``threads`` is set); both are applied by
     :func:`lightning_fedkg.runtime.configure_torch`. ``devices``, ``progress_bar`` and
     ``threads`` may change when a run is resumed; ``accelerator``, ``precision`` and
     ``deterministic`` change what a step computes and may not. ``keep_on_device`` (federated

@@ -5,13 +5,33 @@ before Lightning is imported or any tensor work starts; library users running se
 experiments in one process call it once themselves. Both settings are global to the
 process (torch has one intra-op and one inter-op thread pool), which is why they live
 here and not in a Trainer.
+
+With ``trainer.threads`` unset the thread count is chosen here (:func:`auto_threads`) from
+the cores this process may use, the machine's 1-minute load average and, when the caller
+knows it, the size of the largest embedding table. This module imports neither torch nor
+Lightning at import time.
 """
 
 from __future__ import annotations
 
-from lightning_fedkg.config import TrainerConfig
+import logging
+import math
+import os
 
-__all__ = ["configure_torch", "effective_threads", "EXPECTED_WARNINGS"]
+from lightning_fedkg.config import ExperimentConfig, TrainerConfig
+
+__all__ = [
+    "EXPECTED_WARNINGS",
+    "SMALL_TABLE_ELEMENTS",
+    "auto_threads",
+    "config_table_elements",
+    "configure_torch",
+    "effective_threads",
+    "machine_cpus",
+    "machine_load",
+]
+
+log = logging.getLogger(__name__)
 
 
 #: Lightning warnings that are expected with our loaders and call patterns, silenced by
@@ -27,23 +47,108 @@ EXPECTED_WARNINGS = (
     ".*LeafSpec.*",
 )
 
+# The automatic thread count. Thresholds from docs/BENCHMARKS.md, "Default CPU threads"
+# (scripts/bench_threads.py; whole `fedkg fit` runs, FedE TransE; 2-core EPYC, torch 2.13):
+# * Table size. On a quiet machine a second thread gains nothing below ~20k entity-table
+#   elements (UMLS quick starts at dim 64 / 128: 8.6k / 17k elements, 1 and 2 threads
+#   within 2%), 11% at 35k (dim 256), 18% at 69k (dim 512), 48% at 276k (dim 2048), 57% on
+#   FB15k-237-Fed3 at dim 32 (465k) and 84% at dim 256 (3.7M). When the machine is busy it
+#   loses: 1.5-1.7x slower on UMLS beside one busy process and 2.6-5.5x beside two,
+#   1.2x on FB15k-237-Fed3 dim 256 beside one. A load that starts after the run does is
+#   not in the load average the choice reads, so below SMALL_TABLE_ELEMENTS, where a
+#   quiet machine gains at most ~10%, one thread is chosen whatever the load.
+SMALL_TABLE_ELEMENTS = 50_000
+# * Load. FB15k-237-Fed3 at dim 32 beside a process busy 25% of the time: 2 threads 1.46x
+#   faster than one; busy 50% of the time: 1 thread 5% faster; busy all the time (dim 256):
+#   1 thread 1.2x faster. So a core counts as free when its share of the 1-minute load
+#   average is at most 0.5: threads = floor(cpus - load + FREE_CORE_SLACK).
+FREE_CORE_SLACK = 0.5
+
+#: Entities of the bundled KGs (``lightning_fedkg/data/bundled``), known before loading.
+BUNDLED_ENTITIES = {"umls": 135, "nations": 14, "kinship": 104}
+#: Built-in models whose entity rows are wider than ``model.dim`` (``[re || im]``).
+_ENTITY_WIDTH_FACTOR = {"complex": 2, "rotate": 2}
+
+
+def machine_cpus() -> int:
+    """The cores this process may run on: its CPU affinity where the OS has one, else
+    ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def machine_load() -> float | None:
+    """The machine's 1-minute load average, or None where the OS has none (Windows)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def config_table_elements(cfg: ExperimentConfig) -> int | None:
+    """Elements of the largest embedding table (entities x entity width) when the config
+    alone tells: a bundled KG (tiny, its entity count is known); None for a data folder,
+    whose size is known only once it is loaded."""
+    name = cfg.data.name
+    entities = BUNDLED_ENTITIES.get(name.lower()) if isinstance(name, str) else None
+    if entities is None:
+        return None
+    return entities * cfg.model.dim * _ENTITY_WIDTH_FACTOR.get(str(cfg.model.name).lower(), 1)
+
+
+def _choose(cpus: int, load: float | None, table_elements: int | None) -> tuple[int, str]:
+    """The automatic thread count and the reason, as logged."""
+    cpus = max(1, int(cpus))
+    facts = f"{cpus} core{'s' if cpus != 1 else ''}, load " + ("unknown" if load is None else f"{load:.2f}")
+    if cpus == 1:
+        return 1, facts
+    if table_elements is not None and table_elements < SMALL_TABLE_ELEMENTS:
+        return 1, f"{facts}; small tables, {table_elements:,} elements"
+    free = cpus if load is None else cpus - max(0.0, load)
+    threads = max(1, min(cpus, math.floor(free + FREE_CORE_SLACK)))
+    size = "table size unknown" if table_elements is None else f"{table_elements:,} table elements"
+    return threads, f"{facts}; {size}; {threads} free core{'s' if threads != 1 else ''}"
+
+
+def auto_threads(cpus: int, load: float | None, table_elements: int | None = None) -> int:
+    """The intra-op thread count for an unset ``trainer.threads``.
+
+    One thread when the largest embedding table has fewer than :data:`SMALL_TABLE_ELEMENTS`
+    elements (``table_elements``, entities x width; None = unknown); otherwise the cores
+    that are free, ``floor(cpus - load + FREE_CORE_SLACK)``, at least 1 and at most ``cpus``
+    (``load`` None = unknown counts as an idle machine). See the thresholds' comment above.
+    """
+    return _choose(cpus, load, table_elements)[0]
+
 
 def effective_threads(trainer: TrainerConfig) -> int | None:
     """The intra-op thread count a run asks for: ``trainer.threads``, else 1 when
-    ``trainer.deterministic`` (see :func:`configure_torch`), else ``None`` (torch's default,
-    one thread per core)."""
+    ``trainer.deterministic`` (see :func:`configure_torch`), else ``None``: chosen by
+    :func:`auto_threads` when :func:`configure_torch` runs."""
     if trainer.threads is not None:
         return int(trainer.threads)
     return 1 if trainer.deterministic else None
 
 
-def configure_torch(trainer: TrainerConfig) -> int:
+#: The count this process's pools were set to by :func:`configure_torch` and why, or None.
+_configured: tuple[int, str] | None = None
+
+
+def configure_torch(trainer: TrainerConfig, table_elements: int | None = None) -> int:
     """Apply ``trainer.threads`` and ``trainer.deterministic`` to this process.
 
     * ``threads = n``: ``torch.set_num_threads(n)`` and one inter-op thread. Several
       processes on one machine should split its cores (``trainer.threads=1`` for two runs
       on two cores): with torch's default every process starts a thread per core, and the
       oversubscribed OpenMP threads spend their time waiting on each other.
+    * ``threads`` unset: :func:`auto_threads` picks the count from :func:`machine_cpus`,
+      :func:`machine_load` and ``table_elements`` (the largest embedding table's elements,
+      e.g. :func:`config_table_elements`; None = unknown), then as ``threads = n``. It
+      decides once per process: a later call with ``threads`` unset keeps the count that an
+      earlier call set (by then this process's own work is in the load average). Where
+      ``OMP_NUM_THREADS`` is set, torch's own count (which follows it) is kept.
     * ``deterministic``: ``torch.use_deterministic_algorithms(True)`` (Lightning's
       ``deterministic=True`` for single-KG runs), and one thread unless ``threads`` says
       otherwise. Measured on CPU (torch 2.13, 2 threads, ``scripts/determinism_probe.py``):
@@ -57,14 +162,29 @@ def configure_torch(trainer: TrainerConfig) -> int:
       their work per thread, so their last bits follow the thread count: one thread makes
       the result independent of the machine's core count.
 
-    Returns the intra-op thread count now in effect.
+    Logs one INFO line (``lightning_fedkg.runtime``) with the count and why when the
+    count is set. Returns the intra-op thread count now in effect.
     """
     import torch
 
+    global _configured
     threads = effective_threads(trainer)
     if threads is not None:
+        why = "trainer.threads" if trainer.threads is not None else "trainer.deterministic"
+    elif _configured is not None:
+        threads, why = _configured  # decided already in this process
+    elif os.environ.get("OMP_NUM_THREADS"):
+        threads, why = None, f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+    else:
+        threads, why = _choose(machine_cpus(), machine_load(), table_elements)
+    if threads is None:  # the environment decides; torch's pools are left as they are
+        threads = torch.get_num_threads()
+    else:
         torch.set_num_threads(threads)
         _single_interop_thread(torch)
+    if (threads, why) != _configured:
+        log.info("threads: %d (%s)", threads, why)
+    _configured = (threads, why)
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True)
     return torch.get_num_threads()

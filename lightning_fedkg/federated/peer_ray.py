@@ -106,9 +106,9 @@ class PartyActor:
 
         from lightning_fedkg.federated.peer import build_named_party, peer_strategy
         from lightning_fedkg.federated.tasks import TASKS
-        from lightning_fedkg.runtime import configure_torch
+        from lightning_fedkg.runtime import config_table_elements, configure_torch
 
-        configure_torch(cfg.trainer)
+        configure_torch(cfg.trainer, config_table_elements(cfg))
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         strategy = peer_strategy(cfg)
         self.party = build_named_party(strategy, cfg, TASKS.get(cfg.federated.task)(),

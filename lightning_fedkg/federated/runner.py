@@ -85,13 +85,14 @@ def run_engine(cfg: ExperimentConfig, run_dir: str | Path, build: Callable[..., 
     """Run ``build(cfg, run_dir, purge_step=...)``'s engine in ``run_dir`` (see the module
     doc); ``version`` is the engine's checkpoint format. Returns the metrics."""
     from lightning_fedkg.rundir import RunDirectory
-    from lightning_fedkg.runtime import configure_torch
+    from lightning_fedkg.runtime import config_table_elements, configure_torch
 
     run_dir = Path(run_dir)
     with RunDirectory.open(run_dir, cfg):
         import lightning as L
 
-        configure_torch(cfg.trainer)  # threads and determinism, when a library caller did not
+        # Threads and determinism, when a library caller did not set them (the CLI has).
+        configure_torch(cfg.trainer, config_table_elements(cfg))
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         ckpt_dir = run_dir / CHECKPOINT_DIR
         manifest_path, manifest = resume_manifest(ckpt_dir, cfg, version, resume)
