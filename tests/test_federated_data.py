@@ -317,3 +317,25 @@ def test_fedr_averages_the_relations_clients_share_on_a_random_partition():
         row_a = a.model.relation_emb[a.names["relation"].index(name)]
         row_b = b.model.relation_emb[b.names["relation"].index(name)]
         assert torch.equal(row_a, row_b), name  # one averaged row, where Single keeps two
+
+
+def test_a_retrain_folder_keeps_the_source_vocabulary_ids_and_splits(tmp_path):
+    # Client 0's only triples of entity "x" are forgotten: in a retrain folder they leave
+    # train for unlearn. The unlearn split counts as training triples, so "x", the ids and
+    # every evaluation triple of "x" stay, and the forgotten triples are all there to rank.
+    source = {"train": "a\tr\tb\nb\tr\ta\nx\tr\ta\n", "valid": "a\tr\tx\n", "test": "b\tr\ta\n",
+              "unlearn": "x\tr\ta\n"}
+    retrain = dict(source, train="a\tr\tb\nb\tr\ta\n")
+    other = {"train": "c\ts\ta\na\ts\tc\n", "valid": "c\ts\ta\n", "test": "a\ts\tc\n"}
+    for name, client0 in (("source", source), ("retrain", retrain)):
+        for c, files in enumerate((client0, other)):
+            for split, text in files.items():
+                (tmp_path / name / str(c)).mkdir(parents=True, exist_ok=True)
+                (tmp_path / name / str(c) / f"{split}.txt").write_text(text)
+    src, re_ = load_fedlu_folder(tmp_path / "source"), load_fedlu_folder(tmp_path / "retrain")
+    assert re_.entity_names == src.entity_names == ["a", "b", "c", "x"]
+    assert re_.entity_index[0].tolist() == src.entity_index[0].tolist()
+    for split in ("valid", "test", "unlearn"):
+        assert re_.clients[0].triples(split).tolist() == src.clients[0].triples(split).tolist()
+    assert re_.clients[0].triples("valid").shape[0] == 1  # (a, r, x) is not dropped
+    assert re_.clients[0].triples("train").shape[0] == 2

@@ -70,6 +70,99 @@ def test_unlearning_steps_use_the_batch_weights(step, student):
     assert loss(torch.tensor([5.0, 1.0])) != pytest.approx(loss(None), rel=1e-3)
 
 
+def test_confusion_loss_leaves_masked_negatives_out():
+    positive = torch.tensor([0.5, -1.0])
+    negatives = torch.tensor([[2.0, -3.0, 7.0], [0.0, 9.0, 1.0]])
+    mask = torch.tensor([[True, True, False], [True, False, True]])
+    kept = torch.tensor([[2.0, -3.0], [0.0, 1.0]])  # the valid negatives, two per row
+    for loss in ("uniform", "self_adversarial"):
+        masked = confusion_loss(positive, negatives, 10.0, 0.3, loss, negative_mask=mask)
+        assert masked.item() == pytest.approx(confusion_loss(positive, kept, 10.0, 0.3, loss).item(), rel=1e-6)
+        everything = torch.ones_like(mask)
+        assert confusion_loss(positive, negatives, 10.0, 0.3, loss, negative_mask=everything).item() == \
+            pytest.approx(confusion_loss(positive, negatives, 10.0, 0.3, loss).item(), rel=1e-6)
+
+
+def _module_and_batch():
+    from lightning_fedkg.methods.fedlu import DistillationModule
+
+    torch.manual_seed(0)
+    module = DistillationModule("transe", num_entities=8, num_relations=2, dim=4, loss="self_adversarial")
+    with torch.no_grad():
+        module.avatar.entity_emb.add_(0.3 * torch.randn_like(module.avatar.entity_emb))
+    batch = {"positive": torch.tensor([[0, 0, 1], [2, 1, 3]]), "negatives": torch.tensor([[4, 5, 6], [0, 5, 7]]),
+             "negative_mask": torch.tensor([[True, False, True], [True, True, False]]), "mode": "tail"}
+    return module, batch
+
+
+@pytest.mark.parametrize("step", ["interference_step", "decay_step"])
+@pytest.mark.parametrize("student", ["local", "global"])
+def test_unlearning_losses_ignore_masked_negatives(step, student):
+    """A masked negative is a known true triple: which entity it is must not change any
+    unlearning loss (confusion, prediction, the KL of the avatar's distillation)."""
+    import copy
+
+    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
+
+    module, batch = _module_and_batch()
+
+    def loss(negatives):
+        unlearner = ClientUnlearner(copy.deepcopy(module), UnlearningSettings())
+        return getattr(unlearner, step)(dict(batch, negatives=negatives), student)
+
+    swapped = batch["negatives"].clone()
+    swapped[~batch["negative_mask"]] = torch.tensor([1, 2])  # other entities in the masked slots
+    assert loss(swapped) == pytest.approx(loss(batch["negatives"]), rel=1e-6)
+    unmasked = batch["negatives"].clone()
+    unmasked[0, 0] = 1  # a valid slot does count
+    assert loss(unmasked) != pytest.approx(loss(batch["negatives"]), rel=1e-4)
+
+
+@pytest.mark.parametrize("official", [False, True])
+def test_unlearning_update_counts(official, monkeypatch):
+    """Ours: 1 local + 1 avatar interference step per forget batch and epoch, 1 decay step per
+    retained batch (sides alternating). The official code's: 2 + 2 (an avatar pass, a local
+    pass, then avatar + local per batch) and 5 decay steps per batch."""
+    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
+
+    module, batch = _module_and_batch()
+    calls = []
+    monkeypatch.setattr(ClientUnlearner, "interference_step",
+                        lambda self, b, student="local": calls.append(("interfere", b["id"], student)) or 0.0)
+    monkeypatch.setattr(ClientUnlearner, "decay_step",
+                        lambda self, b, student="local", distill=True: calls.append(("decay", b["id"], student, distill))
+                        or 0.0)
+    settings = UnlearningSettings(interference_epochs=2, decay_epochs=1, official_updates=official)
+    unlearner = ClientUnlearner(module, settings)
+    batches = lambda: [dict(batch, id=0), dict(batch, id=1)]  # noqa: E731
+    unlearner.interfere(batches)
+    scores = iter([0.1, 0.2])
+    unlearner.decay(batches, lambda: next(scores))
+    interference = [c for c in calls if c[0] == "interfere"]
+    decay = [c[1:] for c in calls if c[0] == "decay"]
+    if not official:
+        assert interference == [("interfere", b, s) for _ in range(2) for b in (0, 1) for s in ("local", "global")]
+        assert decay == [(0, "local", True), (1, "global", True)]
+    else:
+        epoch = ([("interfere", b, "global") for b in (0, 1)] + [("interfere", b, "local") for b in (0, 1)]
+                 + [("interfere", b, s) for b in (0, 1) for s in ("global", "local")])
+        assert interference == epoch * 2
+        five = [("local", False), ("global", False), ("global", True), ("global", False), ("local", True)]
+        assert decay == [(b, *step) for b in (0, 1) for step in five]
+
+
+def test_retrain_budget_is_the_source_rounds_plus_the_unlearning_training():
+    from lightning_fedkg.methods.fedlu.phase import retrain_budget
+
+    cfg = load_config(None, SOURCE + ["federated.local_epochs=3", "unlearn.propagate_rounds=2"])
+    # decay validations: client_0 ran 4 epochs (5 scores), client_1 1 epoch
+    budget = retrain_budget(cfg, 20, {"client_0": [0.1, 0.2, 0.3, 0.4, 0.35], "client_1": [0.5, 0.4]})
+    assert budget["decay_epochs"] == {"client_0": 4, "client_1": 1}
+    assert budget["retrain_rounds"] == budget["equal_rounds"] == 20 + 2 + 2  # ⌈4 / 3⌉ + propagation
+    fixed = load_config(None, SOURCE + ["unlearn.retrain_rounds=7"])
+    assert retrain_budget(fixed, 20, {})["retrain_rounds"] == 7
+
+
 def test_split_retain_removes_every_copy_of_the_forgotten_triples():
     train = torch.tensor([[0, 0, 1], [1, 0, 2], [0, 0, 1], [2, 1, 0]])
     retain = split_retain(train, torch.tensor([[0, 0, 1]]), 3, 2)
@@ -190,3 +283,53 @@ def test_fedkg_unlearn_command(source_run, tmp_path, capsys):
     assert "before" in printed and "after" in printed and "retrain" not in printed.split("MIA AUC")[1]
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["mia_auc"]) == {"before", "after"} and metrics["forget"]["mode"] == "sample"
+
+
+def test_the_unlearned_model_is_a_run_that_fedkg_test_reads(source_run, tmp_path, capsys):
+    out = tmp_path / "unlearned"
+    metrics = run_unlearn(load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.retrain=false",
+                                                      "unlearn.interference_epochs=2", "unlearn.decay_epochs=1"]),
+                          source_run, out)
+    assert (out / "checkpoints" / "best.json").is_file()
+    assert main(["test", "--from", str(out)]) == 0
+    capsys.readouterr()
+    from lightning_fedkg.run import best_state, evaluate, read_run_config
+
+    cfg = read_run_config(out)
+    tested = evaluate(cfg, best_state(out, cfg))
+    # the test of the saved model is the "after" test: same model, same test set and filter
+    assert tested["test"]["mrr"] == pytest.approx(metrics["after"]["test"]["mrr"], abs=1e-6)
+    assert tested["test"]["mrr"] != pytest.approx(metrics["before"]["test"]["mrr"], abs=1e-6)
+
+
+def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_thread):
+    """FedLU's unlearn.txt may hold every triple of an entity: the retrain still ranks it."""
+    from lightning_fedkg.data import load_kg
+    from lightning_fedkg.data.federated import partition_by_relation, write_fedlu_folder
+
+    fed = partition_by_relation(load_kg("umls"), 3, seed=4)
+    folder = write_fedlu_folder(fed, tmp_path / "R3", {"unlearn": [kg.triples("train")[:5] for kg in fed.clients]})
+    relation = (folder / "0" / "train.txt").read_text().split("\t")[1]
+    orphan = f"only_forgotten\t{relation}\t{fed.clients[0].entity_names[0]}\n"
+    for split in ("train", "unlearn"):
+        with open(folder / "0" / f"{split}.txt", "a") as f:
+            f.write(orphan)
+    base = [s for s in SOURCE if not s.startswith(("data.name", "federated.rounds"))]
+    base += [f"data.name={folder}", "federated.rounds=2", "model.dim=16"]
+    run_federated(load_config(None, base), tmp_path / "source")
+    metrics = run_unlearn(load_config(None, base + ["unlearn.interference_epochs=1", "unlearn.decay_epochs=1",
+                                                    "unlearn.propagate_rounds=0"]),
+                          tmp_path / "source", tmp_path / "out")
+    assert metrics["forget"]["clients"] == {"client_0": 6, "client_1": 5, "client_2": 5}
+    for block in ("before", "after", "retrain"):
+        assert metrics[block]["forgotten"] == 16 and metrics[block]["forget"]["count"] == 32, block
+    budget = metrics["budget"]
+    assert budget["source_rounds"] == 2 and budget["retrain_rounds"] == 2 + 1  # one decay epoch -> one round
+    assert metrics["retrain"]["rounds"] <= budget["retrain_rounds"]
+    # No propagation: each client's avatar is its own; the saved run must not overwrite it
+    # with the server's (pre-unlearning) rows when it is tested.
+    from lightning_fedkg.run import best_state, evaluate, read_run_config
+
+    cfg = read_run_config(tmp_path / "out")
+    tested = evaluate(cfg, best_state(tmp_path / "out", cfg))
+    assert tested["test"]["mrr"] == pytest.approx(metrics["after"]["test"]["mrr"], abs=1e-6)

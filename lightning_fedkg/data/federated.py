@@ -31,6 +31,7 @@ from .kg import (
     KGFormatError,
     KnowledgeGraph,
     clean_splits,
+    training_triples,
     load_kg,
     read_named_triples,
     unique_triples,
@@ -120,8 +121,9 @@ class FederatedKG:
 
         With ``clean=True`` the input policy (:func:`~lightning_fedkg.data.kg.clean_splits`)
         is applied per client: duplicates removed, evaluation triples whose entity or
-        relation is absent from that client's train split dropped. Local ids are then the
-        client's train entities / relations in increasing global id.
+        relation is absent from that client's training triples (``train``, and ``unlearn``
+        when present: :data:`~lightning_fedkg.data.kg.TRAINING_SPLITS`) dropped. Local ids
+        are then the client's entities / relations of those triples in increasing global id.
         """
         clients, ent_idx, rel_idx = [], [], []
         for c, splits in enumerate(client_splits):
@@ -129,11 +131,11 @@ class FederatedKG:
             removed = {}
             if clean:
                 splits, removed = clean_splits(splits, num_entities, num_relations, source=label)
-            train = splits["train"]
-            if train.shape[0] == 0:
+            if splits["train"].shape[0] == 0:
                 raise KGFormatError(f"{label}: empty train split")
-            ents = _present(train[:, [0, 2]], num_entities)
-            rels = _present(train[:, 1], num_relations)
+            trained = training_triples(splits)
+            ents = _present(trained[:, [0, 2]], num_entities)
+            rels = _present(trained[:, 1], num_relations)
             e_map = torch.full((num_entities,), -1, dtype=torch.long)
             e_map[ents] = torch.arange(ents.numel())
             r_map = torch.full((num_relations,), -1, dtype=torch.long)
@@ -496,9 +498,10 @@ def _load_named_clients(
                 for s, (h, r, t) in parsed.items()}
         splits, _ = clean_splits(prov, len(e2p), len(r2p), source=f"{name}/client_{c}")
         cleaned.append(splits)
-    # global vocabulary: every entity / relation of some client's train split, sorted by name
-    used_e = _present(torch.cat([s["train"][:, [0, 2]].reshape(-1) for s in cleaned]), len(e2p))
-    used_r = _present(torch.cat([s["train"][:, 1] for s in cleaned]), len(r2p))
+    # global vocabulary: every entity / relation of some client's training triples, sorted by name
+    trained = [training_triples(s) for s in cleaned]
+    used_e = _present(torch.cat([t[:, [0, 2]].reshape(-1) for t in trained]), len(e2p))
+    used_r = _present(torch.cat([t[:, 1] for t in trained]), len(r2p))
     e_sorted = sorted(_select(ent_names, used_e))
     r_sorted = sorted(_select(rel_names, used_r))
     e_map = torch.full((len(e2p),), -1, dtype=torch.long)
@@ -549,7 +552,10 @@ def load_fedlu_folder(path: str | Path) -> FederatedKG:
     """Load FedLU client splits ``<k>/{train,valid,test,unlearn}.txt``.
 
     ``unlearn`` (the client's forgetting set, a subset of its train triples) is kept as an
-    extra split of each client when present. Ids as in :func:`load_federated_folder`.
+    extra split of each client when present. Ids as in :func:`load_federated_folder`, with
+    ``unlearn`` counted among the training triples: a retrain folder (``train`` without the
+    forgotten triples, ``unlearn`` = them) loads with the source's vocabulary, ids and
+    evaluation splits, so the forgotten triples are all ranked by the retrained model too.
     """
     folder = Path(path)
     dirs = _numbered_dirs(folder, r"(\d+)")

@@ -74,13 +74,26 @@ def unique_triples(triples: Tensor, num_entities: int, num_relations: int) -> Te
     return triples[first_occurrence(triple_keys(triples, num_entities, num_relations))]
 
 
+#: Splits whose triples a client trained on: the reference of the input policy and of a
+#: client's vocabulary. ``unlearn`` is FedLU's forgetting set, a subset of ``train`` in
+#: FedLU's own files; in an unlearning's retrain folder it holds the triples removed from
+#: ``train``, so the retrained federation keeps the source's entities, ids and test sets.
+TRAINING_SPLITS = ("train", "unlearn")
+
+
+def training_triples(splits: dict[str, Tensor]) -> Tensor:
+    """The triples of the :data:`TRAINING_SPLITS` present in ``splits`` (``train`` first)."""
+    return torch.cat([splits[s] for s in TRAINING_SPLITS if s in splits])
+
+
 def clean_splits(
     splits: dict[str, Tensor], num_entities: int, num_relations: int, source: str = "kg"
 ) -> tuple[dict[str, Tensor], dict[str, dict[str, int]]]:
-    """Apply the input policy to id splits (``"train"`` is the reference split).
+    """Apply the input policy to id splits (``"train"``, with ``"unlearn"`` when present,
+    is the reference: :data:`TRAINING_SPLITS`).
 
     Removes duplicates inside each split, then drops triples of every other split whose
-    head, relation or tail does not occur in ``train``. Non-zero counts are logged with
+    head, relation or tail does not occur in the reference. Non-zero counts are logged with
     ``source`` in the message. Returns the cleaned splits and
     ``{split: {"duplicates": d, "unseen": u}}``.
     """
@@ -89,16 +102,17 @@ def clean_splits(
     out: dict[str, Tensor] = {}
     removed: dict[str, dict[str, int]] = {}
     train = unique_triples(splits["train"], num_entities, num_relations)
+    reference = training_triples({**splits, "train": train})
     seen_ent = torch.zeros(num_entities, dtype=torch.bool)
-    seen_ent[train[:, 0]] = True
-    seen_ent[train[:, 2]] = True
+    seen_ent[reference[:, 0]] = True
+    seen_ent[reference[:, 2]] = True
     seen_rel = torch.zeros(num_relations, dtype=torch.bool)
-    seen_rel[train[:, 1]] = True
+    seen_rel[reference[:, 1]] = True
     for name, triples in splits.items():
         unique = train if name == "train" else unique_triples(triples, num_entities, num_relations)
         dup = triples.shape[0] - unique.shape[0]
         unseen = 0
-        if name != "train":
+        if name not in TRAINING_SPLITS:
             keep = seen_ent[unique[:, 0]] & seen_rel[unique[:, 1]] & seen_ent[unique[:, 2]]
             unseen = int((~keep).sum())
             unique = unique[keep]

@@ -558,8 +558,9 @@ def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[Feder
     run = FederatedRun(cfg, run_dir=None)
     run.load_party_states(lambda party: load_party(manifest_path, manifest, party), weights_only=True)
     run.last_round = int(manifest.get("round", 0))
-    # A federated.best=client set holds each client's own evaluated state: nothing to download.
-    run.own_states = "client_rounds" in manifest
+    # A federated.best=client set, or a set committed with own_states (an unlearned run),
+    # holds each client's own evaluated state: nothing to download.
+    run.own_states = "client_rounds" in manifest or bool(manifest.get("own_states", False))
     if not run.own_states:
         run.load_evaluation_state(run.last_round)
     return run, run.last_round

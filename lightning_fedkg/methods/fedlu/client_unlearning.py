@@ -4,8 +4,7 @@ Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unle
 WWW 2023, §4.3 (REFERENCE §4.4). Given a trained client module and its forgetting set
 ``G_u`` (with retain set ``G_c = G \\ G_u``):
 
-1. **Retroactive interference**, for ``interference_epochs`` over ``G_u``; per forget batch
-   a step of the local side, then of the avatar:
+1. **Retroactive interference**, for ``interference_epochs`` over ``G_u``:
 
    ``L_loc = ½ (w · mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft · mean ‖S(negs) − S(u)‖₂``
    ``L_glb = (the same with the avatar's scores) + μ_distill · KL(P_loc ‖ P_glb)``
@@ -17,11 +16,24 @@ WWW 2023, §4.3 (REFERENCE §4.4). Given a trained client module and its forgett
    distils into the local step; the official code does not, and neither do we: measured on
    UMLS (docs/BENCHMARKS.md, "Unlearning on UMLS"), the term moved the result away from
    the retrained model (more forgetting than retraining, lower test MRR).
-2. **Passive decay**, at most ``decay_epochs`` over ``G_c``: mutual distillation with
-   teacher and student alternating by batch (even batches train the local side with the
-   avatar as teacher, odd batches the avatar with the local side as teacher), each step
-   with its prediction loss; after every epoch the local side is validated and decay stops
-   at the first epoch that does not improve, keeping the best epoch's tables.
+2. **Passive decay**, at most ``decay_epochs`` over ``G_c``: mutual distillation with its
+   prediction loss; after every epoch the local side is validated and decay stops at the
+   first epoch that does not improve, keeping the best epoch's tables.
+
+How many updates each batch gets (``official_updates``):
+
+* ``False`` (default): interference takes one local step and then one avatar step per
+  forget batch; decay one step per retained batch, teacher and student alternating by
+  batch (even batches the local side with the avatar as teacher, odd batches the avatar).
+* ``True``, the official ``client.unlearn``: each interference epoch is a pass of avatar
+  steps over the forget batches, a pass of local steps, then a pass of avatar + local
+  steps per batch (2 + 2 per batch); each decay batch takes 5 steps: local (prediction
+  only), avatar (prediction only), avatar (+ KL from the local side), avatar (prediction
+  only), local (+ KL from the avatar).
+
+Filtered negatives (``negative_mask`` False where a negative is a known true triple) count
+in no loss: not in the confusion's negative term nor its gap norm, nor in either side's
+distribution of the KL (as in training, :mod:`.distillation`).
 
 Relations are frozen throughout (only entity-indexed tables move, the official choice):
 the knowledge to remove is carried by the forgotten triples' entities, and the relation
@@ -41,7 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_fedkg.methods.fedlu.distillation import DistillationModule, candidate_scores, distillation_kl
+from lightning_fedkg.methods.fedlu.distillation import (DistillationModule, candidate_scores, distillation_kl,
+                                                        distribution_logits)
 from lightning_fedkg.models.kge import KGEModel
 from lightning_fedkg.models.kge_module import KGEModule, batch_mean, kge_loss, negative_loss_term
 
@@ -58,26 +71,32 @@ class UnlearningSettings:
     mu_soft: float = 0.05
     mu_distill: float = 2.0
     lr: float = 1e-4
+    official_updates: bool = False
+
+
+#: The official code's decay steps per retained batch: (student, with distillation).
+OFFICIAL_DECAY_STEPS = (("local", False), ("global", False), ("global", True), ("global", False), ("local", True))
 
 
 def confusion_loss(positive: Tensor, negatives: Tensor, forget_weight: float, mu_soft: float,
                    loss: str = "uniform", adversarial_temperature: float = 1.0,
-                   weight: Tensor | None = None) -> Tensor:
+                   weight: Tensor | None = None, negative_mask: Tensor | None = None) -> Tensor:
     """Hard + soft confusion of forgotten triples (``positive`` ``[B]``) and their
     negatives (``[B, n]``): ``½ (w·mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft·mean_B ‖S(negs) − S(u)‖₂``.
 
     ``weight`` (``[B]``, optional: the batch's subsampling weights) turns the two means of
     the hard term into weighted means, as the official code does; the soft term stays a
-    plain mean there too."""
+    plain mean there too. ``negative_mask`` (``[B, n]`` bool, optional) leaves out the
+    negatives that are known true triples: they get no weight in ``ℓ_neg`` and no entry in
+    the gap norm."""
     neg_loss = "uniform" if loss == "margin" else loss
-    hard = 0.5 * (forget_weight * batch_mean(-F.logsigmoid(-positive), weight)
-                  + batch_mean(negative_loss_term(negatives, neg_loss, adversarial_temperature), weight))
-    soft = (negatives - positive.unsqueeze(1)).norm(dim=1).mean()
+    negative_term = negative_loss_term(negatives, neg_loss, adversarial_temperature, negative_mask=negative_mask)
+    hard = 0.5 * (forget_weight * batch_mean(-F.logsigmoid(-positive), weight) + batch_mean(negative_term, weight))
+    gap = negatives - positive.unsqueeze(1)
+    if negative_mask is not None:
+        gap = gap * negative_mask.to(gap.dtype)
+    soft = gap.norm(dim=1).mean()
     return hard + mu_soft * soft
-
-
-def _logits(positive: Tensor, negatives: Tensor) -> Tensor:
-    return torch.cat([positive.unsqueeze(1), negatives], dim=1)
 
 
 class ClientUnlearner:
@@ -121,7 +140,9 @@ class ClientUnlearner:
             return positive.new_zeros(())
         with torch.no_grad():
             t_pos, t_neg = candidate_scores(self.module, teacher, batch)
-        return self.settings.mu_distill * distillation_kl(_logits(positive, negatives), _logits(t_pos, t_neg))
+        mask = batch.get("negative_mask")
+        return self.settings.mu_distill * distillation_kl(distribution_logits(positive, negatives, mask),
+                                                          distribution_logits(t_pos, t_neg, mask))
 
     def interference_step(self, batch: dict, student: str = "local") -> float:
         """One step of hard + soft confusion; the avatar's also distils from the local side."""
@@ -129,19 +150,21 @@ class ClientUnlearner:
         model, teacher, params, opt = self._sides(student)
         positive, negatives = candidate_scores(self.module, model, batch)
         loss = confusion_loss(positive, negatives, s.forget_weight, s.mu_soft, hp.loss, hp.adversarial_temperature,
-                              weight=batch.get("weight"))
+                              weight=batch.get("weight"), negative_mask=batch.get("negative_mask"))
         if student == "global":
             loss = loss + self._distillation(positive, negatives, teacher, batch)
         return self._step(loss, params, opt)
 
-    def decay_step(self, batch: dict, student: str = "local") -> float:
-        """One step of prediction loss on retained triples + distillation from the other side."""
+    def decay_step(self, batch: dict, student: str = "local", distill: bool = True) -> float:
+        """One step of prediction loss on retained triples (+ distillation from the other
+        side unless ``distill`` is False)."""
         hp = self.module.hparams
         model, teacher, params, opt = self._sides(student)
         positive, negatives = candidate_scores(self.module, model, batch)
         loss = kge_loss(positive, negatives, hp.loss, hp.adversarial_temperature, hp.margin,
                         negative_mask=batch.get("negative_mask"), weight=batch.get("weight"))
-        loss = loss + self._distillation(positive, negatives, teacher, batch)
+        if distill:
+            loss = loss + self._distillation(positive, negatives, teacher, batch)
         return self._step(loss, params, opt)
 
     # ------------------------------------------------------------------ loops
@@ -149,15 +172,39 @@ class ClientUnlearner:
         device = self.module.device
         return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
+    def _batches(self, make: Callable[[], Iterable[dict]]) -> Iterable[dict]:
+        return (self._to_device(batch) for batch in make())
+
     def interfere(self, forget_batches: Callable[[], Iterable[dict]]) -> None:
-        """``interference_epochs`` passes over the forget batches (local, then avatar, per batch)."""
+        """``interference_epochs`` epochs over the forget batches (see the module doc for
+        the steps per batch under ``official_updates``)."""
         self.module.train()
         for _ in range(self.settings.interference_epochs):
-            for batch in forget_batches():
-                batch = self._to_device(batch)
+            if not self.settings.official_updates:
+                for batch in self._batches(forget_batches):
+                    self.interference_step(batch, "local")
+                    if self.has_avatar:
+                        self.interference_step(batch, "global")
+                continue
+            if self.has_avatar:
+                for batch in self._batches(forget_batches):
+                    self.interference_step(batch, "global")
+            for batch in self._batches(forget_batches):
                 self.interference_step(batch, "local")
+            for batch in self._batches(forget_batches):
                 if self.has_avatar:
                     self.interference_step(batch, "global")
+                self.interference_step(batch, "local")
+
+    def _decay_epoch(self, retain_batches: Callable[[], Iterable[dict]]) -> None:
+        for i, batch in enumerate(self._batches(retain_batches)):
+            if not self.has_avatar:
+                self.decay_step(batch, "local")
+            elif self.settings.official_updates:
+                for student, distill in OFFICIAL_DECAY_STEPS:
+                    self.decay_step(batch, student, distill)
+            else:
+                self.decay_step(batch, "local" if i % 2 == 0 else "global")
 
     def decay(self, retain_batches: Callable[[], Iterable[dict]], validate: Callable[[], float]) -> list[float]:
         """Passive decay until local validation stops improving; returns the validation
@@ -167,10 +214,7 @@ class ClientUnlearner:
         best = self._snapshot()
         for _ in range(self.settings.decay_epochs):
             self.module.train()
-            for i, batch in enumerate(retain_batches()):
-                batch = self._to_device(batch)
-                student = "local" if (i % 2 == 0 or not self.has_avatar) else "global"
-                self.decay_step(batch, student)
+            self._decay_epoch(retain_batches)
             scores.append(validate())
             if not scores[-1] > max(scores[:-1]):
                 self._restore(best)

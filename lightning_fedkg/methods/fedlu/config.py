@@ -47,9 +47,16 @@ class UnlearnConfig:
     (also weighted ``mu_distill``) on the retained triples, stopping at the first
     epoch whose local validation MRR does not improve. ``propagate_rounds`` normal
     aggregation rounds then carry the change into the global model (0: as the official
-    code, the client's own avatar only). ``retrain`` trains the gold standard from scratch
-    without the forgotten triples (the membership-inference AUC is always reported).
-    ``lr``/``batch_size`` None take ``train.lr``/``train.batch_size``.
+    code, the client's own avatar only). ``official_updates`` takes the official code's
+    update counts (2 local + 2 avatar interference steps per forget batch and epoch, 5 decay
+    steps per retained batch) instead of ours (1 + 1, and 1); see
+    :mod:`~lightning_fedkg.methods.fedlu.client_unlearning`.
+
+    ``retrain`` trains the gold standard from scratch without the forgotten triples, for
+    ``retrain_rounds`` rounds (None: an equal budget, the source run's rounds plus the
+    rounds the unlearning trained, i.e. ⌈most decay epochs a client ran / federated.local_epochs⌉
+    + ``propagate_rounds``), with the source's early stopping; the membership-inference AUC
+    is always reported. ``lr``/``batch_size`` None take ``train.lr``/``train.batch_size``.
     """
 
     forget: Literal["file", "sample"] = "file"
@@ -63,4 +70,6 @@ class UnlearnConfig:
     lr: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
     batch_size: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
     propagate_rounds: int = field(default=1, metadata={"range": Range(min=0)})
+    official_updates: bool = False
     retrain: bool = True
+    retrain_rounds: Optional[int] = field(default=None, metadata={"range": Range(min=1)})

@@ -40,7 +40,7 @@ from lightning_fedkg.models.kge import KGEModel, build_model
 from lightning_fedkg.models.kge_module import KGEModule, kge_loss
 from lightning_fedkg.models.shareable import SharedGroup
 
-__all__ = ["DistillationModule", "distillation_kl", "candidate_scores", "AVATAR_PREFIX"]
+__all__ = ["DistillationModule", "distillation_kl", "distribution_logits", "candidate_scores", "AVATAR_PREFIX"]
 
 #: Wire names of the avatar's tensors start with this prefix (``avatar_entity_emb``), so a
 #: channel log tells them apart from any other entity table at a glance.
@@ -68,7 +68,7 @@ def candidate_scores(module: KGEModule, model: KGEModel, batch: dict) -> tuple[T
     return model(positive[:, 0], positive[:, 1], positive[:, 2]), module.negative_scores(batch, model)
 
 
-def _distribution_logits(positive: Tensor, negatives: Tensor, mask: Tensor | None) -> Tensor:
+def distribution_logits(positive: Tensor, negatives: Tensor, mask: Tensor | None) -> Tensor:
     """``[B, 1 + n]`` logits over the positive and its negatives (masked negatives excluded)."""
     if mask is not None:
         negatives = negatives.masked_fill(~mask, _MASKED_LOGIT)
@@ -189,8 +189,8 @@ class DistillationModule(KGEModule):
             return prediction, prediction.new_zeros(())
         with torch.no_grad():
             teacher_pos, teacher_neg = candidate_scores(self, other, batch)
-        kl = distillation_kl(_distribution_logits(positive, negatives, mask),
-                             _distribution_logits(teacher_pos, teacher_neg, mask))
+        kl = distillation_kl(distribution_logits(positive, negatives, mask),
+                             distribution_logits(teacher_pos, teacher_neg, mask))
         return prediction, kl
 
     def training_loss(self, batch: dict) -> Tensor:

@@ -17,17 +17,27 @@ new run directory:
    aggregation rounds carry the change to the global model: first the clients' unlearned
    shared rows are uploaded and averaged (so no download overwrites them), then normal
    rounds train on the retained triples only. With 0 rounds (the official pipeline) only
-   each client's own avatar changes;
-4. **after**: the same metrics;
-5. **retrain** (gold standard): the same config and budget trained from scratch on the
-   retained triples, as a resumable sub-run in ``<out>/retrain/``, and the same metrics.
+   each client's own avatar changes. From the start of the decay on, every client's data
+   is its retained triples, so the decay's validation filter no longer holds the
+   forgotten ones (they are negatives like any unknown triple, as in the official code);
+4. **after**: the same metrics; the unlearned parties are saved as the new run's ``best``
+   checkpoint set (each client with the state it was evaluated with), so ``fedkg test
+   --from`` and every other ``--from`` command read the unlearned model;
+5. **retrain** (gold standard): the same config trained from scratch on the retained
+   triples for an equal budget (``unlearn.retrain_rounds``; by default the source's rounds
+   plus the rounds' worth of decay epochs and the propagation rounds), as a resumable
+   sub-run in ``<out>/retrain/``, and the same metrics on the very same forgotten triples
+   (its data folder keeps them as its ``unlearn`` split, so its vocabulary, ids and test
+   sets are the source's; a differing count is an error).
 
 ``metrics.json`` of the new run: ``before``, ``after``, ``retrain``, each with
 ``forget`` and ``test`` blocks (triple-weighted over clients: MRR, MR, Hits@1/3/5/10,
-count), ``seconds`` (training of the source run, the unlearning, the retraining) and
-per-client entries; FedLU runs add ``forget_global``/``test_global`` (the avatar); and
-``mia_auc: {before, after, retrain}``. The phase's block is its resume point
-(``phases/unlearn.json``); the retrain sub-run resumes by itself.
+count), ``forgotten`` (triples ranked), ``seconds`` (training of the source run, the
+unlearning, the retraining) and per-client entries; FedLU runs add
+``forget_global``/``test_global`` (the avatar); ``mia_auc: {before, after, retrain}``;
+``forget`` (mode and triples per client) and ``budget`` (the source's rounds, the decay
+epochs each client ran, the propagation rounds, the retrain's rounds). The phase's block is
+its resume point (``phases/unlearn.json``); the retrain sub-run resumes by itself.
 
 Membership inference (beyond the paper): a threshold on the triple score separating
 forgotten triples (members) from the client's never-seen test triples; its AUC is
@@ -51,6 +61,7 @@ from torch import Tensor
 from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_differences, resume_fingerprint
 from lightning_fedkg.data.federated import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
+from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
 from lightning_fedkg.federated.phases import Phase, PhaseContext, run_phases
 from lightning_fedkg.federated.strategy import SERVER
@@ -66,6 +77,7 @@ __all__ = [
     "split_retain",
     "membership_auc",
     "evaluate_unlearning",
+    "retrain_budget",
 ]
 
 log = logging.getLogger("lightning_fedkg")
@@ -214,7 +226,8 @@ def evaluate_unlearning(parties: list[Party], forget: dict[str, Tensor], seconds
     weights = [(e["forgotten"], e["mia_auc"]) for e in per_client if e["forgotten"] and not math.isnan(e["mia_auc"])]
     total = sum(w for w, _ in weights)
     mia = sum(w * a for w, a in weights) / total if total else math.nan
-    return {**blocks, "seconds": seconds, "mia_auc": mia, "clients": per_client}
+    forgotten = sum(e["forgotten"] for e in per_client)
+    return {**blocks, "forgotten": forgotten, "seconds": seconds, "mia_auc": mia, "clients": per_client}
 
 
 # ---------------------------------------------------------------------- unlearning
@@ -225,18 +238,24 @@ def _settings(cfg: ExperimentConfig):
     return UnlearningSettings(
         interference_epochs=u.interference_epochs, decay_epochs=u.decay_epochs,
         forget_weight=u.forget_weight, mu_soft=u.mu_soft, mu_distill=u.mu_distill,
-        lr=u.lr if u.lr is not None else cfg.train.lr,
+        lr=u.lr if u.lr is not None else cfg.train.lr, official_updates=u.official_updates,
     )
 
 
 def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[float]:
     """Interference on ``forget``, then decay on the retained triples; returns the decay's
-    local validation MRRs."""
+    local validation MRRs (the first: before the decay).
+
+    ``party`` must already hold its retained triples (:func:`retain_only`): they are its
+    train split here, and its validation filter leaves the forgotten triples out."""
     from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner
     from lightning_fedkg.builders import build_datamodule
 
     kg = party.kg
-    retain = split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations)
+    retain = kg.triples("train")
+    if torch.isin(triple_keys(forget, kg.num_entities, kg.num_relations),
+                  triple_keys(retain, kg.num_entities, kg.num_relations)).any():
+        raise ValueError(f"{party.name}: call retain_only before unlearn_client (train holds forgotten triples)")
     batch_size = cfg.unlearn.batch_size or cfg.train.batch_size
     seed = derive_seed(cfg.seed, party.name, "unlearn")
     forget_dm = build_datamodule(_view(kg, forget, {}), cfg, seed=seed, batch_size=batch_size)
@@ -292,29 +311,67 @@ def write_retain_folder(folder: Path, parties: list[Party], forget: dict[str, Te
     return folder
 
 
-def retrain_config(cfg: ExperimentConfig, data_dir: Path) -> ExperimentConfig:
-    """``cfg`` on the retained triples (same model, schedule and budget)."""
+def retrain_budget(cfg: ExperimentConfig, source_rounds: int | None, decay: dict[str, list[float]]) -> dict:
+    """The retrain's rounds and what they are made of.
+
+    An equal budget is the source's rounds plus what the unlearning trained on retained
+    triples: the most decay epochs a client ran (each run epoch counts, also a last one that
+    did not improve), in rounds of ``federated.local_epochs``, and the propagation rounds.
+    (The interference's epochs run over the forgotten triples only and are not counted.)
+    ``unlearn.retrain_rounds`` overrides the sum."""
+    epochs = {name: max(len(scores) - 1, 0) for name, scores in decay.items()}
+    source = int(source_rounds) if source_rounds else cfg.federated.rounds
+    equal = source + math.ceil(max(epochs.values(), default=0) / cfg.federated.local_epochs) \
+        + cfg.unlearn.propagate_rounds
+    return {"source_rounds": source, "decay_epochs": epochs, "local_epochs": cfg.federated.local_epochs,
+            "propagate_rounds": cfg.unlearn.propagate_rounds, "equal_rounds": equal,
+            "retrain_rounds": cfg.unlearn.retrain_rounds or equal}
+
+
+def retrain_config(cfg: ExperimentConfig, data_dir: Path, rounds: int) -> ExperimentConfig:
+    """``cfg`` on the retained triples for ``rounds`` rounds (same model and schedule)."""
     rcfg = copy.deepcopy(cfg)
     rcfg.name = f"{cfg.name}-retrain"
     rcfg.data.name = str(data_dir)
     rcfg.data.format = "auto"
+    rcfg.federated.rounds = int(rounds)
     return rcfg
 
 
-def retrain(cfg: ExperimentConfig, ctx: PhaseContext, forget: dict[str, Tensor]) -> dict:
-    """Train the gold standard in ``<out>/retrain`` and evaluate it like the others."""
+def retrain(cfg: ExperimentConfig, ctx: PhaseContext, forget: dict[str, Tensor], rounds: int) -> dict:
+    """Train the gold standard in ``<out>/retrain`` and evaluate it like the others, on
+    the same forgotten triples (checked)."""
     from lightning_fedkg.federated.orchestrator import restore_finished_run, run_federated
 
     sub = ctx.subrun_dir(RETRAIN_DIR)
     data_dir = write_retain_folder(sub / "data", ctx.run.clients, forget)
-    rcfg = retrain_config(cfg, data_dir)
+    rcfg = retrain_config(cfg, data_dir, rounds)
     metrics = run_federated(rcfg, sub / "run")
     rrun, _ = restore_finished_run(rcfg, sub / "run")
     try:
-        r_forget = {p.name: p.kg.triples("unlearn") for p in rrun.clients}
-        return evaluate_unlearning(rrun.clients, r_forget, metrics.get("seconds"))
+        r_forget = {p.name: p.kg.triples("unlearn") if "unlearn" in p.kg.split_names else p.kg.triples("train")[:0]
+                    for p in rrun.clients}
+        counts = {name: int(f.shape[0]) for name, f in forget.items()}
+        r_counts = {name: int(f.shape[0]) for name, f in r_forget.items()}
+        if r_counts != counts:
+            raise RuntimeError(f"the retrained federation has other forgetting sets ({r_counts}) than the "
+                               f"unlearned one ({counts}); {data_dir} does not reload as written")
+        return {**evaluate_unlearning(rrun.clients, r_forget, metrics.get("seconds")),
+                "rounds": metrics.get("rounds"), "best_round": metrics.get("best_round")}
     finally:
         rrun.close()
+
+
+def save_unlearned(ctx: PhaseContext, round: int) -> Path:
+    """Commit the unlearned parties as the run's ``best`` set: ``--from`` commands read it.
+
+    ``own_states``: each client is evaluated with the state it holds (with 0 propagation
+    rounds its avatar is its own, which the server's rows would overwrite)."""
+    from lightning_fedkg.federated.orchestrator import RoundEngine
+    from lightning_fedkg.federated.runner import Commit
+
+    commit = Commit(ctx.run_dir / CHECKPOINT_DIR, ctx.cfg, RoundEngine.version)
+    return commit.best(ctx.run.party_states(weights_only=True), round=int(round), own_states=True)
 
 
 # ---------------------------------------------------------------------- the phase
@@ -344,22 +401,26 @@ class UnlearnPhase(Phase):
         before = evaluate_unlearning(run.clients, forget, ctx.source.get("seconds"))
         _log(ctx.writer, before, "before", step)
         start = time.perf_counter()
+        for party in run.clients:
+            retain_only(party, forget[party.name], cfg)
         decay = {}
         for party in run.clients:
             if forget[party.name].numel():
                 decay[party.name] = unlearn_client(party, forget[party.name], cfg)
-        for party in run.clients:
-            retain_only(party, forget[party.name], cfg)
-        propagate(run, cfg.unlearn.propagate_rounds)
+        last = propagate(run, cfg.unlearn.propagate_rounds)
         seconds = time.perf_counter() - start
         after = evaluate_unlearning(run.clients, forget, seconds)
+        save_unlearned(ctx, last)
         for entry in after["clients"]:
             entry["decay_val_mrr"] = decay.get(entry["name"], [])
         _log(ctx.writer, after, "after", step)
+        budget = retrain_budget(cfg, ctx.source.get("rounds"), decay)
         block = {"before": before, "after": after,
-                 "forget": {"mode": cfg.unlearn.forget, "triples": int(sum(len(f) for f in forget.values()))}}
+                 "forget": {"mode": cfg.unlearn.forget, "triples": int(sum(len(f) for f in forget.values())),
+                            "clients": {name: int(len(f)) for name, f in forget.items()}},
+                 "budget": budget}
         if cfg.unlearn.retrain:
-            block["retrain"] = retrain(cfg, ctx, forget)
+            block["retrain"] = retrain(cfg, ctx, forget, budget["retrain_rounds"])
             _log(ctx.writer, block["retrain"], "retrain", step)
         block["mia_auc"] = {k: block[k]["mia_auc"] for k in ("before", "after", "retrain") if k in block}
         return block
@@ -398,7 +459,8 @@ def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: s
     with RunDirectory.open(out_dir, cfg):
         writer = RoundWriter(out_dir, SERVER)
         run.channel.open_log(out_dir / "channel_log.jsonl")
-        ctx = PhaseContext(cfg, run, out_dir, writer, source={"seconds": source.get("seconds")})
+        ctx = PhaseContext(cfg, run, out_dir, writer,
+                           source={"seconds": source.get("seconds"), "rounds": source.get("rounds")})
         try:
             block = run_phases(["unlearn"], ctx)["unlearn"]
         finally:
