@@ -330,6 +330,13 @@ def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_
     # with the server's (pre-unlearning) rows when it is tested.
     from lightning_fedkg.run import best_state, evaluate, read_run_config
 
+    from lightning_fedkg.federated.orchestrator import restore_finished_run
+
     cfg = read_run_config(tmp_path / "out")
     tested = evaluate(cfg, best_state(tmp_path / "out", cfg))
     assert tested["test"]["mrr"] == pytest.approx(metrics["after"]["test"]["mrr"], abs=1e-6)
+    run, round_ = restore_finished_run(cfg, tmp_path / "out")
+    assert run.own_states
+    run.evaluate("test", round_, download=False)
+    assert run.server.test_global["mrr"] == pytest.approx(metrics["after"]["test_global"]["mrr"], abs=1e-6)
+    run.close()
