@@ -39,6 +39,7 @@ def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
         fixed_negatives=t.fixed_negatives,
         eval_batch_size=t.eval_batch_size,
         eval_sides=t.eval_sides,
+        valid_filter=t.valid_filter,
     )
 
 

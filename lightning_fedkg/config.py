@@ -176,7 +176,9 @@ class TrainConfig:
     ``fixed_negatives`` draws one epoch of batches and negatives once and replays it every
     epoch and round (the official FedLU code's sampling; ``KGDataModule(fixed_negatives=)``).
     ``eval_chunk_size`` bounds how many evaluation queries are scored at once (None: a whole
-    ``eval_batch_size`` batch).
+    ``eval_batch_size`` batch). ``valid_filter: without_unlearn`` leaves a KG's ``unlearn``
+    triples (FedLU's forgetting sets) out of the validation filter, as the official FedLU
+    code does; for parity only (``all``, the default, filters validation like the test).
     """
 
     lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
@@ -200,6 +202,7 @@ class TrainConfig:
     patience: int = field(default=15, metadata={"range": Range(min=1)})
     eval_batch_size: int = field(default=256, metadata={"range": Range(min=1)})
     eval_sides: Literal["tail", "both"] = "both"
+    valid_filter: Literal["all", "without_unlearn"] = "all"
     ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
     eval_chunk_size: Optional[int] = None
 

@@ -115,6 +115,29 @@ def test_explicit_filter_triples_replace_the_default():
         assert pairs(b["filter_row"], b["filter_col"]) == expect
 
 
+def test_the_official_validation_filter_leaves_the_unlearn_triples_out_of_validation_only():
+    kg0 = small_kg(2)
+    train = kg0.triples("train")
+    unlearn = train[:4]
+    kg = KnowledgeGraph({s: kg0.triples(s) for s in ("train", "valid", "test")} | {"unlearn": unlearn},
+                        kg0.num_entities, kg0.num_relations)
+    everything = {tuple(x) for x in kg.all_true_triples().tolist()}
+    without = everything - {tuple(x) for x in unlearn.tolist()}
+    filtered = {}
+    for valid_filter, valid_truth in (("all", everything), ("without_unlearn", without)):
+        dm = KGDataModule(kg, eval_batch_size=100, valid_filter=valid_filter)
+        filtered[valid_filter] = sum(len(b["filter_row"]) for b in dm.eval_dataloader("valid"))
+        for split, truth in (("valid", valid_truth), ("test", everything)):
+            for b in dm.eval_dataloader(split):
+                target = 2 if b["mode"] == "tail" else 0
+                expect = {(i, e) for i, e in brute_answers(truth, b["triples"], b["mode"])
+                          if e != b["triples"][i, target].item()}
+                assert pairs(b["filter_row"], b["filter_col"]) == expect, (valid_filter, split)
+    assert filtered["without_unlearn"] < filtered["all"]  # some validation query had an unlearn answer
+    with pytest.raises(ValueError, match="valid_filter"):
+        KGDataModule(kg, valid_filter="official")
+
+
 def test_setup_is_idempotent_and_lazy():
     dm = KGDataModule(small_kg(), filter_negatives=True)
     assert dm._filter_index is None

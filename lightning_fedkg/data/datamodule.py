@@ -40,6 +40,7 @@ CORRUPTIONS = ("tail", "head", "both")
 SAMPLERS = ("uniform", "bernoulli")
 NEGATIVE_MODES = ("per_triple", "shared")
 EVAL_SIDES = ("tail", "both")
+VALID_FILTERS = ("all", "without_unlearn")
 #: Largest batch x entities table of known answers built for filtered shared negatives
 #: (64 MiB of bools); beyond it the mask is found by binary search in sorted keys.
 DENSE_MASK_ELEMENTS = 2**26
@@ -247,6 +248,11 @@ class KGDataModule(LightningDataModule):
             drawn lazily, batch by batch, from a generator seeded with ``seed`` (not
             ``dm.generator``) and kept in memory: with ``per_triple`` negatives that is
             8 bytes for each of the ``n_train · sides · num_negatives`` negative ids.
+        valid_filter: ``"all"`` filters validation like the test (``filter_triples``);
+            ``"without_unlearn"`` leaves the KG's ``unlearn`` triples out of the
+            validation filter, as the official FedLU client does (its validation loaders
+            use train ∪ valid ∪ test minus unlearn; the test keeps the full filter). For
+            parity only: validation then ranks some queries against known true triples.
     """
 
     def __init__(
@@ -267,12 +273,14 @@ class KGDataModule(LightningDataModule):
         shuffle: bool = True,
         subsampling: bool = False,
         fixed_negatives: bool = False,
+        valid_filter: str = "all",
     ) -> None:
         super().__init__()
         for label, value, allowed in (("corruption", corruption, CORRUPTIONS),
                                       ("negative_sampler", negative_sampler, SAMPLERS),
                                       ("negative_mode", negative_mode, NEGATIVE_MODES),
-                                      ("eval_sides", eval_sides, EVAL_SIDES)):
+                                      ("eval_sides", eval_sides, EVAL_SIDES),
+                                      ("valid_filter", valid_filter, VALID_FILTERS)):
             if value not in allowed:
                 raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
         if negative_mode == "shared" and negative_sampler == "bernoulli":
@@ -294,6 +302,8 @@ class KGDataModule(LightningDataModule):
         self.shuffle = bool(shuffle)
         self.subsampling = bool(subsampling)
         self.fixed_negatives = bool(fixed_negatives)
+        self.valid_filter = valid_filter
+        self._valid_filter_index: FilterIndex | None = None
         # (batches drawn so far, the iterator still drawing the rest of the fixed epoch)
         self._fixed_epoch: tuple[list[dict], Iterator[dict]] | None = None
         self._train_weights: Tensor | None = None
@@ -340,6 +350,21 @@ class KGDataModule(LightningDataModule):
                        else torch.as_tensor(self._filter_triples).long())
             self._filter_index = FilterIndex(triples, self.num_entities, self.num_relations)
         return self._filter_index
+
+    @property
+    def valid_filter_index(self) -> FilterIndex:
+        """The validation filter: :attr:`filter_index`, or with ``valid_filter="without_unlearn"``
+        the same set without the KG's ``unlearn`` triples."""
+        if self.valid_filter == "all" or "unlearn" not in self.kg.split_names:
+            return self.filter_index
+        if self._valid_filter_index is None:
+            kg = self.kg
+            triples = (kg.all_true_triples() if self._filter_triples is None
+                       else torch.as_tensor(self._filter_triples).long())
+            unlearn = triple_keys(kg.triples("unlearn"), kg.num_entities, kg.num_relations)
+            keep = ~torch.isin(triple_keys(triples, kg.num_entities, kg.num_relations), unlearn)
+            self._valid_filter_index = FilterIndex(triples[keep], self.num_entities, self.num_relations)
+        return self._valid_filter_index
 
     @property
     def train_index(self) -> FilterIndex:
@@ -495,7 +520,8 @@ class KGDataModule(LightningDataModule):
     def eval_dataloader(self, split: str) -> DataLoader:
         """Filtered evaluation batches over any split of the KG (e.g. ``"unlearn"``)."""
         sides = ("tail", "head") if self.eval_sides == "both" else ("tail",)
-        data = _EvalBatches(self.kg.triples(split), self.filter_index, self.eval_batch_size, sides)
+        index = self.valid_filter_index if split == "valid" else self.filter_index
+        data = _EvalBatches(self.kg.triples(split), index, self.eval_batch_size, sides)
         return DataLoader(data, batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
