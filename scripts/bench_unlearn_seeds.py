@@ -28,7 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 ROWS = (("forget MRR", ("forget", "mrr")), ("forget H@10", ("forget", "hits@10")), ("test MRR", ("test", "mrr")),
-        ("MIA AUC", ("mia_auc",)), ("seconds", ("seconds",)))
+        ("avatar forget MRR", ("forget_global", "mrr")), ("avatar test MRR", ("test_global", "mrr")),
+        ("MIA AUC", ("mia_auc",)), ("triples ranked", ("forgotten",)), ("seconds", ("seconds",)),
+        ("rounds trained", ("rounds",)))
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -66,7 +68,13 @@ def main() -> int:
         if not (target / "metrics.json").is_file():
             run(["unlearn", *common, "--from", str(source), "--out", str(target)], target.with_suffix(".log"))
         results[seed] = json.loads((target / "metrics.json").read_text())
-        print(f"seed {seed}: done", flush=True)
+        # The source's own facts: did it stop by early stopping (converged) or at the cap?
+        src = json.loads((source / "metrics.json").read_text())
+        results[seed]["before"]["rounds"] = src.get("rounds")
+        results[seed]["source"] = {k: src.get(k) for k in ("rounds", "best_round")}
+        results[seed]["source"]["distillation_on"] = {
+            k: (src.get("distillation") or {}).get(k) for k in ("local_on_round", "global_on_round")}
+        print(f"seed {seed}: source {results[seed]['source']}, budget {results[seed].get('budget')}", flush=True)
 
     summary = {}
     print(f"{'':<22}" + "".join(f"{stage:>22}" for stage in ("before", "after", "retrain")))
@@ -84,8 +92,11 @@ def main() -> int:
             cells.append(f"{mean:>14.4f} ± {std:.4f}")
         print(f"{label:<22}" + "".join(cells))
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": args.config, "seeds": args.seeds,
-                                               "overrides": args.overrides, "summary": summary}, indent=1))
+        Path(args.json).write_text(json.dumps({
+            "config": args.config, "seeds": args.seeds, "overrides": args.overrides, "summary": summary,
+            "per_seed": {s: {"source": results[s]["source"], "budget": results[s].get("budget"),
+                             "decay_val_mrr": {e["name"]: e.get("decay_val_mrr") for e in results[s]["after"]["clients"]}}
+                         for s in args.seeds}}, indent=1))
     return 0
 
 
