@@ -281,6 +281,7 @@ def test_fedkg_unlearn_command(source_run, tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "retrain" not in printed.split("MIA AUC")[1]
+    assert "forgotten triples, ranked by every model above" in printed
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["mia_auc"]) == {"before", "after"} and metrics["forget"]["mode"] == "sample"
 
