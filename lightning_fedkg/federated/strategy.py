@@ -287,6 +287,9 @@ class Strategy:
         Server, Client: the halves.
         groups: names of the module's shareable groups this method exchanges.
         in_process_only: True for centralised references that cannot be split into halves.
+        clients_train: whether the clients train the model they are evaluated with (False
+            for a centralised reference whose clients only evaluate what the server sends);
+            ``federated.evaluate=before_aggregation`` needs it.
         config_class: dataclass of the method's own ``federated.<name>`` section, or None.
     """
 
@@ -295,6 +298,7 @@ class Strategy:
     Client: type[ClientHalf] = ClientHalf
     groups: tuple[str, ...] = ()
     in_process_only: bool = False
+    clients_train: bool = True
     config_class: type | None = None
 
     @classmethod
