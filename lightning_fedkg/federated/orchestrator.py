@@ -20,7 +20,8 @@ A client that raises, or answers after ``federated.client_timeout``, is a *failu
 stage goes on when ``federated.min_clients`` answered, else the round is retried.
 Evaluation follows FedE's protocol (Chen et al., IJCKG 2021, §3.1; REFERENCE §2.5): each
 client ranks among its own entities with its own filter; the federation-wide number is
-the mean over clients weighted by their evaluation triples; patience counts evaluations.
+the mean over clients weighted by their evaluation triples; patience counts evaluations
+(those the server half's :meth:`~.strategy.ServerHalf.stall_counts` lets count).
 With ``federated.evaluate=before_aggregation`` the evaluation stage sends no arrays: each
 client evaluates the state its own fit left, as the official FedLU code validates
 (:attr:`FederatedRun.evaluation_download`).
@@ -103,15 +104,19 @@ class EarlyStopping:
     best_round: int = 0
     bad_evaluations: int = 0
 
-    def update(self, value: float, round: int) -> bool:
+    def update(self, value: float, round: int, count_stall: bool = True) -> bool:
         """Record an evaluation; True when it is a strict improvement (a new best).
 
-        NaN is never an improvement (a diverged federation must not become the best state).
+        An evaluation that is no improvement counts toward the patience only with
+        ``count_stall`` (the strategy's :meth:`~.strategy.ServerHalf.stall_counts`); an
+        improvement always resets the count. NaN is never an improvement (a diverged
+        federation must not become the best state).
         """
         if value > self.best_metric:
             self.best_metric, self.best_round, self.bad_evaluations = float(value), int(round), 0
             return True
-        self.bad_evaluations += 1
+        if count_stall:
+            self.bad_evaluations += 1
         return False
 
     @property
@@ -445,7 +450,8 @@ class RoundEngine(Engine):
             monitor = avg[run.task.monitor]
             self.history.append({"round": r, run.task.monitor: monitor,
                                  "clients": {e["name"]: e.get(run.task.monitor) for e in per_client}})
-            improved = self.stopper.update(monitor, r)
+            # Read after the evaluation: the server half has aggregated it.
+            improved = self.stopper.update(monitor, r, count_stall=run.server.stall_counts(r))
             if fc.best == "client":
                 self.commit_client_bests(commit, per_client, r)
             elif improved:

@@ -139,6 +139,16 @@ class ServerHalf:
         """Extra ``metrics.json`` blocks of the method, read after the final test (default none)."""
         return {}
 
+    def stall_counts(self, round: int) -> bool:
+        """Whether this round's validation, if its monitored metric did not improve, counts
+        toward ``federated.patience`` (default: always, FedE's rule).
+
+        Read after the round's validation has been aggregated (:meth:`aggregate_evaluate`),
+        so a method may decide from what it saw there, e.g. that another quality it tracks
+        still improved. An improvement of the monitor always resets the count.
+        """
+        return True
+
     def aggregate_evaluate(
         self, round: int, split: str, replies: dict[str, Message], failures: dict[str, str]
     ) -> tuple[dict, list[dict]]:
