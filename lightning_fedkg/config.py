@@ -249,6 +249,17 @@ class FederatedConfig:
     ``best`` chooses the state that is tested at the end: ``federation`` (every client at the
     round of the best triple-weighted validation MRR) or ``client`` (each client at the round
     of its own best validation MRR, as the official FedLU code tests).
+    ``evaluate`` chooses what each client is validated and tested with: ``aggregated`` (the
+    rows the server aggregated, sent for the evaluation; FedE's protocol) or
+    ``before_aggregation`` (nothing is sent: each client evaluates the state its own local
+    fit left, as the official FedLU/FedE controllers validate right after local training,
+    before the server averages, and test those saved client models). Training is the same
+    either way (the next round's download brings the aggregated rows); the ``best`` state
+    is saved as it was evaluated. FedLU's ``federated.fedlu.avatar_eval=before_aggregation``
+    is the same behaviour for the avatar alone (the only thing FedLU downloads).
+    Peer-to-peer methods (FKGE) have no server and no aggregation: each party evaluates
+    what it holds under either value. A centralised reference (*Entire*) refuses
+    ``before_aggregation``: its clients train nothing. The value may not change on resume.
     ``aggregation`` decides what clients that were not sampled in a round contribute to
     FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
     row (rows none of them holds keep their value); ``all_holders`` reproduces the official
@@ -279,6 +290,7 @@ class FederatedConfig:
     eval_every: int = field(default=5, metadata={"range": Range(min=1)})
     patience: int = field(default=15, metadata={"range": Range(min=1), "resume": "free"})
     best: Literal["federation", "client"] = "federation"
+    evaluate: Literal["aggregated", "before_aggregation"] = "aggregated"
     aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
     min_clients: int = field(default=1, metadata={"range": Range(min=1)})
     max_retries: int = field(default=2, metadata={"range": Range(min=0), "resume": "free"})
@@ -727,7 +739,21 @@ def resume_differences(saved: dict, cfg: ExperimentConfig) -> list[str]:
     used = current.get("federated", {})
     for key in [k for k, v in federated.items() if isinstance(v, dict) and k != "parties" and k not in used]:
         del federated[key]
-    return fingerprint_differences({**saved, "federated": federated}, current)
+    # A setting added after the run was written did not exist then: it reads as its
+    # default, which is the behaviour the run had (new fields default to the old behaviour).
+    saved = _with_missing(dict(saved, federated=federated), resume_fingerprint(type(cfg)()))
+    return fingerprint_differences(saved, current)
+
+
+def _with_missing(saved: dict, defaults: dict) -> dict:
+    """``saved`` with every key of ``defaults`` it lacks taken from ``defaults`` (recursively)."""
+    out = dict(saved)
+    for key, default in defaults.items():
+        if key not in out:
+            out[key] = default
+        elif isinstance(out[key], dict) and isinstance(default, dict):
+            out[key] = _with_missing(out[key], default)
+    return out
 
 
 def fingerprint_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

@@ -204,3 +204,16 @@ def test_party_override_is_merged_into_that_party_only():
                              "federated.parties.client_1.train.lr=0.5"])
     assert party_config(cfg, "client_1").model.name == "transh" and party_config(cfg, "client_1").train.lr == 0.5
     assert party_config(cfg, "client_0") is cfg and cfg.model.name == "transe"
+
+
+def test_a_setting_added_after_a_run_was_written_reads_as_its_default_on_resume():
+    from lightning_fedkg.config import resume_differences, resume_fingerprint
+
+    cfg = load_config(None, ["federated.strategy=fedlu"])
+    old = resume_fingerprint(cfg)
+    del old["federated"]["evaluate"], old["train"]["valid_filter"], old["federated"]["fedlu"]["early_stopping"]
+    assert resume_differences(old, cfg) == []  # the defaults are the behaviour the run had
+    changed = load_config(None, ["federated.strategy=fedlu", "federated.evaluate=before_aggregation",
+                                 "train.valid_filter=without_unlearn"])
+    assert resume_differences(old, changed) == ["federated.evaluate: 'aggregated' -> 'before_aggregation'",
+                                                "train.valid_filter: 'all' -> 'without_unlearn'"]

@@ -20,7 +20,11 @@ A client that raises, or answers after ``federated.client_timeout``, is a *failu
 stage goes on when ``federated.min_clients`` answered, else the round is retried.
 Evaluation follows FedE's protocol (Chen et al., IJCKG 2021, §3.1; REFERENCE §2.5): each
 client ranks among its own entities with its own filter; the federation-wide number is
-the mean over clients weighted by their evaluation triples; patience counts evaluations.
+the mean over clients weighted by their evaluation triples; patience counts evaluations
+(those the server half's :meth:`~.strategy.ServerHalf.stall_counts` lets count).
+With ``federated.evaluate=before_aggregation`` the evaluation stage sends no arrays: each
+client evaluates the state its own fit left, as the official FedLU code validates
+(:attr:`FederatedRun.evaluation_download`).
 """
 
 from __future__ import annotations
@@ -100,15 +104,19 @@ class EarlyStopping:
     best_round: int = 0
     bad_evaluations: int = 0
 
-    def update(self, value: float, round: int) -> bool:
+    def update(self, value: float, round: int, count_stall: bool = True) -> bool:
         """Record an evaluation; True when it is a strict improvement (a new best).
 
-        NaN is never an improvement (a diverged federation must not become the best state).
+        An evaluation that is no improvement counts toward the patience only with
+        ``count_stall`` (the strategy's :meth:`~.strategy.ServerHalf.stall_counts`); an
+        improvement always resets the count. NaN is never an improvement (a diverged
+        federation must not become the best state).
         """
         if value > self.best_metric:
             self.best_metric, self.best_round, self.bad_evaluations = float(value), int(round), 0
             return True
-        self.bad_evaluations += 1
+        if count_stall:
+            self.bad_evaluations += 1
         return False
 
     @property
@@ -144,6 +152,10 @@ class FederatedRun:
         if unknown:
             raise ConfigError(f"federated.parties names {sorted(unknown)}, which are not clients of this "
                               f"federation ({', '.join(p.name for p in self.clients)})")
+        if fc.evaluate == "before_aggregation" and not self.strategy.clients_train:
+            raise ConfigError(f"federated.evaluate=before_aggregation evaluates the model each client trained, "
+                              f"but the clients of {fc.strategy!r} train none (they evaluate what the server "
+                              f"sends); use federated.evaluate=aggregated")
         self.client_halves = {p.name: self.strategy.Client(p, self.strategy) for p in self.clients}
         in_process = self.strategy.in_process_only
         ctx = ServerContext(
@@ -155,7 +167,10 @@ class FederatedRun:
         self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None
         self.failures: list[dict] = []
         self.last_round = 0
-        self.own_states = False  # restored from a federated.best=client set (see restore_finished_run)
+        # The clients hold a federated.best=client set, each state saved after its own
+        # evaluation (restore_finished_run, RoundEngine.results); cleared by the next exchange
+        # of training, after which the federation's state is the server's again.
+        self.own_states = False
         self.aligned = False
 
     def _make_party(self, name: str, kg, names) -> Party:
@@ -176,6 +191,20 @@ class FederatedRun:
         """The parties that train (the central party alone for *Entire*)."""
         central = getattr(self.server, "central", None)
         return [central] if central is not None else list(self.clients)
+
+    @property
+    def evaluation_download(self) -> bool:
+        """Whether an evaluation sends the clients what they are evaluated with (the arrays
+        of the first evaluation stage: FedE's aggregated rows).
+
+        False with ``federated.evaluate=before_aggregation``: each client evaluates the state
+        its own fit left, as the official FedLU/FedE controllers validate each client after
+        its local training, before the server aggregates. False as well while the clients
+        hold their own evaluated states (:attr:`own_states`, a ``federated.best=client`` set).
+        The one place that decides it: :meth:`evaluate` and :meth:`load_evaluation_state`
+        follow it.
+        """
+        return self.cfg.federated.evaluate == "aggregated" and not self.own_states
 
     # ------------------------------------------------------------------ exchanges
     def exchange(self, round: int, stage: str, messages: dict[str, Message], split: str | None = None):
@@ -224,6 +253,7 @@ class FederatedRun:
             self.align()
         selected = self.server.select_clients(round)
         needed = min(fc.min_clients, len(selected))
+        self.own_states = False
         for attempt in range(fc.max_retries + 1):
             ok = True
             for stage in self.server.stages:
@@ -247,30 +277,37 @@ class FederatedRun:
         → the client halves' ``on_<stage>`` → ``server.aggregate_<stage>(round, replies,
         failures)``, whose result is returned. ``selected``: every client by default."""
         selected = list(self.server.clients) if selected is None else list(selected)
+        self.own_states = False
         messages = getattr(self.server, f"configure_{stage}")(round, selected)
         replies, failures = self.exchange(round, stage, messages)
         return getattr(self.server, f"aggregate_{stage}")(round, replies, failures)
 
     def load_evaluation_state(self, round: int, split: str = "test") -> None:
         """Put into every client's module what it is evaluated with (FedE: the aggregated
-        rows; the first evaluation stage's download), through the Channel, without evaluating."""
+        rows; the first evaluation stage's download), through the Channel, without evaluating.
+        Nothing is sent where no evaluation downloads (:attr:`evaluation_download`): the
+        clients already hold what they are evaluated with."""
+        if not self.evaluation_download:
+            return
         first = self.server.eval_stages[0]
         down = WIRE_NAMES.get((first, split), (f"{first}_request", first))[0]
         for name, message in getattr(self.server, f"configure_{first}")(round, split).items():
             received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
             self.client_halves[name].receive(received.arrays)
 
-    def evaluate(self, split: str, round: int, download: bool = True) -> tuple[dict, list[dict]]:
+    def evaluate(self, split: str, round: int, download: bool | None = None) -> tuple[dict, list[dict]]:
         """Every client evaluates ``split`` through the server's evaluation stages
         (:attr:`~.strategy.ServerHalf.eval_stages`: ``configure_<stage>(round, split)`` →
         ``on_<stage>`` → ``aggregate_<stage>(round, split, replies, failures)``, in order);
         returns the last aggregation's ``(weighted average, per-client entries)``.
 
         ``download=False`` withholds the arrays of the first stage (what clients evaluate
-        with: FedE's aggregated rows), so that each client evaluates the state it holds, as
-        after restoring a ``federated.best=client`` set, whose states were saved after their
-        own evaluation.
+        with: FedE's aggregated rows), so that each client evaluates the state it holds; the
+        message itself (the split) still crosses. ``None`` (default): as
+        :attr:`evaluation_download` says.
         """
+        if download is None:
+            download = self.evaluation_download
         if not self.aligned:
             self.align()
         result = None
@@ -413,7 +450,8 @@ class RoundEngine(Engine):
             monitor = avg[run.task.monitor]
             self.history.append({"round": r, run.task.monitor: monitor,
                                  "clients": {e["name"]: e.get(run.task.monitor) for e in per_client}})
-            improved = self.stopper.update(monitor, r)
+            # Read after the evaluation: the server half has aggregated it.
+            improved = self.stopper.update(monitor, r, count_stall=run.server.stall_counts(r))
             if fc.best == "client":
                 self.commit_client_bests(commit, per_client, r)
             elif improved:
@@ -481,7 +519,8 @@ class RoundEngine(Engine):
         best = read_manifest(best_path)
         run.load_party_states(lambda party: load_party(best_path, best, party), weights_only=True)
         run.last_round = self.last_round
-        avg, per_client = run.evaluate("test", self.last_round, download=fc.best != "client")
+        run.own_states = fc.best == "client"
+        avg, per_client = run.evaluate("test", self.last_round)
         records = run.channel.records()
         metrics = {
             "test": with_count(avg, per_client),
@@ -561,8 +600,7 @@ def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[Feder
     # A federated.best=client set, or a set committed with own_states (an unlearned run),
     # holds each client's own evaluated state: nothing to download.
     run.own_states = "client_rounds" in manifest or bool(manifest.get("own_states", False))
-    if not run.own_states:
-        run.load_evaluation_state(run.last_round)
+    run.load_evaluation_state(run.last_round)  # a no-op then, and with federated.evaluate=before_aggregation
     return run, run.last_round
 
 
@@ -591,7 +629,7 @@ def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) 
         return evaluate_peer_checkpoint(cfg, ckpt_path)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run, round_ = restore_finished_run(cfg, ckpt_path)
-    avg, per_client = run.evaluate("test", round_, download=not run.own_states)
+    avg, per_client = run.evaluate("test", round_)
     return {"test": with_count(avg, per_client), "clients": per_client, "strategy": cfg.federated.strategy,
             "round": round_}
 

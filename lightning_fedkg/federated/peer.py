@@ -214,7 +214,10 @@ class EventRunner:
         return d
 
     def evaluate(self, split: str) -> tuple[dict, list[dict]]:
-        """Each party evaluates itself (no server): ``(weighted average, per-party entries)``."""
+        """Each party evaluates itself (no server): ``(weighted average, per-party entries)``.
+
+        Nothing is downloaded for it, so ``federated.evaluate`` changes nothing here: a
+        party always evaluates what it holds (there is no aggregation to come before)."""
         per_party = [{"name": n, **self.parties[n].evaluate(split)} for n in sorted(self.parties)]
         return weighted_average(per_party, self.task.metric_keys), per_party
 

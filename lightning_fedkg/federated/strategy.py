@@ -139,6 +139,16 @@ class ServerHalf:
         """Extra ``metrics.json`` blocks of the method, read after the final test (default none)."""
         return {}
 
+    def stall_counts(self, round: int) -> bool:
+        """Whether this round's validation, if its monitored metric did not improve, counts
+        toward ``federated.patience`` (default: always, FedE's rule).
+
+        Read after the round's validation has been aggregated (:meth:`aggregate_evaluate`),
+        so a method may decide from what it saw there, e.g. that another quality it tracks
+        still improved. An improvement of the monitor always resets the count.
+        """
+        return True
+
     def aggregate_evaluate(
         self, round: int, split: str, replies: dict[str, Message], failures: dict[str, str]
     ) -> tuple[dict, list[dict]]:
@@ -287,6 +297,9 @@ class Strategy:
         Server, Client: the halves.
         groups: names of the module's shareable groups this method exchanges.
         in_process_only: True for centralised references that cannot be split into halves.
+        clients_train: whether the clients train the model they are evaluated with (False
+            for a centralised reference whose clients only evaluate what the server sends);
+            ``federated.evaluate=before_aggregation`` needs it.
         config_class: dataclass of the method's own ``federated.<name>`` section, or None.
     """
 
@@ -295,6 +308,7 @@ class Strategy:
     Client: type[ClientHalf] = ClientHalf
     groups: tuple[str, ...] = ()
     in_process_only: bool = False
+    clients_train: bool = True
     config_class: type | None = None
 
     @classmethod

@@ -84,3 +84,4 @@ class Entire(Strategy):
     Client = ClientHalf
     groups = ("entity", "relation")
     in_process_only = True
+    clients_train = False  # the central party trains; clients evaluate views of it

@@ -24,7 +24,13 @@ class FedLUConfig:
     the local entity table as a copy of the first avatar the client receives (the code's
     ``E_loc = E_glb = E_0[idx]``). ``avatar_eval``: the avatar is validated and tested with
     the ``aggregated`` rows the server sends, or as each client trained it, ``before_aggregation``
-    (the official code's order: its clients validate before the server averages).
+    (the official code's order: its clients validate before the server averages; the core
+    ``federated.evaluate=before_aggregation`` does the same for every method).
+    ``early_stopping``: which validations count toward ``federated.patience``. ``local``
+    (default) counts every evaluation where the local validation MRR (the monitored result)
+    does not improve; ``official`` counts only evaluations where neither the local nor the
+    avatar's validation MRR improves, the official code's rule (its ``bad_iter`` is left
+    unchanged when only the avatar improves), for parity.
     """
 
     mu: float = field(default=2.0, metadata={"range": Range(min=0)})
@@ -32,6 +38,7 @@ class FedLUConfig:
     wait_rounds: int = field(default=20, metadata={"range": Range(min=0)})
     init_local_from_global: bool = True
     avatar_eval: Literal["aggregated", "before_aggregation"] = "aggregated"
+    early_stopping: Literal["local", "official"] = "local"
 
 
 @dataclass

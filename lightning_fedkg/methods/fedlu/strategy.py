@@ -17,6 +17,10 @@ Distillation schedule (``federated.fedlu.schedule``):
   turns each direction on (never off) from the triple-weighted means and sends the flags
   with the next round's rows. The paper's numbers come from this schedule.
 
+Early stopping monitors the local validation MRR. ``federated.fedlu.early_stopping=official``
+counts a validation toward the patience only when the avatar's MRR did not improve either,
+as the official code's ``bad_iter`` (:meth:`FedLUServer.stall_counts`).
+
 ``metrics.json``: ``test`` is the local embeddings' result (what FedLU reports),
 ``test_global`` the avatar's (aggregated rows + local relations), each with per-client
 entries; ``distillation`` records the schedule, the round each direction switched on and
@@ -59,6 +63,11 @@ class DistillationGate:
     Rule 1 of the official code assigns the local→avatar flag twice, probably meaning to
     set both; we keep what the code does, since the paper's numbers were produced by it
     (rule 5 turns on the other direction as soon as both sides stall).
+
+    The bests move under both schedules (with ``always`` the flags are on from the start,
+    so the rules change nothing else); ``global_improved`` says whether the last evaluation
+    was a strict improvement of the avatar's MRR (``ΔG > 0``), which
+    ``federated.fedlu.early_stopping=official`` reads.
     """
 
     schedule: str = "gated"
@@ -70,6 +79,8 @@ class DistillationGate:
     local_on_round: int | None = None
     global_on_round: int | None = None
     validation: list = field(default_factory=list)
+    # Defaulted: states saved before the field existed still load.
+    global_improved: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in ("gated", "always"):
@@ -85,11 +96,11 @@ class DistillationGate:
             self.distill_global, self.global_on_round = True, int(round)
 
     def update(self, round: int, local_mrr: float, global_mrr: float) -> None:
-        """Record one evaluation and apply the rules (a no-op on the flags for ``always``)."""
+        """Record one evaluation and apply the rules (a no-op on the flags for ``always``,
+        whose flags are already on; the bests and :attr:`global_improved` move under both)."""
         self.validation.append({"round": int(round), "local": float(local_mrr), "global": float(global_mrr)})
-        if self.schedule == "always":
-            return
         d_local, d_global = local_mrr - self.best_local, global_mrr - self.best_global
+        self.global_improved = bool(d_global > 0)
         if (d_local <= PLATEAU or d_global <= PLATEAU) and round >= self.wait_rounds:
             self._switch(round, glob=True)
         if d_local > 0 and d_global > 0:
@@ -152,11 +163,20 @@ class FedLUServer(HolderMeanServer):
             self.test_global = {**with_count(global_avg, global_entries), "clients": global_entries}
         return local_avg, local_entries
 
+    def stall_counts(self, round: int) -> bool:
+        """``early_stopping=official``: a validation whose local MRR did not improve counts
+        toward the patience only if the avatar's did not improve either (the official
+        ``bad_iter`` is left as it is when only the avatar improved); ``local``: always."""
+        if self.cfg.federated.fedlu.early_stopping == "official":
+            return not self.gate.global_improved
+        return True
+
     def report(self) -> dict:
         gate = self.gate
         out = {"distillation": {
             "schedule": gate.schedule, "mu": float(self.cfg.federated.fedlu.mu), "wait_rounds": gate.wait_rounds,
             "avatar_eval": self.cfg.federated.fedlu.avatar_eval,
+            "early_stopping": self.cfg.federated.fedlu.early_stopping,
             "local_on_round": gate.local_on_round, "global_on_round": gate.global_on_round,
             "validation": list(gate.validation),
         }}
