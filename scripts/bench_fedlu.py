@@ -101,6 +101,7 @@ def run_strategy(args) -> dict:
     start = time.perf_counter()
     metrics = orchestrator.run_federated(cfg, args.run_dir)
     total = time.perf_counter() - start
+    other = other_scoring(cfg, args.run_dir) if args.both_ways else None
     later = [r["seconds"] for r in rounds[1:]] or [r["seconds"] for r in rounds]
     extrapolated = None
     if args.limit_batches:
@@ -126,6 +127,8 @@ def run_strategy(args) -> dict:
         "wall_seconds": total,
         "peak_rss_mib": peak_rss_mib(),
         "test": metrics["test"],
+        "evaluate": cfg.federated.evaluate,
+        "test_other_scoring": other,
         "test_global": metrics.get("test_global", {}).get("mrr") and {
             k: v for k, v in metrics["test_global"].items() if k != "clients"},
         "distillation": metrics.get("distillation"),
@@ -133,6 +136,30 @@ def run_strategy(args) -> dict:
         "config": str(CONFIGS / f"fb15k237_r10_{args.one}.yaml"),
         "overrides": overrides(args),
     }
+
+
+def other_scoring(cfg, run_dir) -> dict:
+    """The test of the same best state scored with the aggregated rows, for a run scored
+    ``before_aggregation``: its best set holds each client's table as its fit left it and
+    the server's aggregate of them. (The best set of an ``aggregated`` run holds the
+    aggregated rows in the clients too, its validation having downloaded them, so the
+    other way cannot be recovered from it.)"""
+    import copy
+
+    from lightning_fedkg.federated.orchestrator import restore_finished_run
+    from lightning_fedkg.federated.tasks import with_count
+
+    if cfg.federated.evaluate != "before_aggregation":
+        raise SystemExit("--both-ways needs federated.evaluate=before_aggregation (see other_scoring)")
+    flipped = copy.deepcopy(cfg)
+    flipped.federated.evaluate = "aggregated"
+    run, round_ = restore_finished_run(flipped, run_dir)
+    try:
+        avg, per_client = run.evaluate("test", round_)
+    finally:
+        run.close()
+    print(f"[{cfg.federated.strategy}] test scored {flipped.federated.evaluate}: MRR {avg['mrr']:.4f}", flush=True)
+    return {"evaluate": flipped.federated.evaluate, **with_count(avg, per_client)}
 
 
 def run_unlearning(args) -> dict:
@@ -200,6 +227,9 @@ def main() -> int:
     parser.add_argument("--json-out")
     parser.add_argument("--limit-batches", type=int, default=0,
                         help="train only this many batches per local epoch and extrapolate a full round")
+    parser.add_argument("--both-ways", action="store_true",
+                        help="with federated.evaluate=before_aggregation: also test each run's best state "
+                             "scored with the aggregated rows")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
@@ -218,7 +248,8 @@ def main() -> int:
         out = runs / f"{step}.json"
         cmd = [sys.executable, __file__, "--one", step, "--run-dir", str(runs / step), "--json-out", str(out),
                "--data", args.data, "--rounds", str(args.rounds), "--threads", str(args.threads),
-               "--limit-batches", str(args.limit_batches), *args.overrides]
+               "--limit-batches", str(args.limit_batches), *(["--both-ways"] if args.both_ways else []),
+               *args.overrides]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
         results.append(json.loads(out.read_text()))

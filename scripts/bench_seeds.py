@@ -71,9 +71,14 @@ def run_one(config: str, seed: int, run_dir: Path, overrides: list[str]) -> dict
         if rc != 0 or not metrics_path.exists():
             raise RuntimeError(f"run failed (exit {rc}); see {run_dir / 'bench.log'}")
         timing_path.write_text(json.dumps({"wall_s": wall, "command": cmd[1:]}, indent=2))
-    test = json.loads(metrics_path.read_text())["test"]
+    metrics = json.loads(metrics_path.read_text())
+    test = metrics["test"]
     result = {"seed": seed, "mrr": float(test["mrr"]), "hits@10": float(test["hits@10"]),
-              "wall_s": wall, "reused": reused}
+              "wall_s": wall, "reused": reused, "rounds": metrics.get("rounds"), "best_round": metrics.get("best_round")}
+    if "distillation" in metrics:  # FedLU: did distillation run, from which round, and the avatar's test
+        d = metrics["distillation"]
+        result["distillation"] = {k: d.get(k) for k in ("schedule", "local_on_round", "global_on_round")}
+        result["test_global_mrr"] = (metrics.get("test_global") or {}).get("mrr")
     wall_txt = f"{wall:.1f} s" if wall is not None else "? s"
     print(f"  seed {seed}: MRR {result['mrr']:.4f}  Hits@10 {result['hits@10']:.4f}  ({wall_txt})", flush=True)
     return result
