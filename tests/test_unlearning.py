@@ -341,3 +341,23 @@ def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_
     run.evaluate("test", round_, download=False)
     assert run.server.test_global["mrr"] == pytest.approx(metrics["after"]["test_global"]["mrr"], abs=1e-6)
     run.close()
+
+
+def test_decay_validates_without_the_forgotten_triples_in_its_filter(source_run):
+    """unlearn_client runs on a party that already holds only its retained triples, so the
+    decay's validation filter (train ∪ valid ∪ test) no longer contains the forgotten ones."""
+    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.methods.fedlu.phase import forget_sets, retain_only, unlearn_client
+
+    cfg, run = load_run_from(source_run, sections=("unlearn",))
+    cfg = load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.interference_epochs=1",
+                                      "unlearn.decay_epochs=1"])
+    party = run.clients[0]
+    forget = forget_sets(cfg, run.clients)[party.name]
+    with pytest.raises(ValueError, match="retain_only"):
+        unlearn_client(party, forget, cfg)
+    retain_only(party, forget, cfg)
+    filtered = party.datamodule.valid_filter_index.contains(forget)
+    assert forget.numel() and not bool(filtered.any())
+    assert len(unlearn_client(party, forget, cfg)) >= 2  # before the decay, then one per epoch
+    run.close()
