@@ -305,7 +305,8 @@ def write_retain_folder(folder: Path, parties: list[Party], forget: dict[str, Te
         ent, rel = party.names["entity"], party.names["relation"]
         splits = {s: kg.triples(s) for s in SPLITS}
         splits["train"] = split_retain(splits["train"], f, kg.num_entities, kg.num_relations)
-        splits["unlearn"] = f
+        if f.numel():  # a client with nothing to forget has no unlearn split (an empty file is malformed)
+            splits["unlearn"] = f
         write_named_splits(folder / str(k), ent, rel, splits)
     done.write_text("")
     return folder
