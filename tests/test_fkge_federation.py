@@ -18,6 +18,8 @@ BASE = [
     "trainer.progress_bar=false", "federated.strategy=fkge", "federated.rounds=100000",
     "federated.fkge.pretrain_epochs=4", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=2",
     "federated.fkge.hidden=16", "federated.fkge.generator_lr=0.002", "federated.fkge.generator_momentum=0.0",
+    # Runs are compared bit for bit below; the default noise comes from the OS (its own test).
+    "federated.fkge.reproducible_noise=true",
 ]
 EVENTS = {"fkge_hello", "fkge_request", "fkge_start", "ppat_fake", "ppat_grad", "ppat_stop", "fkge_translated"}
 ARRAYS = {
@@ -255,3 +257,28 @@ def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
     plain, shuffled = seen[0], seen[first]
     assert plain.shape == shuffled.shape and not torch.equal(plain, shuffled)
     assert torch.equal(plain[torch.argsort(plain[:, 0])], shuffled[torch.argsort(shuffled[:, 0])])
+
+
+def test_pate_noise_comes_from_the_os_unless_reproducible_noise_is_set(tmp_path, monkeypatch):
+    """Noise the client could recompute (from the seed, the names and the handshake number it
+    is sent) would void the DP guarantee: by default no run draws the same noise twice."""
+    from lightning_fedkg.methods.fkge import federation
+
+    noise_seeds = []
+    real = federation.PPATHost
+
+    def spy(*args, **kwargs):
+        host = real(*args, **kwargs)
+        noise_seeds.append((kwargs.get("noise_seed"), host.noise.get_state().clone()))
+        return host
+
+    monkeypatch.setattr(federation, "PPATHost", spy)
+    short = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=12"]
+    private = [s for s in BASE if "reproducible_noise" not in s]
+    for name, base in (("a", private), ("b", private), ("c", BASE), ("d", BASE)):
+        run_federated(load_config(None, [*base, *short]), tmp_path / name)
+    first = len(noise_seeds) // 4
+    assert first >= 1 and len(noise_seeds) == 4 * first
+    a, b, c, d = (noise_seeds[i * first] for i in range(4))
+    assert a[0] is None and b[0] is None and not torch.equal(a[1], b[1])  # secure, fresh each run
+    assert c[0] is not None and c[0] == d[0] and torch.equal(c[1], d[1])  # reproducible: same stream

@@ -42,6 +42,11 @@ class FKGEConfig:
     ``max_seconds`` (counted from its start in this process: a resumed run counts again),
     and answers no PATE query that would take its epsilon (at
     ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
+
+    ``reproducible_noise``: False (default) seeds each host's PATE noise from the operating
+    system's secure randomness, so no party can recompute it; True derives it from ``seed``,
+    the party names and the handshake number (all known to the client): bit-reproducible
+    runs for tests and debugging, whose labels are **not private**.
     """
 
     pretrain_epochs: int = field(default=50, metadata={"range": Range(min=0)})
@@ -68,6 +73,7 @@ class FKGEConfig:
     orthogonalize: float = field(default=0.0, metadata={"range": Range(min=0)})
     teacher_fakes: Literal["own", "all"] = "own"
     saturating: bool = False
+    reproducible_noise: bool = False
     handshakes_per_kg: int = field(default=4, metadata={"range": Range(min=0), "resume": "free"})
     max_seconds: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
                                                                  "resume": "free"})

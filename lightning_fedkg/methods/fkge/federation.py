@@ -268,6 +268,7 @@ class FKGEPeer(PeerHalf):
         return PPATHost(y, num_teachers=fk.teachers, hidden=fk.hidden, lam=fk.lam, delta=fk.delta,
                         lr=fk.lr, momentum=fk.momentum, teacher_fakes=fk.teacher_fakes,
                         saturating=fk.saturating, seed=self._seed(partner, number, "host"),
+                        noise_seed=self._seed(partner, number, "pate_noise") if fk.reproducible_noise else None,
                         accountant=self.accountant)
 
     def _new_host(self, partner: str, ents: Tensor, rels: Tensor, y: Tensor) -> dict:

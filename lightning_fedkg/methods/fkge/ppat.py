@@ -108,6 +108,7 @@ partition, the noise generator, the accountant) for checkpoints.
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
@@ -117,7 +118,6 @@ from torch.nn import functional as F
 
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.privacy import PateMomentsAccountant, noisy_argmax, split_teacher_partitions, teacher_votes
-from lightning_fedkg.seeding import derive_seed
 
 __all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat", "FAKE", "GRAD"]
 
@@ -233,7 +233,11 @@ class PPATHost:
         saturating: use the paper's ``L_G = mean log(1 - S(G(x)))`` instead of
             ``mean -log S(G(x))``.
         seed: nets' initialisation and the teacher partition.
-        noise_seed: the PATE noise stream (default: derived from ``seed``).
+        noise_seed: seed of the PATE noise stream. ``None`` (default) seeds it from the
+            operating system's secure randomness (:func:`secrets.randbits`): the noise then
+            depends on nothing another party knows, which the DP guarantee requires (noise
+            a client can recompute can be subtracted from the labels). Pass a seed only for
+            tests and bit-reproducible experiments, whose labels are then not private.
         accountant: continue an existing accountant (one per host over all its handshakes).
     """
 
@@ -272,7 +276,7 @@ class PPATHost:
         self.teacher_opts = [torch.optim.SGD(t.parameters(), lr=lr, momentum=momentum) for t in self.teachers]
         self.student_opt = torch.optim.SGD(self.student.parameters(), lr=lr, momentum=momentum)
         if noise_seed is None:
-            noise_seed = derive_seed(seed, "ppat_host", "pate_noise")
+            noise_seed = secrets.randbits(63)
         self.noise = torch.Generator().manual_seed(int(noise_seed))
         self.accountant = accountant or PateMomentsAccountant(lam, delta=delta, max_order=max_order)
         if self.accountant.lam != self.lam:
