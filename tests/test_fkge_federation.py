@@ -282,3 +282,22 @@ def test_pate_noise_comes_from_the_os_unless_reproducible_noise_is_set(tmp_path,
     a, b, c, d = (noise_seeds[i * first] for i in range(4))
     assert a[0] is None and b[0] is None and not torch.equal(a[1], b[1])  # secure, fresh each run
     assert c[0] is not None and c[0] == d[0] and torch.equal(c[1], d[1])  # reproducible: same stream
+
+
+def test_a_request_from_the_partner_being_hosted_is_queued_not_dropped():
+    """The partner improved after the host snapshotted its rows: its request must lead to a
+    later handshake (it used to be dropped, and the improvement was never offered)."""
+    from types import SimpleNamespace
+
+    from lightning_fedkg.federated.message import Message
+    from lightning_fedkg.methods.fkge.federation import FKGEPeer
+
+    hosted = []
+    peer = SimpleNamespace(host={"partner": "client_1"}, queue=[], exhausted="")
+    peer._next = lambda: hosted.append(list(peer.queue)) or []
+    FKGEPeer.on_fkge_request(peer, Message(), "client_1")
+    FKGEPeer.on_fkge_request(peer, Message(), "client_1")
+    assert peer.queue == ["client_1"]  # queued, once, to be hosted after the current handshake
+    peer.exhausted = "handshakes"
+    FKGEPeer.on_fkge_request(peer, Message(), "client_2")
+    assert peer.queue == ["client_1"]  # a host out of budget queues no one

@@ -17,7 +17,8 @@ embeddings are updated):
    either learning the other's unshared names.
 2. ``fkge_request`` (C -> H, "I improved; translate me"): sent to every aligned partner after
    pre-training and after each accepted update (the paper's broadcast after an improvement).
-   H queues C (once).
+   H queues C (once). A request from the partner H is hosting right now is queued too: C
+   improved after H took its rows, so H translates it again once the handshake ends.
 3. H, when not hosting (state ``Ready``/``Sleep``), takes the oldest queued partner, becomes
    ``Busy`` and sends ``fkge_start``. C snapshots its current rows of the aligned items
    (``X``) and a fresh generator, and drives PPAT (:mod:`.ppat`): ``ppat_fake`` (C -> H,
@@ -227,8 +228,9 @@ class FKGEPeer(PeerHalf):
         return [(sender, REQUEST, Message())]
 
     def on_fkge_request(self, message: Message, sender: str) -> list[Outgoing]:
-        busy_with = self.host["partner"] if self.host else None
-        if sender not in self.queue and sender != busy_with and not self.exhausted:
+        # Also from the partner being hosted: it improved after fkge_start snapshotted its
+        # rows, and that improvement is offered only by a later handshake.
+        if sender not in self.queue and not self.exhausted:
             self.queue.append(sender)
         return self._next()
 
