@@ -273,7 +273,7 @@ def test_pate_noise_comes_from_the_os_unless_reproducible_noise_is_set(tmp_path,
         return host
 
     monkeypatch.setattr(federation, "PPATHost", spy)
-    short = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=12"]
+    short = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]
     private = [s for s in BASE if "reproducible_noise" not in s]
     for name, base in (("a", private), ("b", private), ("c", BASE), ("d", BASE)):
         run_federated(load_config(None, [*base, *short]), tmp_path / name)
@@ -301,3 +301,30 @@ def test_a_request_from_the_partner_being_hosted_is_queued_not_dropped():
     peer.exhausted = "handshakes"
     FKGEPeer.on_fkge_request(peer, Message(), "client_2")
     assert peer.queue == ["client_1"]  # a host out of budget queues no one
+
+
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monkeypatch, reproducible):
+    """Everything a host knows (the run's seed, both names, the handshake number it sent)
+    must not give it W₀: with W₀, X ≈ W₀ᵀ G(X) while W has barely moved. Only
+    ``reproducible_noise`` (tests, not private) makes W₀ recomputable."""
+    from lightning_fedkg.methods.fkge import federation
+    from lightning_fedkg.methods.fkge.ppat import _initial_w
+    from lightning_fedkg.seeding import derive_seed
+
+    starts = []
+    real = federation.FKGEPeer.on_fkge_start
+
+    def spy(self, message, sender):
+        out = real(self, message, sender)
+        w0 = self.serving[sender]["ppat"].w.detach().clone()  # no gradient has arrived yet
+        guess = _initial_w(w0.shape[0], self.fk.generator_init,
+                           derive_seed(self.cfg.seed, self.name, f"{sender}:{int(message.config['handshake'])}:generator"))
+        starts.append(torch.allclose(w0, guess))
+        return out
+
+    monkeypatch.setattr(federation.FKGEPeer, "on_fkge_start", spy)
+    base = BASE if reproducible else [s for s in BASE if "reproducible_noise" not in s]
+    run_federated(load_config(None, [*base, "federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]),
+                  tmp_path / "run")
+    assert starts and all(starts) == reproducible and (any(starts) == reproducible)

@@ -43,10 +43,12 @@ class FKGEConfig:
     and answers no PATE query that would take its epsilon (at
     ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
 
-    ``reproducible_noise``: False (default) seeds each host's PATE noise from the operating
-    system's secure randomness, so no party can recompute it; True derives it from ``seed``,
-    the party names and the handshake number (all known to the client): bit-reproducible
-    runs for tests and debugging, whose labels are **not private**.
+    ``reproducible_noise``: False (default) seeds each party's secret draws, a host's PATE
+    noise and a client's initial generator ``W``, from the operating system's secure
+    randomness, so no other party can recompute them; True derives them from ``seed``, the
+    party names and the handshake number (all known to the partner): bit-reproducible runs
+    for tests and debugging, which are **not private** (the client could subtract the noise
+    from the labels; the host could invert ``W₀`` while ``W`` has barely moved).
     """
 
     pretrain_epochs: int = field(default=50, metadata={"range": Range(min=0)})

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import time
 from typing import Any
 
@@ -288,7 +289,10 @@ class FKGEPeer(PeerHalf):
         ents, rels = self.aligned_ids(sender)
         number = int(message.config["handshake"])
         tic = time.perf_counter()
-        ppat = self._ppat_client(self.rows(ents, rels), self._seed(sender, number, "generator"))
+        # W's start is the client's secret: derived from the run's seed, the names and the
+        # handshake number, the host could recompute it and read X ≈ W₀ᵀ G(X) off the wire.
+        w_seed = self._seed(sender, number, "generator") if self.fk.reproducible_noise else secrets.randbits(63)
+        ppat = self._ppat_client(self.rows(ents, rels), w_seed)
         order = torch.Generator().manual_seed(self._seed(sender, number, "order"))
         batches = [rows for _ in range(self.fk.ppat_epochs)
                    for rows in torch.randperm(ppat.num_rows, generator=order).split(self.fk.ppat_batch_size)]
