@@ -3,7 +3,7 @@
 
 ``Y = X R^T + noise`` for a Haar-random orthogonal ``R`` and ``X`` a cloud around a mean
 (``tests/test_ppat.py::_rotated_pair``); the two-timescale setting of
-``test_ppat_moves_w_toward_the_hidden_rotation`` (identity start, generator SGD 0.002
+``test_ppat_moves_w_toward_the_clouds_mean_direction`` (identity start, generator SGD 0.002
 without momentum, MUSE's beta 0.01, 18 epochs, small discriminators). Per seed it prints,
 before and after PPAT: ``‖W − R‖/‖R‖`` (a random rotation: ~1.41), the mean cosine
 between ``W x_i`` and ``y_i`` (what the test asserts), and the same cosine on the centred
