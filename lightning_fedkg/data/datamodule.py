@@ -346,10 +346,14 @@ class KGDataModule(LightningDataModule):
     def filter_index(self) -> FilterIndex:
         """CSR index of the evaluation filter set (``filter_triples``)."""
         if self._filter_index is None:
-            triples = (self.kg.all_true_triples() if self._filter_triples is None
-                       else torch.as_tensor(self._filter_triples).long())
-            self._filter_index = FilterIndex(triples, self.num_entities, self.num_relations)
+            self._filter_index = FilterIndex(self._evaluation_truth(), self.num_entities, self.num_relations)
         return self._filter_index
+
+    def _evaluation_truth(self) -> Tensor:
+        """The triples the evaluation filters: ``filter_triples``, else train ∪ valid ∪ test."""
+        if self._filter_triples is None:
+            return self.kg.all_true_triples()
+        return torch.as_tensor(self._filter_triples).long()
 
     @property
     def valid_filter_index(self) -> FilterIndex:
@@ -358,9 +362,7 @@ class KGDataModule(LightningDataModule):
         if self.valid_filter == "all" or "unlearn" not in self.kg.split_names:
             return self.filter_index
         if self._valid_filter_index is None:
-            kg = self.kg
-            triples = (kg.all_true_triples() if self._filter_triples is None
-                       else torch.as_tensor(self._filter_triples).long())
+            kg, triples = self.kg, self._evaluation_truth()
             unlearn = triple_keys(kg.triples("unlearn"), kg.num_entities, kg.num_relations)
             keep = ~torch.isin(triple_keys(triples, kg.num_entities, kg.num_relations), unlearn)
             self._valid_filter_index = FilterIndex(triples[keep], self.num_entities, self.num_relations)
