@@ -292,7 +292,7 @@ def test_a_request_from_the_partner_being_hosted_is_queued_not_dropped():
     from lightning_fedkg.federated.message import Message
     from lightning_fedkg.methods.fkge.federation import FKGEPeer
 
-    peer = SimpleNamespace(host={"partner": "client_1"}, queue=[], exhausted="", _next=lambda: [])
+    peer = SimpleNamespace(host={"partner": "client_1"}, queue=[], planned=None, exhausted="", _next=lambda: [])
     FKGEPeer.on_fkge_request(peer, Message(), "client_1")
     FKGEPeer.on_fkge_request(peer, Message(), "client_1")
     assert peer.queue == ["client_1"]  # queued, once, to be hosted after the current handshake

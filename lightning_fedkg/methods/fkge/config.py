@@ -43,6 +43,23 @@ class FKGEConfig:
     and answers no PATE query that would take its epsilon (at
     ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
 
+    ``alignment``: ``ppat`` (the paper's GAN) or ``supervised``
+    (:mod:`lightning_fedkg.methods.fkge.supervised`: the host releases the cross-covariance
+    of its aligned rows' directions with the client's rotated ones under the Gaussian
+    mechanism, noise calibrated so one handshake costs ``dp_epsilon`` at ``delta``;
+    ``null``: exact, not private; the client fits ``W`` by orthogonal Procrustes).
+
+    Privacy per party: one :class:`~lightning_fedkg.privacy.PrivacyLedger` per KG composes
+    everything it releases under a mechanism (PATE labels, DP targets) into the
+    ``epsilon`` of ``metrics.json`` and lists what no mechanism covers (``privacy.unprotected``:
+    translated rows sent as a client, accept broadcasts, exact targets). With
+    ``max_epsilon`` a party whose next accounted release would pass it releases nothing
+    more: it stops hosting, declines to serve as a client and stops broadcasting.
+
+    ``schedule``: the ``metrics.json`` (or run folder) of an earlier run; each KG then hosts
+    exactly the partners it hosted there, in the same order, whatever its updates' outcomes
+    -- with ``mode: none`` the control at an equal handshake schedule.
+
     ``reproducible_noise``: False (default) seeds each party's secret draws, a host's PATE
     noise and a client's initial generator ``W``, from the operating system's secure
     randomness, so no other party can recompute them; True derives them from ``seed``, the
@@ -80,3 +97,6 @@ class FKGEConfig:
     max_seconds: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
                                                                  "resume": "free"})
     max_epsilon: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
+    alignment: Literal["ppat", "supervised"] = "ppat"
+    dp_epsilon: Optional[float] = field(default=4.0, metadata={"range": Range(min=0, min_exclusive=True)})
+    schedule: Optional[str] = None

@@ -77,11 +77,12 @@ from lightning_fedkg.evaluation.classification import triple_classification
 from lightning_fedkg.federated.alignment import pairwise_alignment
 from lightning_fedkg.federated.message import Message, tensor_bytes
 from lightning_fedkg.federated.peer import Outgoing, PeerHalf, PeerStrategy
-from lightning_fedkg.privacy import PateMomentsAccountant
+from lightning_fedkg.privacy import PrivacyLedger
 from lightning_fedkg.seeding import derive_seed
 
 from .config import FKGEConfig
 from .ppat import FAKE, GRAD, PPATClient, PPATHost
+from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
 from .update import kgemb_update
 
 __all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
@@ -89,6 +90,7 @@ __all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
 #: Link-prediction keys of a ``before``/``after`` block (plus ``"accuracy"``).
 QUALITY_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
 HELLO, REQUEST, START, STOP, TRANSLATED = "fkge_hello", "fkge_request", "fkge_start", "ppat_stop", "fkge_translated"
+DECLINE = "fkge_decline"
 
 
 def neighbour_edges(train: Tensor, anchors: Tensor, excluded: Tensor, per_anchor: int) -> Tensor:
@@ -133,6 +135,23 @@ def neighbour_edges(train: Tensor, anchors: Tensor, excluded: Tensor, per_anchor
     return cand[keep][:, :4]
 
 
+def planned_partners(path: str, host: str) -> list[str]:
+    """The partners ``host`` hosted, in order, in the run whose ``metrics.json`` is ``path``
+    (``federated.fkge.schedule``: the equal-schedule control replays them)."""
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / "metrics.json"
+    try:
+        handshakes = json.loads(file.read_text())["handshakes"]
+    except (OSError, KeyError, ValueError) as err:
+        raise ConfigError(f"federated.fkge.schedule: cannot read the handshakes of {file}: {err}") from err
+    mine = sorted((h for h in handshakes if h["host"] == host), key=lambda h: h["number"])
+    return [h["client"] for h in mine]
+
+
 class FKGEPeer(PeerHalf):
     """One KG owner of FKGE: host and client of pairwise handshakes (see the module docstring)."""
 
@@ -147,7 +166,8 @@ class FKGEPeer(PeerHalf):
         self.before: dict | None = None
         self.hosted = 0
         self.handshakes: list[dict] = []
-        self.accountant = PateMomentsAccountant(self.fk.lam, delta=self.fk.delta)
+        self.ledger = PrivacyLedger(self.fk.lam, delta=self.fk.delta)
+        self.planned = planned_partners(self.fk.schedule, self.name) if self.fk.schedule else None
         self.host: dict[str, Any] | None = None  # the handshake this peer hosts
         self.serving: dict[str, dict[str, Any]] = {}  # host name -> this peer's client side
         self.exhausted = ""  # why this peer hosts no more ("" while it may)
@@ -230,8 +250,9 @@ class FKGEPeer(PeerHalf):
 
     def on_fkge_request(self, message: Message, sender: str) -> list[Outgoing]:
         # Also from the partner being hosted: it improved after fkge_start snapshotted its
-        # rows, and that improvement is offered only by a later handshake.
-        if sender not in self.queue and not self.exhausted:
+        # rows, and that improvement is offered only by a later handshake. With a planned
+        # schedule a request only wakes the host: whom it hosts next is the plan's.
+        if self.planned is None and sender not in self.queue and not self.exhausted:
             self.queue.append(sender)
         return self._next()
 
@@ -241,20 +262,40 @@ class FKGEPeer(PeerHalf):
             return "handshakes"
         if self.fk.max_seconds is not None and time.time() - self.started_at >= self.fk.max_seconds:
             return "seconds"
-        if self.fk.max_epsilon is not None and self.accountant.epsilon_after(1) > self.fk.max_epsilon:
+        if self.spent():
             return "epsilon"
+        if self.planned is not None and not self.planned:
+            return "schedule"
         return ""
+
+    def spent(self) -> bool:
+        """Whether this party's next accounted release would take it past ``max_epsilon``; a
+        spent party releases nothing more: it neither hosts, nor serves, nor broadcasts."""
+        if self.fk.max_epsilon is None:
+            return False
+        if self.fk.alignment == "supervised":
+            return self.ledger.epsilon_after_gaussian(self._alignment_moments()) > self.fk.max_epsilon
+        return self.ledger.epsilon_after_pate(1) > self.fk.max_epsilon
+
+    def _alignment_moments(self):
+        fk = self.fk
+        return AlignmentHost(torch.zeros(1, 1), fk.dp_epsilon, fk.delta, self.ledger.max_order,
+                             noise_seed=0).log_moments
 
     def _next(self) -> list[Outgoing]:
         """Host the oldest queued partner if not hosting; otherwise stay Busy or go to Sleep."""
         if self.host is not None:
             return []
+        if self.planned is not None:  # the equal-schedule control: the plan's next partner, once aligned
+            self.queue = self.planned[:1] if self.planned and self.planned[0] in self.entity_pairs else []
         while self.queue:
             self.exhausted = self._out_of_budget()
             if self.exhausted:
                 self.queue.clear()
                 break
             partner = self.queue.pop(0)
+            if self.planned is not None:
+                self.planned.pop(0)
             ents, rels = self.aligned_ids(partner)
             if ents.numel() + rels.numel() == 0:
                 continue
@@ -272,12 +313,13 @@ class FKGEPeer(PeerHalf):
                         lr=fk.lr, momentum=fk.momentum, teacher_fakes=fk.teacher_fakes,
                         saturating=fk.saturating, seed=self._seed(partner, number, "host"),
                         noise_seed=self._seed(partner, number, "pate_noise") if fk.reproducible_noise else None,
-                        accountant=self.accountant)
+                        accountant=self.ledger.pate)
 
     def _new_host(self, partner: str, ents: Tensor, rels: Tensor, y: Tensor) -> dict:
+        ppat = self._ppat_host(y, partner, self.hosted) if self.fk.alignment == "ppat" else None
         return {"partner": partner, "number": self.hosted, "entities": ents, "relations": rels, "y": y,
-                "ppat": self._ppat_host(y, partner, self.hosted), "batches": 0, "seconds": 0.0,
-                "queries_before": self.accountant.queries, "bytes": 0, "ppat_bytes": 0, "stopped": "epochs"}
+                "ppat": ppat, "batches": 0, "seconds": 0.0,
+                "queries_before": self.ledger.pate.queries, "bytes": 0, "ppat_bytes": 0, "stopped": "epochs"}
 
     def _ppat_client(self, x: Tensor, seed: int = 0) -> PPATClient:
         fk = self.fk
@@ -286,12 +328,16 @@ class FKGEPeer(PeerHalf):
                           orthogonalize=fk.orthogonalize, seed=seed)
 
     def on_fkge_start(self, message: Message, sender: str) -> list[Outgoing]:
+        if self.spent():
+            return [(sender, DECLINE, Message())]
         ents, rels = self.aligned_ids(sender)
         number = int(message.config["handshake"])
         tic = time.perf_counter()
         # W's start is the client's secret: derived from the run's seed, the names and the
         # handshake number, the host could recompute it and read X ≈ W₀ᵀ G(X) off the wire.
         w_seed = self._seed(sender, number, "generator") if self.fk.reproducible_noise else secrets.randbits(63)
+        if self.fk.alignment == "supervised":
+            return self._send_rotated_rows(sender, ents, rels, w_seed, tic)
         ppat = self._ppat_client(self.rows(ents, rels), w_seed)
         order = torch.Generator().manual_seed(self._seed(sender, number, "order"))
         batches = [rows for _ in range(self.fk.ppat_epochs)
@@ -299,6 +345,58 @@ class FKGEPeer(PeerHalf):
         self.serving[sender] = {"ppat": ppat, "batches": batches, "entities": ents, "relations": rels,
                                 "pending": None, "seconds": time.perf_counter() - tic}
         return self._send_next(sender)
+
+    # ------------------------------------------------------------------ supervised DP alignment
+    def _send_rotated_rows(self, host: str, ents: Tensor, rels: Tensor, w_seed: int, tic: float) -> list[Outgoing]:
+        """Client: its aligned rows' directions under its secret ``W0`` (:mod:`.supervised`)."""
+        from .ppat import _initial_w
+
+        x = self.rows(ents, rels)
+        w0 = _initial_w(x.shape[1], "orthogonal", w_seed)
+        z = unit_rows(x @ w0.T)
+        self.ledger.declare("rotated_rows", z.shape[0])
+        self.serving[host] = {"w0": w0, "x": x, "entities": ents, "relations": rels, "pending": None,
+                              "seconds": time.perf_counter() - tic}
+        return [(host, ROWS, Message(arrays={ROWS: z}))]
+
+    def on_align_rows(self, message: Message, sender: str) -> list[Outgoing]:
+        """Host: the noisy cross-covariance, charged to this party's ledger."""
+        host, fk = self._hosting(sender), self.fk
+        host["bytes"] += tensor_bytes(message.arrays)
+        host["ppat_bytes"] += tensor_bytes(message.arrays)
+        tic = time.perf_counter()
+        noise_seed = self._seed(host["partner"], host["number"], "dp_noise") if fk.reproducible_noise else None
+        align = AlignmentHost(host["y"], fk.dp_epsilon, fk.delta, self.ledger.max_order, noise_seed=noise_seed)
+        if fk.max_epsilon is not None and self.ledger.epsilon_after_gaussian(align.log_moments) > fk.max_epsilon:
+            host["stopped"] = "budget"
+            return [(sender, STOP, Message())]
+        reply = align.on_rows(message)
+        if fk.dp_epsilon is None:
+            self.ledger.declare("exact_crosscov", 1)
+        else:
+            self.ledger.charge_gaussian(align.log_moments)
+        host["batches"], host["sigma"] = 1, align.sigma
+        host["seconds"] += time.perf_counter() - tic
+        host["bytes"] += tensor_bytes(reply.arrays)
+        host["ppat_bytes"] += tensor_bytes(reply.arrays)
+        return [(sender, CROSSCOV, reply)]
+
+    def on_dp_crosscov(self, message: Message, sender: str) -> list[Outgoing]:
+        """Client: ``W = V W0`` with ``V`` the Procrustes solution on the noisy cross-covariance."""
+        side = self.serving.pop(sender)
+        tic = time.perf_counter()
+        w = procrustes(message.arrays[CROSSCOV].float()) @ side["w0"]
+        side["translate"] = lambda rows: rows.to(w.dtype) @ w.T
+        side["seconds"] += time.perf_counter() - tic
+        return [(sender, TRANSLATED, self._translated(sender, side))]
+
+    def on_fkge_decline(self, message: Message, sender: str) -> list[Outgoing]:
+        """The partner's privacy budget is spent: it sends nothing; the handshake ends unused."""
+        host = self._hosting(sender)
+        self.handshakes.append({"client": sender, "host": self.name, "number": host["number"],
+                                "accepted": False, "skipped": "partner_epsilon", "finished_at": time.time()})
+        self.host, self.state = None, "Ready"
+        return self._next()
 
     def _send_next(self, host: str) -> list[Outgoing]:
         side = self.serving[host]
@@ -318,7 +416,7 @@ class FKGEPeer(PeerHalf):
         n = len(message.config["rows"])
         host["bytes"] += tensor_bytes(message.arrays)
         host["ppat_bytes"] += tensor_bytes(message.arrays)
-        if self.fk.max_epsilon is not None and self.accountant.epsilon_after(n) > self.fk.max_epsilon:
+        if self.fk.max_epsilon is not None and self.ledger.epsilon_after_pate(n) > self.fk.max_epsilon:
             host["stopped"] = "budget"
             return [(sender, STOP, Message())]
         tic = time.perf_counter()
@@ -339,6 +437,10 @@ class FKGEPeer(PeerHalf):
 
     def on_ppat_stop(self, message: Message, sender: str) -> list[Outgoing]:
         side = self.serving[sender]
+        if "w0" in side:  # supervised: the host's budget allowed no release; W stays W0
+            del self.serving[sender]
+            side["translate"] = lambda rows: rows.to(side["w0"].dtype) @ side["w0"].T
+            return [(sender, TRANSLATED, self._translated(sender, side))]
         side["batches"].clear()
         side["pending"] = None
         side["ppat"]._pending = None
@@ -346,8 +448,9 @@ class FKGEPeer(PeerHalf):
 
     def _translated(self, host: str, side: dict) -> Message:
         """``G(X)`` (entity rows, then relation rows) and ``G(N(X))`` with their joining triples."""
-        ppat, ents = side["ppat"], side["entities"]
-        translated = ppat.translate(ppat.x)
+        ents = side["entities"]
+        translate = side["translate"] if "translate" in side else side["ppat"].translate
+        translated = translate(side["x"] if "x" in side else side["ppat"].x)
         arrays = {"entities": translated[: ents.numel()].contiguous(),
                   "relations": translated[ents.numel():].contiguous()}
         mine_all = self.entity_pairs[host][0]
@@ -357,10 +460,12 @@ class FKGEPeer(PeerHalf):
             aligned_rel = self.relation_pairs[host][0]
             rel_position[aligned_rel] = torch.arange(aligned_rel.numel())
         model = self.party.model
-        arrays["neighbours"] = ppat.translate(model.entity_emb.detach()[edges[:, 2]].float().cpu())
+        arrays["neighbours"] = translate(model.entity_emb.detach()[edges[:, 2]].float().cpu())
         arrays["neighbour_anchor"] = edges[:, 0].contiguous()
         arrays["neighbour_relation"] = rel_position[edges[:, 1]].contiguous()
         arrays["neighbour_is_head"] = edges[:, 3].contiguous()
+        # not noised: what the host receives as a client's rows is declared, not accounted
+        self.ledger.declare("translated_rows", translated.shape[0] + edges.shape[0])
         return Message(arrays=arrays, metrics={"seconds_client": float(side["seconds"])})
 
     @staticmethod
@@ -389,7 +494,7 @@ class FKGEPeer(PeerHalf):
                   "aligned_entities": int(host["entities"].numel()),
                   "aligned_relations": int(host["relations"].numel()),
                   "ppat_batches": host["batches"], "stopped": host["stopped"],
-                  "queries": self.accountant.queries - host["queries_before"],
+                  "queries": self.ledger.pate.queries - host["queries_before"], "sigma": host.get("sigma"),
                   "seconds_ppat": host["seconds"] + float(message.metrics.get("seconds_client", 0.0)),
                   **self._translation_cosine(host, message)}
         if host["batches"] == 0:  # the privacy budget allowed no PPAT step: nothing to update with
@@ -397,15 +502,16 @@ class FKGEPeer(PeerHalf):
                           valid_before=self.best, valid_after=None)
         else:
             record.update(self._update(host, message))
-        record.update(epsilon=self.accountant.epsilon(), bytes=host["bytes"],
+        record.update(epsilon=self.ledger.epsilon(), bytes=host["bytes"],
                       bytes_per_ppat_batch=host["ppat_bytes"] / max(host["batches"], 1),
                       finished_at=time.time())
         self.handshakes.append(record)
         self.host, self.state = None, "Ready"
         out = []
-        if record["accepted"]:
+        if record["accepted"] and not self.spent():  # a broadcast tells each partner "my validation improved"
             out = [(p, REQUEST, Message()) for p in sorted(self.entity_pairs)
                    if sum(t.numel() for t in self.aligned_ids(p))]
+            self.ledger.declare("accept_broadcasts", len(out))
         return out + self._next()
 
     def _update(self, host: dict, message: Message) -> dict:
@@ -454,8 +560,10 @@ class FKGEPeer(PeerHalf):
 
     # ------------------------------------------------------------------ reporting and state
     def report(self) -> dict:
+        privacy = self.ledger.summary()
         return {"name": self.name, "model": self.cfg.model.name, "before": self.before, "after": self.quality(),
-                "epsilon": self.accountant.epsilon(), "queries": self.accountant.queries, "hosted": self.hosted,
+                "epsilon": privacy["epsilon"], "privacy": privacy, "queries": self.ledger.pate.queries,
+                "hosted": self.hosted,
                 "accepted": sum(bool(h["accepted"]) for h in self.handshakes), "best": self.best,
                 "state": self.state, "stopped_hosting": self.exhausted or None, "handshakes": self.handshakes}
 
@@ -463,16 +571,17 @@ class FKGEPeer(PeerHalf):
         host = None
         if self.host is not None:
             host = {k: v for k, v in self.host.items() if k != "ppat"}
-            host["ppat"] = self.host["ppat"].state_dict()
+            host["ppat"] = None if self.host["ppat"] is None else self.host["ppat"].state_dict()
         serving = {}
         for name, side in self.serving.items():
-            serving[name] = {k: v for k, v in side.items() if k != "ppat"}
-            serving[name]["ppat"] = side["ppat"].state_dict()
-            serving[name]["x"] = side["ppat"].x
+            serving[name] = {k: v for k, v in side.items() if k not in ("ppat", "translate")}
+            if "ppat" in side:
+                serving[name]["ppat"] = side["ppat"].state_dict()
+                serving[name]["x"] = side["ppat"].x
         return {"entity_pairs": self.entity_pairs, "relation_pairs": self.relation_pairs, "queue": list(self.queue),
                 "state": self.state, "best": self.best, "before": self.before, "hosted": self.hosted,
-                "handshakes": self.handshakes, "accountant": self.accountant.state_dict(), "host": host,
-                "serving": serving, "exhausted": self.exhausted}
+                "handshakes": self.handshakes, "ledger": self.ledger.state_dict(), "host": host,
+                "serving": serving, "exhausted": self.exhausted, "planned": self.planned}
 
     def load_state_dict(self, state: dict) -> None:
         self.entity_pairs = dict(state["entity_pairs"])
@@ -480,17 +589,25 @@ class FKGEPeer(PeerHalf):
         self.queue = list(state["queue"])
         self.state, self.best, self.before = state["state"], state["best"], state["before"]
         self.hosted, self.handshakes, self.exhausted = state["hosted"], list(state["handshakes"]), state["exhausted"]
-        self.accountant.load_state_dict(state["accountant"])
+        if "ledger" in state:
+            self.ledger.load_state_dict(state["ledger"])
+        else:  # a checkpoint from before the ledger: its PATE accountant was the whole account
+            self.ledger.pate.load_state_dict(state["accountant"])
+        self.planned = state.get("planned", self.planned)
         self.host = None
         if state["host"] is not None:
             host = dict(state["host"])
-            ppat = self._ppat_host(host["y"], host["partner"], host["number"])
-            ppat.load_state_dict(host["ppat"])
-            host["ppat"] = ppat
+            if host["ppat"] is not None:
+                ppat = self._ppat_host(host["y"], host["partner"], host["number"])
+                ppat.load_state_dict(host["ppat"])
+                host["ppat"] = ppat
             self.host = host
         self.serving = {}
         for name, side in state["serving"].items():
             side = dict(side)
+            if "w0" in side:  # supervised: W0 and X are the whole client side
+                self.serving[name] = side
+                continue
             ppat = self._ppat_client(side.pop("x"))
             ppat.load_state_dict(side["ppat"])
             if side["pending"] is not None:  # W has not stepped since this batch went out
