@@ -384,6 +384,8 @@ class FKGEPeer(PeerHalf):
     def on_dp_crosscov(self, message: Message, sender: str) -> list[Outgoing]:
         """Client: ``W = V W0`` with ``V`` the Procrustes solution on the noisy cross-covariance."""
         side = self.serving.pop(sender)
+        if self.spent():  # spent while the host computed: the translated rows are not sent
+            return [(sender, DECLINE, Message())]
         tic = time.perf_counter()
         w = procrustes(message.arrays[CROSSCOV].float()) @ side["w0"]
         side["translate"] = lambda rows: rows.to(w.dtype) @ w.T
@@ -391,7 +393,7 @@ class FKGEPeer(PeerHalf):
         return [(sender, TRANSLATED, self._translated(sender, side))]
 
     def on_fkge_decline(self, message: Message, sender: str) -> list[Outgoing]:
-        """The partner's privacy budget is spent: it sends nothing; the handshake ends unused."""
+        """The partner's privacy budget is spent: it sends nothing more; the handshake ends unused."""
         host = self._hosting(sender)
         self.handshakes.append({"client": sender, "host": self.name, "number": host["number"],
                                 "accepted": False, "skipped": "partner_epsilon", "finished_at": time.time()})
@@ -399,6 +401,9 @@ class FKGEPeer(PeerHalf):
         return self._next()
 
     def _send_next(self, host: str) -> list[Outgoing]:
+        if self.spent():  # no more batches nor translated rows once this party's budget is spent
+            del self.serving[host]
+            return [(host, DECLINE, Message())]
         side = self.serving[host]
         tic = time.perf_counter()
         if side["batches"]:

@@ -1,0 +1,138 @@
+"""Supervised DP alignment (lightning_fedkg.methods.fkge.supervised) and FKGE's per-party
+privacy: recovery of a hidden rotation, the mechanism's sensitivity, the noise's source,
+and federation runs (wire, ledger, max_epsilon stopping every release, the equal-schedule
+control)."""
+
+import json
+
+import pytest
+import torch
+
+from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.methods.fkge.supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
+from lightning_fedkg.privacy import epsilon_from_log_moments, sampled_gaussian_log_moments
+
+from test_fkge_federation import BASE
+
+
+def _haar(d, g):
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
+
+
+def _task(m, d, seed=0):
+    """A zero-mean anisotropic cloud X, a hidden rotation R, Y = R X + noise, the client's W0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, d, generator=g) * torch.linspace(0.3, 2.0, d)
+    rot, w0 = _haar(d, g), _haar(d, g)
+    y = x @ rot.T + 0.1 * torch.randn(m, d, generator=g)
+    return x, y, rot, w0
+
+
+def _align(x, y, w0, epsilon, noise_seed=1):
+    host = AlignmentHost(y, epsilon, noise_seed=noise_seed)
+    reply = host.on_rows(Message(arrays={ROWS: unit_rows(x @ w0.T)}))
+    return procrustes(reply.arrays[CROSSCOV]) @ w0
+
+
+def _error(w, rot):
+    return float((w - rot).norm() / rot.norm())
+
+
+def test_exact_alignment_recovers_the_hidden_rotation():
+    x, y, rot, w0 = _task(500, 16)
+    assert _error(w0, rot) > 1.0  # a random start is far (a random rotation sits near sqrt(2))
+    assert _error(_align(x, y, w0, None), rot) < 0.05
+
+
+def test_private_alignment_improves_with_epsilon_and_with_the_number_of_rows():
+    """The noise on the d x d cross-covariance does not grow with m, the signal does."""
+    x, y, rot, w0 = _task(4000, 32)
+    errors = {eps: sum(_error(_align(x, y, w0, eps, s), rot) for s in range(3)) / 3 for eps in (1.0, 4.0, 16.0)}
+    assert errors[16.0] < errors[4.0] < errors[1.0]
+    assert errors[4.0] < 0.6  # well below a random rotation's ~1.41
+    small = _task(300, 32)
+    small_error = sum(_error(_align(small[0], small[1], small[3], 4.0, s), small[2]) for s in range(3)) / 3
+    assert small_error > errors[4.0] + 0.3
+
+
+def test_one_row_moves_the_released_crosscov_by_at_most_one_whatever_the_client_sends():
+    """The Gaussian mechanism's sensitivity: the host normalises both sides itself."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(20, 6, generator=g)
+    z = torch.randn(20, 6, generator=g) * 1e4  # a client sending huge rows
+    without = AlignmentHost(y[:-1], None).on_rows(Message(arrays={ROWS: z[:-1]})).arrays[CROSSCOV]
+    full = AlignmentHost(y, None).on_rows(Message(arrays={ROWS: z})).arrays[CROSSCOV]
+    assert float((full - without).norm()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_noise_comes_from_the_os_unless_a_seed_is_given():
+    y = torch.randn(10, 4)
+    rows = Message(arrays={ROWS: torch.randn(10, 4)})
+    a, b = (AlignmentHost(y, 4.0).on_rows(rows).arrays[CROSSCOV] for _ in range(2))
+    assert not torch.equal(a, b)
+    c, d = (AlignmentHost(y, 4.0, noise_seed=5).on_rows(rows).arrays[CROSSCOV] for _ in range(2))
+    assert torch.equal(c, d)
+    host = AlignmentHost(y, 4.0)
+    assert epsilon_from_log_moments(host.log_moments, 1e-5) <= 4.0
+    assert host.sigma > 1.0
+
+
+SUPERVISED = ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=4"]
+
+
+def _run(tmp_path, name, *extra):
+    cfg = load_config(None, [*BASE, *extra])
+    metrics = run_federated(cfg, tmp_path / name)
+    log = [json.loads(line) for line in (tmp_path / name / "channel_log.jsonl").read_text().splitlines()]
+    return metrics, log
+
+
+def test_a_supervised_run_sends_rows_and_one_crosscov_per_handshake_and_accounts_them(tmp_path):
+    metrics, log = _run(tmp_path, "sup", *SUPERVISED)
+    events = {r["name"] for r in log}
+    assert events == {"fkge_hello", "fkge_request", "fkge_start", "align_rows", "dp_crosscov", "fkge_translated"}
+    per_host = {}
+    for h in metrics["handshakes"]:
+        per_host[h["host"]] = per_host.get(h["host"], 0) + 1
+        assert h["translation_cosine"] > h["mismatched_cosine"]
+    one = sampled_gaussian_log_moments(1.0, metrics["handshakes"][0]["sigma"])
+    for kg in metrics["kgs"]:
+        n = per_host[kg["name"]]
+        assert kg["epsilon"] == pytest.approx(epsilon_from_log_moments(one * n, 1e-5))
+        assert kg["privacy"]["gaussian_releases"] == n and kg["privacy"]["pate_queries"] == 0
+        assert kg["privacy"]["unprotected"]["translated_rows"] > 0  # what it sent as a client, declared
+    crosscov = [r for r in log if r["name"] == "dp_crosscov"]
+    assert all(r["bytes"] == 16 * 16 * 4 for r in crosscov)  # d x d float32, whatever m is
+
+
+def test_max_epsilon_stops_every_release_not_only_hosting(tmp_path):
+    """With 4 per handshake and a cap of 5 (two releases compose to 5.85), each party
+    releases at most once under DP and, once spent, declines to serve as a client and stops
+    broadcasting."""
+    metrics, log = _run(tmp_path, "cap", *SUPERVISED, "federated.fkge.max_epsilon=5",
+                        "federated.fkge.handshakes_per_kg=3")
+    for kg in metrics["kgs"]:
+        assert kg["epsilon"] <= 5
+        assert kg["privacy"]["gaussian_releases"] <= 1
+    spent = {kg["name"] for kg in metrics["kgs"] if kg["privacy"]["gaussian_releases"] == 1}
+    assert spent  # someone hosted
+    declined = [h for h in metrics["handshakes"] if h.get("skipped") == "partner_epsilon"]
+    assert all(h["client"] in spent for h in declined)
+    # a spent party sends no rows for anyone after it released: its translated rows all
+    # precede its own release
+    for name in spent:
+        release = max(i for i, r in enumerate(log) if r["name"] == "dp_crosscov" and r["sender"] == name)
+        assert not any(r["name"] in ("align_rows", "fkge_translated", "fkge_request") and r["sender"] == name
+                       for r in log[release + 1:])
+
+
+def test_the_control_replays_the_runs_handshake_schedule(tmp_path):
+    metrics, _ = _run(tmp_path, "sup", *SUPERVISED)
+    control, log = _run(tmp_path, "control", *SUPERVISED, "federated.fkge.mode=none",
+                        f"federated.fkge.schedule={tmp_path / 'sup'}")
+    key = lambda m: sorted((h["host"], h["number"], h["client"]) for h in m["handshakes"])  # noqa: E731
+    assert key(control) == key(metrics)
+    assert {h["accepted"] for h in control["handshakes"]} <= {True, False}
