@@ -81,7 +81,18 @@ VARIANTS = {
     "frac20": ["federated.fkge.align_fraction=0.2"],
     "frac60": ["federated.fkge.align_fraction=0.6"],
     "ray": ["federated.engine=ray"],
+    "frozen": ["federated.fkge.generator_lr=1e-12"],
+    "sup_exact": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=null"],
+    "sup16": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=16"],
+    "sup4": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=4"],
+    "sup1": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=1"],
+    "sup4_average": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=4",
+                     "federated.fkge.mode=average"],
 }
+#: ``control_<variant>``: <variant>'s settings with nothing received used (``mode=none``) and
+#: <variant>'s handshake schedule replayed (``schedule``: same hosts, partners, order and
+#: update epochs, whatever the updates' outcomes); run after <variant> in the same call.
+CONTROL = "control_"
 BLOCK_KEYS = ("accuracy", "mrr", "hits@10")
 
 
@@ -99,8 +110,10 @@ def run_one(config: str, overrides: list[str], out: Path) -> dict:
         "overrides": overrides,
         "wall_seconds": wall,
         "engine_wall_seconds": metrics.get("wall_seconds"),
-        "kgs": [{k: kg[k] for k in ("name", "model", "before", "after", "epsilon", "hosted", "accepted")}
-                for kg in metrics["kgs"]],
+        "kgs": [{k: kg.get(k) for k in ("name", "model", "before", "after", "epsilon", "privacy", "hosted",
+                                         "accepted")} for kg in metrics["kgs"]],
+        "generator_moved": [s["generator_moved"] for kg in metrics["kgs"] for s in kg.get("served", [])],
+        "schedule": sorted((h["host"], h["number"], h["client"]) for h in hs),
         "handshakes": len(hs),
         "accepted": sum(bool(h["accepted"]) for h in hs),
         "seconds_ppat": [h["seconds_ppat"] for h in hs],
@@ -149,6 +162,10 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "mismatched_cosine": mean([c for r in runs for c in r["mismatched_cosine"]]),
         "bytes_per_ppat_batch": mean([r["bytes_per_ppat_batch"] for r in runs]),
         "max_epsilon": mean([r["max_epsilon"] for r in runs]),
+        "generator_moved": mean([g for r in runs for g in r["generator_moved"]]),
+        "bytes_per_handshake": mean([r["bytes_sent"] / max(r["handshakes"], 1) for r in runs]),
+        "gain": {key: mean([kg["after"][key] - kg["before"][key] for r in runs for kg in r["kgs"]])
+                 for key in BLOCK_KEYS},
         "wall_seconds": mean([r["wall_seconds"] for r in runs]),
         "engine_wall_seconds": mean([r["engine_wall_seconds"] for r in runs]),
     }
@@ -164,15 +181,36 @@ def table(summaries: list[dict]) -> str:
             lines.append(f"{s['variant']:<11}{name[-10:]:<12}{b['accuracy']['mean']:>11.4f}{a['accuracy']['mean']:>10.4f}"
                          f"{b['mrr']['mean']:>11.4f}{a['mrr']['mean']:>10.4f}{kg['gain_mrr']:>+8.4f}"
                          f"{a['hits@10']['mean']:>11.4f}")
-    head2 = (f"{'variant':<11}{'seeds':>6}{'handshakes':>11}{'accepted':>9}{'s PPAT':>9}{'s update':>9}"
-             f"{'B/batch':>9}{'cos':>7}{'cos mis':>8}{'epsilon':>9}{'wall s':>8}{'run s':>7}")
+    head2 = (f"{'variant':<13}{'seeds':>6}{'handshakes':>11}{'accepted':>9}{'s align':>9}{'s update':>9}"
+             f"{'B/hs':>9}{'W moved':>8}{'cos':>7}{'cos mis':>8}{'epsilon':>9}{'gain MRR':>9}{'gain H10':>9}"
+             f"{'gain acc':>9}{'wall s':>8}")
     lines += ["", head2, "-" * len(head2)]
     for s in summaries:
-        lines.append(f"{s['variant']:<11}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
-                     f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_ppat_batch']:>9.0f}"
-                     f"{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
-                     f"{s['max_epsilon']:>9.2f}{s['wall_seconds']:>8.1f}{s['engine_wall_seconds']:>7.1f}")
+        lines.append(f"{s['variant']:<13}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
+                     f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_handshake']:>9.0f}"
+                     f"{s['generator_moved']:>8.4f}{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
+                     f"{s['max_epsilon']:>9.2f}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
+                     f"{s['gain']['accuracy']:>+9.4f}{s['wall_seconds']:>8.1f}")
     return "\n".join(lines)
+
+
+def versus_control(results: dict[str, list[dict]]) -> tuple[dict, str]:
+    """Per variant with a ``control_<variant>`` run: per seed, the mean over KGs of the
+    variant's final metric minus the control's (same seed, same schedule)."""
+    out, lines = {}, []
+    for name, runs in results.items():
+        control = results.get(CONTROL + name)
+        if not control:
+            continue
+        per_seed = {key: [mean([a["after"][key] - b["after"][key] for a, b in zip(run["kgs"], ctrl["kgs"])])
+                          for run, ctrl in zip(runs, control)] for key in BLOCK_KEYS}
+        same = [run["schedule"] == ctrl["schedule"] for run, ctrl in zip(runs, control)]
+        out[name] = {"per_seed": per_seed, "same_schedule": same}
+        for key, values in per_seed.items():
+            lines.append(f"{name} - {CONTROL + name} {key}: mean {mean(values):+.4f}, per seed "
+                         + " ".join(f"{v:+.4f}" for v in values)
+                         + f" ({sum(v > 0 for v in values)}/{len(values)} positive; same schedule: {all(same)})")
+    return out, "\n".join(lines)
 
 
 def main() -> int:
@@ -186,17 +224,24 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args()
     names = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS]
+    unknown = [v for v in names if v not in VARIANTS
+               and not (v.startswith(CONTROL) and v[len(CONTROL):] in names[:names.index(v)])]
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}, or "
+                     f"{CONTROL}<variant> after <variant>")
     seeds = [int(s) for s in args.seeds.split(",")]
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench_fkge_"))
     results, summaries = {}, []
     for name in names:
         runs = []
         for seed in seeds:
-            overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false",
-                         *VARIANTS[name], *args.overrides]
+            if name.startswith(CONTROL) and name not in VARIANTS:
+                source = name[len(CONTROL):]
+                settings = [*VARIANTS[source], *args.overrides, "federated.fkge.mode=none",
+                            f"federated.fkge.schedule={runs_dir / f'{source}_seed{seed}'}"]
+            else:
+                settings = [*VARIANTS[name], *args.overrides]
+            overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false", *settings]
             run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}")
             print(f"[{name} seed {seed}] {run['accepted']}/{run['handshakes']} accepted, "
                   f"wall {run['wall_seconds']:.1f} s, epsilon {run['max_epsilon']:.2f}", flush=True)
@@ -204,10 +249,12 @@ def main() -> int:
         results[name] = runs
         summaries.append(summarize(name, runs))
     print(table(summaries))
+    controls, text = versus_control(results)
+    print(text)
     if args.json_out:
         report = {"machine": platform.platform(), "python": platform.python_version(), "config": args.config,
                   "seeds": seeds, "threads": args.threads, "overrides": args.overrides,
-                  "summaries": summaries, "runs": results}
+                  "summaries": summaries, "versus_control": controls, "runs": results}
         Path(args.json_out).write_text(json.dumps(report, indent=1))
         print(f"written {args.json_out}")
     return 0

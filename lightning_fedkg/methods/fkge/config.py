@@ -32,8 +32,11 @@ class FKGEConfig:
     permutes the translated aligned rows before using them, so they keep their values and
     lose which item each one is (what remains of a gain is not knowledge about the items).
 
-    PPAT (:mod:`lightning_fedkg.methods.fkge.ppat`): ``ppat_epochs`` over the aligned rows in
-    batches of ``ppat_batch_size``; ``teachers`` PATE teachers and noise ``Lap(1/lam)``;
+    PPAT (:mod:`lightning_fedkg.methods.fkge.ppat`): at most ``ppat_epochs`` over the aligned
+    rows in batches of ``ppat_batch_size``, and with ``ppat_patience`` the host's stopping
+    rule (that many epochs without the mean generator loss dropping ``ppat_tolerance``
+    below its best end the PPAT); MUSE's discriminator recipe: label ``smoothing`` and input
+    ``dropout``; ``teachers`` PATE teachers and noise ``Lap(1/lam)``;
     every discriminator SGD ``lr``/``momentum`` (paper: 0.02, 0.9), width ``hidden``; the
     generator ``generator_lr``/``generator_momentum`` (None: the discriminators'),
     ``generator_init``, MUSE's ``orthogonalize`` beta.
@@ -78,6 +81,10 @@ class FKGEConfig:
     shuffle_received: bool = False
     backtrack_on: Literal["valid", "test"] = "valid"
     ppat_epochs: int = field(default=1, metadata={"range": Range(min=1)})
+    ppat_patience: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
+    ppat_tolerance: float = field(default=1e-3, metadata={"range": Range(min=0)})
+    smoothing: float = field(default=0.0, metadata={"range": Range(min=0, max=0.5, max_exclusive=True)})
+    dropout: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
     ppat_batch_size: int = field(default=32, metadata={"range": Range(min=1)})
     teachers: int = field(default=4, metadata={"range": Range(min=1)})
     lam: float = field(default=0.05, metadata={"range": Range(min=0, min_exclusive=True)})

@@ -172,6 +172,7 @@ class FKGEPeer(PeerHalf):
         self.serving: dict[str, dict[str, Any]] = {}  # host name -> this peer's client side
         self.exhausted = ""  # why this peer hosts no more ("" while it may)
         self.started_at = time.time()
+        self.served: list[dict] = []  # this peer's client sides: how far each generator moved
 
     def _seed(self, partner: str, number: int, purpose: str) -> int:
         """A seed for ``purpose`` in this peer's ``number``-th handshake with ``partner``."""
@@ -311,6 +312,7 @@ class FKGEPeer(PeerHalf):
         fk = self.fk
         return PPATHost(y, num_teachers=fk.teachers, hidden=fk.hidden, lam=fk.lam, delta=fk.delta,
                         lr=fk.lr, momentum=fk.momentum, teacher_fakes=fk.teacher_fakes,
+                        smoothing=fk.smoothing, dropout=fk.dropout,
                         saturating=fk.saturating, seed=self._seed(partner, number, "host"),
                         noise_seed=self._seed(partner, number, "pate_noise") if fk.reproducible_noise else None,
                         accountant=self.ledger.pate)
@@ -339,11 +341,12 @@ class FKGEPeer(PeerHalf):
         if self.fk.alignment == "supervised":
             return self._send_rotated_rows(sender, ents, rels, w_seed, tic)
         ppat = self._ppat_client(self.rows(ents, rels), w_seed)
+        w_start = ppat.w.detach().clone()
         order = torch.Generator().manual_seed(self._seed(sender, number, "order"))
         batches = [rows for _ in range(self.fk.ppat_epochs)
                    for rows in torch.randperm(ppat.num_rows, generator=order).split(self.fk.ppat_batch_size)]
         self.serving[sender] = {"ppat": ppat, "batches": batches, "entities": ents, "relations": rels,
-                                "pending": None, "seconds": time.perf_counter() - tic}
+                                "pending": None, "seconds": time.perf_counter() - tic, "w_start": w_start}
         return self._send_next(sender)
 
     # ------------------------------------------------------------------ supervised DP alignment
@@ -424,13 +427,35 @@ class FKGEPeer(PeerHalf):
         if self.fk.max_epsilon is not None and self.ledger.epsilon_after_pate(n) > self.fk.max_epsilon:
             host["stopped"] = "budget"
             return [(sender, STOP, Message())]
+        if host["stopped"] == "converged":
+            return [(sender, STOP, Message())]
         tic = time.perf_counter()
         reply = host["ppat"].on_fake(message)
         host["seconds"] += time.perf_counter() - tic
         host["batches"] += 1
+        self._track_convergence(host, n)
         host["bytes"] += tensor_bytes(reply.arrays)
         host["ppat_bytes"] += tensor_bytes(reply.arrays)
         return [(sender, GRAD, reply)]
+
+    def _track_convergence(self, host: dict, n: int) -> None:
+        """PPAT's stopping rule, the host's (the losses never leave it): after each epoch over
+        the aligned rows, the epoch's mean generator loss; ``ppat_patience`` epochs in a row
+        without a drop of at least ``ppat_tolerance`` below the best end the handshake's PPAT."""
+        track = host.setdefault("convergence", {"sum": 0.0, "rows": 0, "best": math.inf, "stale": 0, "losses": []})
+        track["sum"] += host["ppat"].last["loss_generator"] * n
+        track["rows"] += n
+        if track["rows"] < host["y"].shape[0]:
+            return
+        loss = track["sum"] / track["rows"]
+        track.update(sum=0.0, rows=0)
+        track["losses"].append(loss)
+        if loss < track["best"] - self.fk.ppat_tolerance:
+            track.update(best=loss, stale=0)
+        else:
+            track["stale"] += 1
+        if self.fk.ppat_patience is not None and track["stale"] >= self.fk.ppat_patience:
+            host["stopped"] = "converged"
 
     def on_ppat_grad(self, message: Message, sender: str) -> list[Outgoing]:
         side = self.serving[sender]
@@ -455,6 +480,10 @@ class FKGEPeer(PeerHalf):
         """``G(X)`` (entity rows, then relation rows) and ``G(N(X))`` with their joining triples."""
         ents = side["entities"]
         translate = side["translate"] if "translate" in side else side["ppat"].translate
+        if "ppat" in side:  # how far PPAT moved the generator: a local record, never sent
+            start = side["w_start"]
+            self.served.append({"host": host,
+                                "generator_moved": float((side["ppat"].w.detach() - start).norm() / start.norm())})
         translated = translate(side["x"] if "x" in side else side["ppat"].x)
         arrays = {"entities": translated[: ents.numel()].contiguous(),
                   "relations": translated[ents.numel():].contiguous()}
@@ -500,6 +529,7 @@ class FKGEPeer(PeerHalf):
                   "aligned_relations": int(host["relations"].numel()),
                   "ppat_batches": host["batches"], "stopped": host["stopped"],
                   "queries": self.ledger.pate.queries - host["queries_before"], "sigma": host.get("sigma"),
+                  "ppat_generator_losses": host.get("convergence", {}).get("losses", []),
                   "seconds_ppat": host["seconds"] + float(message.metrics.get("seconds_client", 0.0)),
                   **self._translation_cosine(host, message)}
         if host["batches"] == 0:  # the privacy budget allowed no PPAT step: nothing to update with
@@ -568,7 +598,7 @@ class FKGEPeer(PeerHalf):
         privacy = self.ledger.summary()
         return {"name": self.name, "model": self.cfg.model.name, "before": self.before, "after": self.quality(),
                 "epsilon": privacy["epsilon"], "privacy": privacy, "queries": self.ledger.pate.queries,
-                "hosted": self.hosted,
+                "hosted": self.hosted, "served": self.served,
                 "accepted": sum(bool(h["accepted"]) for h in self.handshakes), "best": self.best,
                 "state": self.state, "stopped_hosting": self.exhausted or None, "handshakes": self.handshakes}
 
@@ -586,7 +616,7 @@ class FKGEPeer(PeerHalf):
         return {"entity_pairs": self.entity_pairs, "relation_pairs": self.relation_pairs, "queue": list(self.queue),
                 "state": self.state, "best": self.best, "before": self.before, "hosted": self.hosted,
                 "handshakes": self.handshakes, "ledger": self.ledger.state_dict(), "host": host,
-                "serving": serving, "exhausted": self.exhausted, "planned": self.planned}
+                "serving": serving, "exhausted": self.exhausted, "planned": self.planned, "served": self.served}
 
     def load_state_dict(self, state: dict) -> None:
         self.entity_pairs = dict(state["entity_pairs"])
@@ -599,6 +629,7 @@ class FKGEPeer(PeerHalf):
         else:  # a checkpoint from before the ledger: its PATE accountant was the whole account
             self.ledger.pate.load_state_dict(state["accountant"])
         self.planned = state.get("planned", self.planned)
+        self.served = list(state.get("served", []))
         self.host = None
         if state["host"] is not None:
             host = dict(state["host"])

@@ -130,9 +130,11 @@ __all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat", "FAKE", "GRAD"
 FAKE, GRAD = "ppat_fake", "ppat_grad"
 
 
-def discriminator(d: int, hidden: int, slope: float = 0.2) -> nn.Sequential:
-    """``d -> hidden -> 1`` with LeakyReLU; outputs a logit (``> 0`` means "real")."""
-    return nn.Sequential(nn.Linear(d, hidden), nn.LeakyReLU(slope), nn.Linear(hidden, 1))
+def discriminator(d: int, hidden: int, slope: float = 0.2, dropout: float = 0.0) -> nn.Sequential:
+    """``d -> hidden -> 1`` with LeakyReLU; outputs a logit (``> 0`` means "real").
+    ``dropout`` on the input (MUSE's ``dis_input_dropout``) when in training mode."""
+    layers = [nn.Dropout(dropout)] if dropout else []
+    return nn.Sequential(*layers, nn.Linear(d, hidden), nn.LeakyReLU(slope), nn.Linear(hidden, 1))
 
 
 def _initial_w(d: int, init: str, seed: int) -> Tensor:
@@ -261,6 +263,8 @@ class PPATHost:
         seed: int = 0,
         noise_seed: int | None = None,
         accountant: PateMomentsAccountant | None = None,
+        smoothing: float = 0.0,
+        dropout: float = 0.0,
     ):
         if y.dim() != 2:
             raise ValueError(f"Y must be [m, d], got shape {tuple(y.shape)}")
@@ -269,6 +273,9 @@ class PPATHost:
         self.y = y.detach().clone().float()
         m, d = self.y.shape
         self.lam, self.teacher_fakes, self.saturating = float(lam), teacher_fakes, bool(saturating)
+        if not 0 <= smoothing < 0.5:
+            raise ValueError(f"smoothing must lie in [0, 0.5), got {smoothing}")
+        self.smoothing = float(smoothing)
         self.partitions = split_teacher_partitions(m, num_teachers, torch.Generator().manual_seed(seed))
         self.row_teacher = torch.empty(m, dtype=torch.long)  # aligned row -> its teacher
         for i, part in enumerate(self.partitions):
@@ -276,8 +283,9 @@ class PPATHost:
         self.row_teacher = self.row_teacher.to(self.y.device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.teachers = nn.ModuleList(discriminator(d, hidden) for _ in range(num_teachers)).to(self.y.device)
-            self.student = discriminator(d, hidden).to(self.y.device)
+            self.teachers = nn.ModuleList(discriminator(d, hidden, dropout=dropout)
+                                          for _ in range(num_teachers)).to(self.y.device)
+            self.student = discriminator(d, hidden, dropout=dropout).to(self.y.device)
         self.teacher_opts = [torch.optim.SGD(t.parameters(), lr=lr, momentum=momentum) for t in self.teachers]
         self.student_opt = torch.optim.SGD(self.student.parameters(), lr=lr, momentum=momentum)
         if noise_seed is None:
@@ -318,6 +326,7 @@ class PPATHost:
             fakes = fake[mine] if self.teacher_fakes == "own" else fake
             logits = teacher(torch.cat([real, fakes])).squeeze(-1)
             target = torch.cat([torch.ones(len(real)), torch.zeros(len(fakes))]).to(logits)
+            target = target * (1 - 2 * self.smoothing) + self.smoothing  # MUSE's label smoothing
             loss = F.binary_cross_entropy_with_logits(logits, target)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -325,19 +334,24 @@ class PPATHost:
             teacher_losses.append(loss.item())
 
         # (2) student: noisy PATE labels of the generated rows (one query per sample)
+        self.teachers.eval()  # votes without dropout
         with torch.no_grad():
             probs = torch.stack([torch.sigmoid(t(fake).squeeze(-1)) for t in self.teachers])  # [T, B]
+        self.teachers.train()
         votes = teacher_votes(probs.cpu())  # [B, 2] hard votes, threshold 0.5
         labels, gaps = noisy_argmax(votes, self.lam, self.noise)
         self.accountant.accumulate(gaps)
-        student_loss = F.binary_cross_entropy_with_logits(self.student(fake).squeeze(-1), labels.to(fake))
+        student_target = labels.to(fake) * (1 - 2 * self.smoothing) + self.smoothing
+        student_loss = F.binary_cross_entropy_with_logits(self.student(fake).squeeze(-1), student_target)
         self.student_opt.zero_grad(set_to_none=True)
         student_loss.backward()
         self.student_opt.step()
 
         # (3) generator loss through the (updated) student; gradient w.r.t. the batch only
         g_in = fake.detach().requires_grad_(True)
+        self.student.eval()
         logits = self.student(g_in).squeeze(-1)
+        self.student.train()
         if self.saturating:
             gen_loss = -F.binary_cross_entropy_with_logits(logits, torch.zeros_like(logits))  # mean log(1 - S)
         else:
