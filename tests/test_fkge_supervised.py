@@ -136,3 +136,16 @@ def test_the_control_replays_the_runs_handshake_schedule(tmp_path):
     key = lambda m: sorted((h["host"], h["number"], h["client"]) for h in m["handshakes"])  # noqa: E731
     assert key(control) == key(metrics)
     assert {h["accepted"] for h in control["handshakes"]} <= {True, False}
+
+
+def test_the_shipped_supervised_config_aligns_beyond_mismatched_rows(tmp_path):
+    """configs/fkge/umls_fkge_supervised.yaml at epsilon 4 per release: every handshake's
+    translated rows are closer to the host's own rows of the same items than to other items'."""
+    cfg = load_config("configs/fkge/umls_fkge_supervised.yaml", [
+        "federated.fkge.pretrain_epochs=10", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=1",
+        "trainer.threads=1", "trainer.progress_bar=false"])
+    metrics = run_federated(cfg, tmp_path / "shipped")
+    assert len(metrics["handshakes"]) == 3
+    for h in metrics["handshakes"]:
+        assert h["translation_cosine"] > h["mismatched_cosine"] + 0.05
+    assert all(kg["epsilon"] <= 10 for kg in metrics["kgs"])
