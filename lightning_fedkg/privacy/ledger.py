@@ -52,7 +52,10 @@ class PrivacyLedger:
         return self.pate.log_moments + self.gaussian
 
     def epsilon(self) -> float:
-        """The party's ``epsilon`` at ``delta`` over every accounted release so far."""
+        """The party's ``epsilon`` at ``delta`` over every accounted release so far (0 before
+        the first: the tail bound alone would report ``log(1/delta) / max_order``)."""
+        if not (self.pate.queries or self.gaussian_releases):
+            return 0.0
         return epsilon_from_log_moments(self.log_moments, self.delta)
 
     def epsilon_after_pate(self, queries: int) -> float:
