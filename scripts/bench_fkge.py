@@ -35,9 +35,22 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   their relations (``shared_relations=0.3``; the three use the same sources);
 * ``frac20`` / ``frac60``: 20% / 60% of the aligned entities (``align_fraction``);
 * ``ray``: the config on ``federated.engine=ray`` (one process per KG) -- compare its wall
-  seconds with ``fkge``'s for the same handshake budget.
+  seconds with ``fkge``'s for the same handshake budget;
+* ``frozen``: PPAT with the generator frozen (``generator_lr=1e-12``): what a handshake gives
+  with the client's random rotation W₀ as the translation;
+* ``sup_exact`` / ``sup16`` / ``sup4`` / ``sup1``: the supervised DP alignment
+  (``alignment=supervised``) exact or at ``dp_epsilon`` 16 / 4 / 1 per release;
+  ``sup4_average``: ``sup4`` with ``mode=average``;
+* ``control_<variant>`` (after ``<variant>`` in the same call): ``<variant>``'s settings with
+  ``mode=none`` and ``<variant>``'s handshake schedule replayed from its run of the same seed
+  (``federated.fkge.schedule``); the script then prints, per seed, the variant's final MRR,
+  Hits@10 and TC accuracy minus the control's, and whether the schedules were equal.
 
-Commands (docs/BENCHMARKS.md records their output):
+Commands (docs/BENCHMARKS.md records their output; the first is the second pass's):
+
+    python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control_fkge,frozen,average,control_average,\
+sup_exact,control_sup_exact,sup16,sup4,control_sup4,sup1,sup4_average,control_sup4_average \
+        --json-out docs/fkge_second_pass/bench_fkge_umls.json
 
     python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control,average,nonprivate,dp10 \\
         --json-out docs/bench_fkge_umls.json
