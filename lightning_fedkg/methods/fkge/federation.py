@@ -278,10 +278,13 @@ class FKGEPeer(PeerHalf):
             return self.ledger.epsilon_after_gaussian(self._alignment_moments()) > self.fk.max_epsilon
         return self.ledger.epsilon_after_pate(1) > self.fk.max_epsilon
 
-    def _alignment_moments(self):
-        fk = self.fk
-        return AlignmentHost(torch.zeros(1, 1), fk.dp_epsilon, fk.delta, self.ledger.max_order,
-                             noise_seed=0).log_moments
+    def _alignment_moments(self) -> Tensor:
+        """The log moments one supervised release costs (its noise is calibrated once)."""
+        if getattr(self, "_release_moments", None) is None:
+            fk = self.fk
+            self._release_moments = AlignmentHost(torch.zeros(1, 1), fk.dp_epsilon, fk.delta, self.ledger.max_order,
+                                                  noise_seed=0).log_moments
+        return self._release_moments
 
     def _next(self) -> list[Outgoing]:
         """Host the oldest queued partner if not hosting; otherwise stay Busy or go to Sleep."""
