@@ -164,3 +164,27 @@ def test_a_resumed_supervised_run_equals_an_uninterrupted_one(tmp_path):
     assert strip(resumed["handshakes"]) == strip(full["handshakes"])
     assert [kg["after"] for kg in resumed["kgs"]] == [kg["after"] for kg in full["kgs"]]
     assert [kg["privacy"] for kg in resumed["kgs"]] == [kg["privacy"] for kg in full["kgs"]]
+
+
+def test_pretraining_stops_at_patience_and_a_later_run_starts_from_its_files(tmp_path):
+    """pretrain_patience: validation every pretrain_eval_every epochs, stop after that many
+    scores without a new best; pretrained_from: every party starts from those exact rows."""
+    first, _ = _run(tmp_path, "pre", *SUPERVISED, "federated.fkge.pretrain_epochs=60",
+                    "federated.fkge.pretrain_eval_every=2", "federated.fkge.pretrain_patience=1",
+                    "federated.fkge.handshakes_per_kg=0")
+    for kg in first["kgs"]:
+        pre = kg["pretrain"]
+        scores = [s for _, s in pre["valid_curve"]]
+        assert pre["epochs"] == 2 * len(scores) and [e for e, _ in pre["valid_curve"]] == list(range(2, pre["epochs"] + 1, 2))
+        if pre["stopped"] == "patience":  # the last score is no new best, every earlier one was
+            assert scores[-1] <= max(scores[:-1])
+            assert all(b > a for a, b in zip(scores[:-2], scores[1:-1]))
+        else:
+            assert pre["epochs"] == 60
+        assert (tmp_path / "pre" / "pretrained" / f"{kg['name']}.pt").is_file()
+    second, _ = _run(tmp_path, "from", *SUPERVISED, "federated.fkge.pretrain_epochs=0",
+                     f"federated.fkge.pretrained_from={tmp_path / 'pre'}", "federated.fkge.handshakes_per_kg=0")
+    assert [kg["before"] for kg in second["kgs"]] == [kg["before"] for kg in first["kgs"]]
+    assert all(kg["pretrain"]["from"] for kg in second["kgs"])
+    with pytest.raises(Exception, match="does not exist"):
+        _run(tmp_path, "missing", *SUPERVISED, f"federated.fkge.pretrained_from={tmp_path / 'nowhere'}")

@@ -123,11 +123,14 @@ class Party:
         kg: its :class:`~lightning_fedkg.data.kg.KnowledgeGraph` (local ids).
         names: ``{"entity": [...], "relation": [...]}`` item names used for alignment.
         cfg: its config (the experiment config with its per-party overrides).
+        run_dir: the run's folder (``None`` for a party built without one); a method may keep
+            party-private files under ``run_dir / <its own sub-folder>``.
     """
 
     def __init__(self, name: str, kg: Any, task: Any, cfg: Any, names: dict[str, list[str]],
-                 writer: RoundWriter | None = None) -> None:
+                 writer: RoundWriter | None = None, run_dir: str | Path | None = None) -> None:
         self.name, self.kg, self.task, self.cfg, self.names = name, kg, task, cfg, names
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         # Each party's init depends only on (seed, name), not on how many were built before.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.seed, name, "model"))
@@ -209,7 +212,7 @@ class Party:
 def build_party(cfg, task, name: str, kg, names: dict[str, list[str]], run_dir=None, purge_step=None) -> Party:
     """A :class:`Party` for ``kg`` with ``name``'s per-party config and, with ``run_dir``, a writer."""
     writer = RoundWriter(run_dir, name, purge_step) if run_dir is not None else None
-    return Party(name, kg, task, party_config(cfg, name), names, writer)
+    return Party(name, kg, task, party_config(cfg, name), names, writer, run_dir=run_dir)
 
 
 def load_federated_kg(cfg):

@@ -14,8 +14,13 @@ __all__ = ["FKGEConfig"]
 class FKGEConfig:
     """``federated.fkge``: FKGE's pairwise handshakes (Peng et al., CIKM 2021; REFERENCE §5).
 
-    Each party (one KG of ``data``'s multi-source federation) first trains
-    ``pretrain_epochs`` alone, then offers its embeddings to every partner it shares items
+    Each party (one KG of ``data``'s multi-source federation) first trains alone: at most
+    ``pretrain_epochs``, and with ``pretrain_patience`` its validation MRR is scored every
+    ``pretrain_eval_every`` epochs and pre-training stops after that many scores without a
+    new best (convergence, stated in ``metrics.json`` → ``kgs[i].pretrain``). Each party
+    saves its pre-trained model to ``<run>/pretrained/<party>.pt``; ``pretrained_from: RUN``
+    starts every party from that run's files instead (variants and controls from one
+    converged start, as the paper's experiments do). Then it offers its embeddings to every partner it shares items
     with. A host runs PPAT with one queued client at a time and a KGEmb-Update of
     ``update_epochs`` on its own graph, kept only if ``backtrack_on`` MRR improved (else the
     exact previous state is restored); an accepted update makes it offer itself again.
@@ -72,6 +77,9 @@ class FKGEConfig:
     """
 
     pretrain_epochs: int = field(default=50, metadata={"range": Range(min=0)})
+    pretrain_patience: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
+    pretrain_eval_every: int = field(default=5, metadata={"range": Range(min=1)})
+    pretrained_from: Optional[str] = None
     update_epochs: int = field(default=10, metadata={"range": Range(min=0)})
     align: Literal["entities", "relations", "both"] = "entities"
     align_fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})

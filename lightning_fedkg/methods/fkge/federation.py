@@ -67,6 +67,7 @@ import math
 import re
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -139,7 +140,6 @@ def planned_partners(path: str, host: str) -> list[str]:
     """The partners ``host`` hosted, in order, in the run whose ``metrics.json`` is ``path``
     (``federated.fkge.schedule``: the equal-schedule control replays them)."""
     import json
-    from pathlib import Path
 
     file = Path(path)
     if file.is_dir():
@@ -227,11 +227,63 @@ class FKGEPeer(PeerHalf):
         return {"accuracy": float(tc["accuracy"]), **{k: float(lp[k]) for k in QUALITY_KEYS},
                 "count": int(lp.get("count", 0))}
 
+    # ------------------------------------------------------------------ pre-training
+    def _pretrain(self) -> dict:
+        """Train alone: ``pretrain_epochs``, or until ``pretrain_patience`` validation scores
+        (one every ``pretrain_eval_every`` epochs) bring no new best."""
+        fk, tic = self.fk, time.perf_counter()
+        curve, epochs, best, stale = [], 0, -math.inf, 0
+        while epochs < fk.pretrain_epochs:
+            chunk = fk.pretrain_epochs - epochs if fk.pretrain_patience is None else \
+                min(fk.pretrain_eval_every, fk.pretrain_epochs - epochs)
+            self.party.fit(chunk)
+            epochs += chunk
+            if fk.pretrain_patience is None:
+                break
+            score = self.best_score()
+            curve.append([epochs, score])
+            best, stale = (score, 0) if score > best else (best, stale + 1)
+            if stale >= fk.pretrain_patience:
+                break
+        stopped = "patience" if fk.pretrain_patience is not None and stale >= fk.pretrain_patience else "epochs"
+        return {"epochs": epochs, "stopped": stopped, "valid_curve": curve, "from": None,
+                "seconds": time.perf_counter() - tic}
+
+    def _pretrained_file(self, run_dir) -> Path:
+        return Path(run_dir) / "pretrained" / f"{self.name}.pt"
+
+    def _save_pretrained(self) -> None:
+        if self.party.run_dir is None:
+            return
+        from lightning_fedkg.atomic import write_atomic
+
+        state = {"model": self.party.model.state_dict(), "pretrain": self.pretrain,
+                 "entities": self.party.kg.num_entities, "relations": self.party.kg.num_relations}
+        file = self._pretrained_file(self.party.run_dir)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(file, lambda f: torch.save(state, f))
+
+    def _load_pretrained(self, run_dir: str) -> dict:
+        file = self._pretrained_file(run_dir)
+        if not file.is_file():
+            raise ConfigError(f"federated.fkge.pretrained_from: {file} does not exist (run the pre-training first, "
+                              f"with the same data and party names)")
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+        kg = self.party.kg
+        if (saved["entities"], saved["relations"]) != (kg.num_entities, kg.num_relations):
+            raise ConfigError(f"{file}: pre-trained on {saved['entities']} entities and {saved['relations']} relations, "
+                              f"this party has {kg.num_entities} and {kg.num_relations}")
+        self.party.model.load_state_dict(saved["model"])
+        return {**saved["pretrain"], "from": str(file)}
+
     # ------------------------------------------------------------------ protocol
     def start(self) -> list[Outgoing]:
         self.started_at = time.time()
-        if self.fk.pretrain_epochs:
-            self.party.fit(self.fk.pretrain_epochs)
+        if self.fk.pretrained_from:
+            self.pretrain = self._load_pretrained(self.fk.pretrained_from)
+        else:
+            self.pretrain = self._pretrain()
+            self._save_pretrained()
         self.best = self.best_score()
         self.before = self.quality()
         arrays = {"entity_digests": self.digests("entity")}
@@ -599,7 +651,8 @@ class FKGEPeer(PeerHalf):
     # ------------------------------------------------------------------ reporting and state
     def report(self) -> dict:
         privacy = self.ledger.summary()
-        return {"name": self.name, "model": self.cfg.model.name, "before": self.before, "after": self.quality(),
+        return {"name": self.name, "model": self.cfg.model.name, "pretrain": getattr(self, "pretrain", None),
+                "before": self.before, "after": self.quality(),
                 "epsilon": privacy["epsilon"], "privacy": privacy, "queries": self.ledger.pate.queries,
                 "hosted": self.hosted, "served": self.served,
                 "accepted": sum(bool(h["accepted"]) for h in self.handshakes), "best": self.best,
@@ -619,7 +672,8 @@ class FKGEPeer(PeerHalf):
         return {"entity_pairs": self.entity_pairs, "relation_pairs": self.relation_pairs, "queue": list(self.queue),
                 "state": self.state, "best": self.best, "before": self.before, "hosted": self.hosted,
                 "handshakes": self.handshakes, "ledger": self.ledger.state_dict(), "host": host,
-                "serving": serving, "exhausted": self.exhausted, "planned": self.planned, "served": self.served}
+                "serving": serving, "exhausted": self.exhausted, "planned": self.planned, "served": self.served,
+                "pretrain": getattr(self, "pretrain", None)}
 
     def load_state_dict(self, state: dict) -> None:
         self.entity_pairs = dict(state["entity_pairs"])
@@ -633,6 +687,7 @@ class FKGEPeer(PeerHalf):
             self.ledger.pate.load_state_dict(state["accountant"])
         self.planned = state.get("planned", self.planned)
         self.served = list(state.get("served", []))
+        self.pretrain = state.get("pretrain")
         self.host = None
         if state["host"] is not None:
             host = dict(state["host"])
