@@ -125,6 +125,7 @@ def run_one(config: str, overrides: list[str], out: Path) -> dict:
         "engine_wall_seconds": metrics.get("wall_seconds"),
         "kgs": [{k: kg.get(k) for k in ("name", "model", "before", "after", "epsilon", "privacy", "hosted",
                                          "accepted")} for kg in metrics["kgs"]],
+        "pretrain": [kg.get("pretrain") for kg in metrics["kgs"]],
         "generator_moved": [s["generator_moved"] for kg in metrics["kgs"] for s in kg.get("served", [])],
         "schedule": sorted((h["host"], h["number"], h["client"]) for h in hs),
         "handshakes": len(hs),
@@ -234,6 +235,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs-dir", help="where the runs go (default: a temporary folder)")
     parser.add_argument("--json-out")
+    parser.add_argument("--pretrained-from", help="start every run from this run folder's pre-training "
+                        "(federated.fkge.pretrained_from); '{seed}' in it is replaced by the run's seed")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args()
     names = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
@@ -254,6 +257,8 @@ def main() -> int:
                             f"federated.fkge.schedule={runs_dir / f'{source}_seed{seed}'}"]
             else:
                 settings = [*VARIANTS[name], *args.overrides]
+            if args.pretrained_from:
+                settings.append(f"federated.fkge.pretrained_from={args.pretrained_from.format(seed=seed)}")
             overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false", *settings]
             run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}")
             print(f"[{name} seed {seed}] {run['accepted']}/{run['handshakes']} accepted, "
