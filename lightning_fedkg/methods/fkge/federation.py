@@ -173,6 +173,8 @@ class FKGEPeer(PeerHalf):
         self.exhausted = ""  # why this peer hosts no more ("" while it may)
         self.started_at = time.time()
         self.served: list[dict] = []  # this peer's client sides: how far each generator moved
+        self.pretrain: dict | None = None  # how it was pre-trained (epochs, curve, source file)
+        self._release_moments: Tensor | None = None  # one supervised release's cost, once calibrated
 
     def _seed(self, partner: str, number: int, purpose: str) -> int:
         """A seed for ``purpose`` in this peer's ``number``-th handshake with ``partner``."""
@@ -332,7 +334,7 @@ class FKGEPeer(PeerHalf):
 
     def _alignment_moments(self) -> Tensor:
         """The log moments one supervised release costs (its noise is calibrated once)."""
-        if getattr(self, "_release_moments", None) is None:
+        if self._release_moments is None:
             fk = self.fk
             self._release_moments = AlignmentHost(torch.zeros(1, 1), fk.dp_epsilon, fk.delta, self.ledger.max_order,
                                                   noise_seed=0).log_moments
@@ -651,7 +653,7 @@ class FKGEPeer(PeerHalf):
     # ------------------------------------------------------------------ reporting and state
     def report(self) -> dict:
         privacy = self.ledger.summary()
-        return {"name": self.name, "model": self.cfg.model.name, "pretrain": getattr(self, "pretrain", None),
+        return {"name": self.name, "model": self.cfg.model.name, "pretrain": self.pretrain,
                 "before": self.before, "after": self.quality(),
                 "epsilon": privacy["epsilon"], "privacy": privacy, "queries": self.ledger.pate.queries,
                 "hosted": self.hosted, "served": self.served,
@@ -673,7 +675,7 @@ class FKGEPeer(PeerHalf):
                 "state": self.state, "best": self.best, "before": self.before, "hosted": self.hosted,
                 "handshakes": self.handshakes, "ledger": self.ledger.state_dict(), "host": host,
                 "serving": serving, "exhausted": self.exhausted, "planned": self.planned, "served": self.served,
-                "pretrain": getattr(self, "pretrain", None)}
+                "pretrain": self.pretrain}
 
     def load_state_dict(self, state: dict) -> None:
         self.entity_pairs = dict(state["entity_pairs"])
