@@ -63,6 +63,7 @@ tuned on valid; REFERENCE §5.6), with the same negatives before and after.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import secrets
@@ -87,6 +88,8 @@ from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
 from .update import kgemb_update
 
 __all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
+
+log = logging.getLogger("lightning_fedkg")
 
 #: Link-prediction keys of a ``before``/``after`` block (plus ``"accuracy"``).
 QUALITY_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
@@ -244,6 +247,8 @@ class FKGEPeer(PeerHalf):
                 break
             score = self.best_score()
             curve.append([epochs, score])
+            self.party.log({"pretrain/valid_mrr": score}, epochs)  # TensorBoard, step = epoch
+            log.info("%s: pre-training epoch %d, validation MRR %.4f", self.name, epochs, score)
             best, stale = (score, 0) if score > best else (best, stale + 1)
             if stale >= fk.pretrain_patience:
                 break
