@@ -143,6 +143,20 @@ def test_epsilon_is_the_hosts_accountant_over_all_its_handshakes(default_run):
         assert kg["epsilon"] == pytest.approx(worst.epsilon(), rel=1e-6)
 
 
+def test_the_ledger_declares_every_row_a_party_sent_as_a_client(default_run):
+    """What a PPAT client sends is not noised: its ledger counts it, row for row, from the wire."""
+    metrics, log = default_run
+    for kg in metrics["kgs"]:
+        sent = [r for r in log if r["sender"] == kg["name"]]
+        generated = sum(r["shapes"]["ppat_fake"][0] for r in sent if r["name"] == "ppat_fake")
+        translated = sum(r["shapes"]["entities"][0] + r["shapes"]["relations"][0] + r["shapes"]["neighbours"][0]
+                         for r in sent if r["name"] == "fkge_translated")
+        unprotected = kg["privacy"]["unprotected"]
+        assert unprotected.get("generated_rows", 0) == generated > 0
+        assert unprotected.get("translated_rows", 0) == translated > 0
+        assert kg["privacy"]["epsilon"] == kg["epsilon"] and kg["privacy"]["gaussian_releases"] == 0
+
+
 def test_only_the_protocol_crosses_the_wire(default_run):
     metrics, log = default_run
     assert {r["name"] for r in log} <= EVENTS

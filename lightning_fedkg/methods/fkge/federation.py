@@ -475,6 +475,7 @@ class FKGEPeer(PeerHalf):
             rows = side["batches"].pop(0)
             side["pending"] = rows
             out = [(host, FAKE, side["ppat"].fake_message(rows))]
+            self.ledger.declare("generated_rows", rows.numel())  # G(X_batch): not noised
         else:
             out = [(host, TRANSLATED, self._translated(host, side))]
             del self.serving[host]
