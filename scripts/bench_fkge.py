@@ -109,14 +109,22 @@ CONTROL = "control_"
 BLOCK_KEYS = ("accuracy", "mrr", "hits@10")
 
 
-def run_one(config: str, overrides: list[str], out: Path) -> dict:
+def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -> dict:
+    """Run one variant and seed into ``out`` (with ``reuse``, read a finished run there instead:
+    its wall seconds are then those recorded by the run that made it, or None)."""
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated.orchestrator import run_federated
 
-    cfg = load_config(config, overrides)
-    start = time.perf_counter()
-    metrics = run_federated(cfg, out)
-    wall = time.perf_counter() - start
+    done = out / "metrics.json"
+    if reuse and done.is_file():
+        metrics = json.loads(done.read_text())
+        wall = metrics.get("bench_wall_seconds")
+    else:
+        cfg = load_config(config, overrides)
+        start = time.perf_counter()
+        metrics = run_federated(cfg, out)
+        wall = time.perf_counter() - start
+        done.write_text(json.dumps({**metrics, "bench_wall_seconds": wall}, indent=1))
     hs = metrics["handshakes"]
     ppat_batches = sum(h["ppat_batches"] for h in hs)
     return {
@@ -235,6 +243,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs-dir", help="where the runs go (default: a temporary folder)")
     parser.add_argument("--json-out")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read a variant/seed whose run folder already holds metrics.json instead of running it "
+                             "(finish an interrupted benchmark, or run seeds in parallel calls and collect them)")
     parser.add_argument("--pretrained-from", help="start every run from this run folder's pre-training "
                         "(federated.fkge.pretrained_from); '{seed}' in it is replaced by the run's seed")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
@@ -260,9 +271,10 @@ def main() -> int:
             if args.pretrained_from:
                 settings.append(f"federated.fkge.pretrained_from={args.pretrained_from.format(seed=seed)}")
             overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false", *settings]
-            run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}")
+            run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}", reuse=args.reuse)
+            wall = "?" if run["wall_seconds"] is None else f"{run['wall_seconds']:.1f}"
             print(f"[{name} seed {seed}] {run['accepted']}/{run['handshakes']} accepted, "
-                  f"wall {run['wall_seconds']:.1f} s, epsilon {run['max_epsilon']:.2f}", flush=True)
+                  f"wall {wall} s, epsilon {run['max_epsilon']:.2f}", flush=True)
             runs.append(run)
         results[name] = runs
         summaries.append(summarize(name, runs))
