@@ -51,6 +51,9 @@ Commands (docs/BENCHMARKS.md records their output; the first is the second pass'
     python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control_fkge,frozen,average,control_average,\
 sup_exact,control_sup_exact,sup16,sup4,control_sup4,sup1,sup4_average,control_sup4_average \
         --json-out docs/fkge_second_pass/bench_fkge_umls.json
+    python scripts/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir runs/bench_fkge_fb15k237 \
+        --reuse --seeds 0,1,2 --variants sup4_average,control_sup4_average federated.fkge.max_epsilon=10 \
+        --json-out docs/fkge_second_pass/bench_fkge_fb15k237_sup4_average.json
 
     python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control,average,nonprivate,dp10 \\
         --json-out docs/bench_fkge_umls.json
@@ -150,6 +153,26 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
     }
 
 
+def pretrain_once(config: str, overrides: list[str], out: Path, threads: int) -> list[dict]:
+    """Pre-train every KG alone into ``out`` (no handshakes) unless ``out`` already holds it;
+    returns each KG's ``pretrain`` record (epochs, validation curve, seconds)."""
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.orchestrator import run_federated
+
+    done = out / "metrics.json"
+    if done.is_file():
+        metrics = json.loads(done.read_text())
+    else:
+        cfg = load_config(config, ["seed=0", f"trainer.threads={threads}", "trainer.progress_bar=false",
+                                   *overrides, "federated.fkge.handshakes_per_kg=0"])
+        metrics = run_federated(cfg, out)
+    records = [{"name": kg["name"], **kg["pretrain"]} for kg in metrics["kgs"]]
+    for r in records:
+        print(f"[pretrain] {r['name']}: {r['epochs']} epochs ({r['stopped']}), {r['seconds']:.0f} s, "
+              f"validation MRR {r['valid_curve'][-1][1] if r['valid_curve'] else float('nan'):.4f}", flush=True)
+    return records
+
+
 def mean(xs):
     xs = [x for x in xs if x is not None]
     return statistics.fmean(xs) if xs else float("nan")
@@ -246,6 +269,9 @@ def main() -> int:
     parser.add_argument("--reuse", action="store_true",
                         help="read a variant/seed whose run folder already holds metrics.json instead of running it "
                              "(finish an interrupted benchmark, or run seeds in parallel calls and collect them)")
+    parser.add_argument("--pretrain", action="store_true",
+                        help="first pre-train once (seed 0, the config and overrides, no handshakes) into "
+                             "RUNS_DIR/pretrain (kept: a later call reuses it), then start every run from it")
     parser.add_argument("--pretrained-from", help="start every run from this run folder's pre-training "
                         "(federated.fkge.pretrained_from); '{seed}' in it is replaced by the run's seed")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
@@ -259,6 +285,12 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench_fkge_"))
     results, summaries = {}, []
+    pretrain = None
+    if args.pretrain:
+        if args.pretrained_from:
+            parser.error("give --pretrain or --pretrained-from, not both")
+        pretrain = pretrain_once(args.config, args.overrides, runs_dir / "pretrain", args.threads)
+        args.pretrained_from = str(runs_dir / "pretrain")
     for name in names:
         runs = []
         for seed in seeds:
@@ -284,7 +316,7 @@ def main() -> int:
     if args.json_out:
         report = {"machine": platform.platform(), "python": platform.python_version(), "config": args.config,
                   "seeds": seeds, "threads": args.threads, "overrides": args.overrides,
-                  "summaries": summaries, "versus_control": controls, "runs": results}
+                  "pretrain": pretrain, "summaries": summaries, "versus_control": controls, "runs": results}
         Path(args.json_out).write_text(json.dumps(report, indent=1))
         print(f"written {args.json_out}")
     return 0

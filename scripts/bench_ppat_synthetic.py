@@ -77,11 +77,11 @@ def run_ppat_clusters(seed: int, epochs: int) -> tuple[float, float, float]:
 
 
 def run_plain_gan(seed: int, iterations: int, batch: int = 64, steps: int = 5) -> tuple[float, float]:
-    from lightning_fedkg.methods.fkge.ppat import _initial_w, discriminator
+    from lightning_fedkg.methods.fkge.ppat import initial_generator, discriminator
 
     x, y, rot = clusters_task(seed)
     torch.manual_seed(seed)
-    w = torch.nn.Parameter(_initial_w(x.shape[1], "orthogonal", seed + 100))
+    w = torch.nn.Parameter(initial_generator(x.shape[1], "orthogonal", seed + 100))
     disc = discriminator(x.shape[1], 256, dropout=0.1)
     d_opt, g_opt = torch.optim.SGD(disc.parameters(), lr=0.1), torch.optim.SGD([w], lr=0.1)
     g = torch.Generator().manual_seed(seed)

@@ -321,7 +321,7 @@ def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monke
     must not give it W₀: with W₀, X ≈ W₀ᵀ G(X) while W has barely moved. Only
     ``reproducible_noise`` (tests, not private) makes W₀ recomputable."""
     from lightning_fedkg.methods.fkge import federation
-    from lightning_fedkg.methods.fkge.ppat import _initial_w
+    from lightning_fedkg.methods.fkge.ppat import initial_generator
     from lightning_fedkg.seeding import derive_seed
 
     starts = []
@@ -330,7 +330,7 @@ def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monke
     def spy(self, message, sender):
         out = real(self, message, sender)
         w0 = self.serving[sender]["ppat"].w.detach().clone()  # no gradient has arrived yet
-        guess = _initial_w(w0.shape[0], self.fk.generator_init,
+        guess = initial_generator(w0.shape[0], self.fk.generator_init,
                            derive_seed(self.cfg.seed, self.name, f"{sender}:{int(message.config['handshake'])}:generator"))
         starts.append(torch.allclose(w0, guess))
         return out

@@ -63,6 +63,7 @@ tuned on valid; REFERENCE §5.6), with the same negatives before and after.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -83,8 +84,8 @@ from lightning_fedkg.privacy import PrivacyLedger
 from lightning_fedkg.seeding import derive_seed
 
 from .config import FKGEConfig
-from .ppat import FAKE, GRAD, PPATClient, PPATHost
-from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
+from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
+from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, release_cost, unit_rows
 from .update import kgemb_update
 
 __all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
@@ -142,8 +143,6 @@ def neighbour_edges(train: Tensor, anchors: Tensor, excluded: Tensor, per_anchor
 def planned_partners(path: str, host: str) -> list[str]:
     """The partners ``host`` hosted, in order, in the run whose ``metrics.json`` is ``path``
     (``federated.fkge.schedule``: the equal-schedule control replays them)."""
-    import json
-
     file = Path(path)
     if file.is_dir():
         file = file / "metrics.json"
@@ -177,7 +176,6 @@ class FKGEPeer(PeerHalf):
         self.started_at = time.time()
         self.served: list[dict] = []  # this peer's client sides: how far each generator moved
         self.pretrain: dict | None = None  # how it was pre-trained (epochs, curve, source file)
-        self._release_moments: Tensor | None = None  # one supervised release's cost, once calibrated
 
     def _seed(self, partner: str, number: int, purpose: str) -> int:
         """A seed for ``purpose`` in this peer's ``number``-th handshake with ``partner``."""
@@ -334,16 +332,9 @@ class FKGEPeer(PeerHalf):
         if self.fk.max_epsilon is None:
             return False
         if self.fk.alignment == "supervised":
-            return self.ledger.epsilon_after_gaussian(self._alignment_moments()) > self.fk.max_epsilon
+            moments = release_cost(self.fk.dp_epsilon, self.fk.delta, self.ledger.max_order)[1]
+            return self.ledger.epsilon_after_gaussian(moments) > self.fk.max_epsilon
         return self.ledger.epsilon_after_pate(1) > self.fk.max_epsilon
-
-    def _alignment_moments(self) -> Tensor:
-        """The log moments one supervised release costs (its noise is calibrated once)."""
-        if self._release_moments is None:
-            fk = self.fk
-            self._release_moments = AlignmentHost(torch.zeros(1, 1), fk.dp_epsilon, fk.delta, self.ledger.max_order,
-                                                  noise_seed=0).log_moments
-        return self._release_moments
 
     def _next(self) -> list[Outgoing]:
         """Host the oldest queued partner if not hosting; otherwise stay Busy or go to Sleep."""
@@ -414,10 +405,8 @@ class FKGEPeer(PeerHalf):
     # ------------------------------------------------------------------ supervised DP alignment
     def _send_rotated_rows(self, host: str, ents: Tensor, rels: Tensor, w_seed: int, tic: float) -> list[Outgoing]:
         """Client: its aligned rows' directions under its secret ``W0`` (:mod:`.supervised`)."""
-        from .ppat import _initial_w
-
         x = self.rows(ents, rels)
-        w0 = _initial_w(x.shape[1], "orthogonal", w_seed)
+        w0 = initial_generator(x.shape[1], "orthogonal", w_seed)
         z = unit_rows(x @ w0.T)
         self.ledger.declare("rotated_rows", z.shape[0])
         self.serving[host] = {"w0": w0, "x": x, "entities": ents, "relations": rels, "pending": None,
@@ -431,10 +420,9 @@ class FKGEPeer(PeerHalf):
         host["ppat_bytes"] += tensor_bytes(message.arrays)
         tic = time.perf_counter()
         noise_seed = self._seed(host["partner"], host["number"], "dp_noise") if fk.reproducible_noise else None
+        # no budget check here: _next hosted only if this release fits (spent()), and nothing
+        # else charges a supervised host's ledger in between
         align = AlignmentHost(host["y"], fk.dp_epsilon, fk.delta, self.ledger.max_order, noise_seed=noise_seed)
-        if fk.max_epsilon is not None and self.ledger.epsilon_after_gaussian(align.log_moments) > fk.max_epsilon:
-            host["stopped"] = "budget"
-            return [(sender, STOP, Message())]
         reply = align.on_rows(message)
         if fk.dp_epsilon is None:
             self.ledger.declare("exact_crosscov", 1)
@@ -530,10 +518,6 @@ class FKGEPeer(PeerHalf):
 
     def on_ppat_stop(self, message: Message, sender: str) -> list[Outgoing]:
         side = self.serving[sender]
-        if "w0" in side:  # supervised: the host's budget allowed no release; W stays W0
-            del self.serving[sender]
-            side["translate"] = lambda rows: rows.to(side["w0"].dtype) @ side["w0"].T
-            return [(sender, TRANSLATED, self._translated(sender, side))]
         side["batches"].clear()
         side["pending"] = None
         side["ppat"]._pending = None

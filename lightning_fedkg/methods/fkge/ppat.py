@@ -135,7 +135,7 @@ from torch.nn import functional as F
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.privacy import PateMomentsAccountant, noisy_argmax, split_teacher_partitions, teacher_votes
 
-__all__ = ["PPATClient", "PPATHost", "discriminator", "run_ppat", "FAKE", "GRAD"]
+__all__ = ["PPATClient", "PPATHost", "discriminator", "initial_generator", "run_ppat", "FAKE", "GRAD"]
 
 #: Wire names: the generated batch (client -> host) and its gradient (host -> client).
 FAKE, GRAD = "ppat_fake", "ppat_grad"
@@ -148,7 +148,9 @@ def discriminator(d: int, hidden: int, slope: float = 0.2, dropout: float = 0.0)
     return nn.Sequential(*layers, nn.Linear(d, hidden), nn.LeakyReLU(slope), nn.Linear(hidden, 1))
 
 
-def _initial_w(d: int, init: str, seed: int) -> Tensor:
+def initial_generator(d: int, init: str, seed: int) -> Tensor:
+    """The generator's start ``W0`` (``[d, d]``): ``"identity"``, a Haar-random ``"orthogonal"``
+    map or ``"xavier"``, drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     if init == "identity":
         return torch.eye(d)
@@ -186,7 +188,7 @@ class PPATClient:
         if x.dim() != 2:
             raise ValueError(f"X must be [m, d], got shape {tuple(x.shape)}")
         self.x = x.detach().clone().float()
-        self.w = nn.Parameter(_initial_w(self.x.shape[1], init, seed).to(self.x.device))
+        self.w = nn.Parameter(initial_generator(self.x.shape[1], init, seed).to(self.x.device))
         self.optimizer = torch.optim.SGD([self.w], lr=lr, momentum=momentum)
         self.orthogonalize = float(orthogonalize)
         self._pending: Tensor | None = None  # G(X_rows), with its graph, until the gradient comes

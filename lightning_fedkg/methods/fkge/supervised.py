@@ -45,6 +45,7 @@ relation (replacing a row is two such changes). The client's rows are not protec
 from __future__ import annotations
 
 import secrets
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -52,7 +53,7 @@ from torch import Tensor
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.privacy import calibrate_gaussian_noise, sampled_gaussian_log_moments
 
-__all__ = ["ROWS", "CROSSCOV", "AlignmentHost", "procrustes", "unit_rows"]
+__all__ = ["ROWS", "CROSSCOV", "AlignmentHost", "procrustes", "release_cost", "unit_rows"]
 
 #: Wire names: the client's rotated unit rows (client -> host), the noisy cross-covariance (host -> client).
 ROWS, CROSSCOV = "align_rows", "dp_crosscov"
@@ -61,6 +62,15 @@ ROWS, CROSSCOV = "align_rows", "dp_crosscov"
 def unit_rows(rows: Tensor) -> Tensor:
     """Rows scaled to unit length (zero rows stay zero)."""
     return rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+@lru_cache(maxsize=None)
+def release_cost(epsilon: float | None, delta: float, max_order: int) -> tuple[float, Tensor]:
+    """``(sigma, log moments)`` of one release calibrated to ``(epsilon, delta)`` (``epsilon``
+    None: no noise, ``sigma = 0``, infinite moments). Cached: every handshake of a run asks
+    for the same one."""
+    sigma = 0.0 if epsilon is None else calibrate_gaussian_noise(epsilon, delta, max_order=max_order)
+    return sigma, sampled_gaussian_log_moments(1.0, sigma, max_order)
 
 
 def procrustes(crosscov: Tensor) -> Tensor:
@@ -88,8 +98,7 @@ class AlignmentHost:
             raise ValueError(f"Y must be [m, d], got shape {tuple(y.shape)}")
         self.y = unit_rows(y.detach().float())
         self.epsilon = epsilon
-        self.sigma = 0.0 if epsilon is None else calibrate_gaussian_noise(epsilon, delta, max_order=max_order)
-        self.log_moments = sampled_gaussian_log_moments(1.0, self.sigma, max_order)
+        self.sigma, self.log_moments = release_cost(epsilon, delta, max_order)
         self.generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else int(noise_seed))
 
     def on_rows(self, message: Message) -> Message:
