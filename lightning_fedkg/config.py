@@ -40,6 +40,7 @@ __all__ = [
     "TrainConfig",
     "TrainerConfig",
     "FederatedConfig",
+    "SecureAggregationConfig",
     "ExperimentConfig",
     "load_config",
     "build_config",
@@ -236,6 +237,30 @@ class TrainerConfig:
 
 
 @dataclass
+class SecureAggregationConfig:
+    """``federated.secure_aggregation``: masked uploads for every holder-mean strategy
+    (FedE, FedR, FedProx, FedEC, FedLU's avatars), after Bonawitz et al. (CCS 2017);
+    :mod:`lightning_fedkg.federated.secure` says what each setting reveals.
+
+    ``mode``: ``shared_rows`` (default) masks each row with the peers that hold it too, so a
+    client learns which of its rows each peer holds; ``dense`` uploads every client's rows
+    over the whole union (zeros elsewhere, a masked holder indicator beside them), so the
+    server does not see which rows a client sent, at ``N / n_c`` times the bytes.
+    ``threshold``: t of the t-of-n secret sharing: the round survives up to n − t
+    dropouts (default ``⌊n/2⌋ + 1`` of the selected clients). ``hide_aggregate``: every
+    client adds one offset derived from ``federated.federation_key`` (which must then be
+    set), so the server learns neither the uploads nor their aggregate.
+    ``fractional_bits``: fixed-point precision; a mean is exact to ``2^-(bits+1)``.
+    """
+
+    enabled: bool = False
+    mode: Literal["shared_rows", "dense"] = "shared_rows"
+    threshold: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
+    hide_aggregate: bool = False
+    fractional_bits: int = field(default=16, metadata={"range": Range(min=1, max=30)})
+
+
+@dataclass
 class FederatedConfig:
     """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
 
@@ -300,6 +325,7 @@ class FederatedConfig:
     federation_key: str = ""
     engine: Literal["local", "ray"] = field(default="local", metadata={"resume": "free"})
     parties: Dict[str, Any] = field(default_factory=dict)
+    secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
 
 
 @dataclass

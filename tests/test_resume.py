@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 
 from lightning_fedkg.federated.checkpoint import latest_manifest, read_manifest
 
@@ -19,6 +20,7 @@ ROUNDS = 6
 SCRIPT = textwrap.dedent(
     f"""
     import sys, torch
+    EXTRA = sys.argv[2:]
     torch.set_num_threads(1)
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated.orchestrator import run_federated
@@ -29,18 +31,18 @@ SCRIPT = textwrap.dedent(
         "trainer.accelerator=cpu", "trainer.progress_bar=false",
         "federated.strategy=fede", "federated.rounds={ROUNDS}", "federated.local_epochs=1",
         "federated.fraction=0.67", "federated.eval_every=2", "federated.patience=20",
-    ])
+    ] + EXTRA)
     run_federated(cfg, sys.argv[1])
     """
 )
 
 
-def launch(script: Path, run_dir: Path) -> subprocess.Popen:
+def launch(script: Path, run_dir: Path, extra=()) -> subprocess.Popen:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(
-        [sys.executable, str(script), str(run_dir)], env=env,
+        [sys.executable, str(script), str(run_dir), *extra], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
 
@@ -68,17 +70,24 @@ def kill_after_first_round(proc: subprocess.Popen, run_dir: Path) -> int:
     return completed_round(run_dir)
 
 
-def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path):
+#: Secure aggregation with a hidden aggregate: masks and keys come from the OS, fresh at
+#: every attempt, yet cancel exactly, and the server's offset sums are resume state.
+SECURE = ("federated.secure_aggregation.enabled=true", "federated.secure_aggregation.hide_aggregate=true",
+          "federated.federation_key=resume-test-key")
+
+
+@pytest.mark.parametrize("extra", [(), SECURE], ids=["plain", "secure_hidden"])
+def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, extra):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
 
-    finish(launch(script, reference))
+    finish(launch(script, reference, extra))
 
-    killed_at = kill_after_first_round(launch(script, interrupted), interrupted)
+    killed_at = kill_after_first_round(launch(script, interrupted, extra), interrupted)
     assert 1 <= killed_at < ROUNDS and not (interrupted / "metrics.json").exists()
 
-    finish(launch(script, interrupted))
+    finish(launch(script, interrupted, extra))
 
     expected = json.loads((reference / "metrics.json").read_text())
     resumed = json.loads((interrupted / "metrics.json").read_text())

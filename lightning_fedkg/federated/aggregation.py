@@ -20,7 +20,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["holder_sums", "holder_mean", "damped_holder_mean", "holder_counts"]
+__all__ = ["holder_sums", "holder_mean", "damped_holder_mean", "holder_counts", "mean_from_sums",
+           "damped_mean_from_sums"]
 
 
 def _check(num_rows: int, indices: Sequence[Tensor], rows: Sequence[Tensor]) -> None:
@@ -87,10 +88,17 @@ def holder_mean(table: Tensor, indices: Sequence[Tensor], rows: Sequence[Tensor]
     if not rows:
         return table.clone()
     sums, counts = holder_sums(table.shape[0], indices, rows, device=table.device)
+    return mean_from_sums(table, sums, counts)
+
+
+def mean_from_sums(table: Tensor, sums: Tensor, counts: Tensor) -> Tensor:
+    """:func:`holder_mean` from per-row sums (float64) and upload counts: what secure
+    aggregation reveals (:mod:`.secure`), which never sees the uploads themselves."""
+    counts = counts.to(device=sums.device)
     held = counts > 0
     mean = sums / _rows_view(counts.clamp(min=1), sums).to(sums.dtype)
-    out = torch.where(_rows_view(held, sums), mean, table.to(torch.float64))
-    return out.to(table.dtype)
+    out = torch.where(_rows_view(held, sums), mean, table.to(device=sums.device, dtype=torch.float64))
+    return out.to(device=table.device, dtype=table.dtype)
 
 
 def damped_holder_mean(
@@ -112,6 +120,13 @@ def damped_holder_mean(
     if not rows:
         return table.clone()
     sums, counts = holder_sums(table.shape[0], indices, rows, device=table.device)
+    return damped_mean_from_sums(table, sums, counts, all_holders)
+
+
+def damped_mean_from_sums(table: Tensor, sums: Tensor, counts: Tensor, all_holders: Tensor) -> Tensor:
+    """:func:`damped_holder_mean` from per-row sums (float64) and upload counts."""
+    counts = counts.to(device=table.device)
+    sums = sums.to(device=table.device)
     all_holders = all_holders.to(device=table.device, dtype=torch.long)
     if bool((counts > all_holders).any()):
         raise ValueError("an uploaded row is not counted among its holders")

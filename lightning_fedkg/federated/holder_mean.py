@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_counts, holder_mean
+from lightning_fedkg.federated.aggregation import damped_mean_from_sums, holder_counts, holder_sums, mean_from_sums
 from lightning_fedkg.federated.alignment import DIGEST_BYTES, Alignment, union_alignment
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import ServerHalf
@@ -179,11 +179,22 @@ class HolderMeanServer(ServerHalf):
             else:
                 indices = [self.client_index(t, n) for n in order]
                 rows = [replies[n].arrays[t] for n in order]
-            if self.aggregation == "all_holders":
-                new = damped_holder_mean(table, indices, rows, self.holder_counts(t))
-            else:
-                new = holder_mean(table, indices, rows)
-            self.table[t] = new[0] if whole else new
+            sums, counts = holder_sums(table.shape[0], indices, rows, device=table.device)
+            self.apply_sums(t, sums, counts)
+
+    def apply_sums(self, tensor: str, sums: Tensor, counts: Tensor) -> None:
+        """Replace table ``tensor`` by the holder-mean of per-row upload sums (float64,
+        ``[N, ...]``, ``[1, ...]`` for a tensor shared whole) and upload counts (``[N]``):
+        the one place the aggregate enters the table, from plain uploads
+        (:meth:`aggregate_train`) or from masked ones (:mod:`.secure`)."""
+        table = self.table[tensor]
+        whole = self.alignments[self.group_of[tensor]] is None
+        base = table.unsqueeze(0) if whole else table
+        if self.aggregation == "all_holders":
+            new = damped_mean_from_sums(base, sums, counts, self.holder_counts(tensor))
+        else:
+            new = mean_from_sums(base, sums, counts)
+        self.table[tensor] = new[0] if whole else new
 
     def holder_counts(self, tensor: str) -> Tensor:
         """``N_i`` of tensor ``tensor``: how many parties hold row ``i`` of it (computed once;

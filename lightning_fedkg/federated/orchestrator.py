@@ -62,7 +62,8 @@ from lightning_fedkg.federated.party import (
 )
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
 from lightning_fedkg.federated.runner import Commit, Engine, run_engine
-from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, ServerContext
+from lightning_fedkg.federated.secure import secure_halves
+from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, RetryRound, ServerContext
 from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, with_count
 
 __all__ = [
@@ -156,14 +157,15 @@ class FederatedRun:
             raise ConfigError(f"federated.evaluate=before_aggregation evaluates the model each client trained, "
                               f"but the clients of {fc.strategy!r} train none (they evaluate what the server "
                               f"sends); use federated.evaluate=aggregated")
-        self.client_halves = {p.name: self.strategy.Client(p, self.strategy) for p in self.clients}
+        server_half, client_half = secure_halves(self.strategy, cfg)
+        self.client_halves = {p.name: client_half(p, self.strategy) for p in self.clients}
         in_process = self.strategy.in_process_only
         ctx = ServerContext(
             cfg, [p.name for p in self.clients], self.task,
             fkg=self.fkg if in_process else None,
             make_party=(lambda name, kg: self._make_party(name, kg, {})) if in_process else None,
         )
-        self.server = self.strategy.Server(ctx, self.strategy)
+        self.server = server_half(ctx, self.strategy)
         self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None
         self.failures: list[dict] = []
         self.last_round = 0
@@ -262,7 +264,13 @@ class FederatedRun:
                 if len(replies) < needed:
                     ok = False
                     break
-                getattr(self.server, f"aggregate_{stage}")(round, replies, failures)
+                try:
+                    getattr(self.server, f"aggregate_{stage}")(round, replies, failures)
+                except RetryRound as err:
+                    self.failures.append({"round": int(round), "stage": stage, "party": SERVER, "error": str(err)})
+                    log.warning("round %d, %s: %s", round, stage, err)
+                    ok = False
+                    break
             if ok:
                 self.last_round = round
                 return selected
@@ -272,15 +280,23 @@ class FederatedRun:
                           f"after {fc.max_retries} retries; failures: {self.failures[-len(selected):]}")
 
     def stage(self, round: int, stage: str, selected: list[str] | None = None):
-        """One exchange of a training-side stage outside a round's schedule (a phase's
-        step, e.g. unlearning's propagation): ``server.configure_<stage>(round, selected)``
-        → the client halves' ``on_<stage>`` → ``server.aggregate_<stage>(round, replies,
-        failures)``, whose result is returned. ``selected``: every client by default."""
+        """A training-side stage outside a round's schedule (a phase's step, e.g.
+        unlearning's propagation): for each exchange of ``server.protocol(stage)`` (the
+        stage alone, or secure aggregation's four), ``server.configure_<step>(round,
+        selected)`` → the client halves' ``on_<step>`` → ``server.aggregate_<step>(round,
+        replies, failures)``; the last result is returned. ``selected``: every client by
+        default. A :class:`~.strategy.RetryRound` here fails with :class:`RoundFailed`."""
         selected = list(self.server.clients) if selected is None else list(selected)
         self.own_states = False
-        messages = getattr(self.server, f"configure_{stage}")(round, selected)
-        replies, failures = self.exchange(round, stage, messages)
-        return getattr(self.server, f"aggregate_{stage}")(round, replies, failures)
+        result = None
+        for step in self.server.protocol(stage):
+            messages = getattr(self.server, f"configure_{step}")(round, selected)
+            replies, failures = self.exchange(round, step, messages)
+            try:
+                result = getattr(self.server, f"aggregate_{step}")(round, replies, failures)
+            except RetryRound as err:
+                raise RoundFailed(f"round {round}, {step}: {err}") from err
+        return result
 
     def load_evaluation_state(self, round: int, split: str = "test") -> None:
         """Put into every client's module what it is evaluated with (FedE: the aggregated

@@ -12,7 +12,9 @@ not a rewrite.
 A round is a sequence of *stages* (:attr:`ServerHalf.stages`, default ``("train",)``). For
 stage ``s`` the runner calls ``server.configure_<s>(round, selected)`` → one message per
 client → ``client.on_<s>(message, round)`` → one reply each → ``server.aggregate_<s>(round,
-replies, failures)``. Secure aggregation, for instance, adds ``("keys", "masked", "recover")``.
+replies, failures)``. Secure aggregation (:mod:`.secure`), for instance, runs
+``("sa_keys", "sa_shares", "train", "sa_unmask")``; an ``aggregate_<stage>`` that cannot
+complete the round raises :class:`RetryRound`.
 Before round 1 an ``align`` stage (round 0) lets the server learn, from keyed hashes only,
 which clients hold which items (:mod:`..alignment`).
 
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SERVER",
+    "RetryRound",
     "ServerContext",
     "ServerHalf",
     "ClientHalf",
@@ -50,6 +53,13 @@ __all__ = [
 
 #: The party name of the central server on the transport.
 SERVER = "server"
+
+
+class RetryRound(RuntimeError):
+    """Raised by a server half's ``aggregate_<stage>`` when the round cannot complete with
+    the replies it got (secure aggregation: fewer than t clients answered a stage). The
+    runner retries the round from its first stage, as when fewer than
+    ``federated.min_clients`` answered, and records the reason among the failures."""
 
 
 def client_name(k: int) -> str:
@@ -98,6 +108,13 @@ class ServerHalf:
         self.groups = strategy.groups
         self.fraction = ctx.cfg.federated.fraction
         self.generator = torch.Generator().manual_seed(derive_seed(ctx.cfg.seed, SERVER, "selection"))
+
+    def protocol(self, stage: str) -> tuple[str, ...]:
+        """The exchanges that carry out the logical stage ``stage`` outside a round's
+        schedule (:meth:`~..orchestrator.FederatedRun.stage`, e.g. a phase's ``upload``):
+        ``(stage,)`` by default; secure aggregation wraps a masked upload in its key, share
+        and unmask exchanges."""
+        return (stage,)
 
     # ---------------------------------------------------------------- round 0
     def configure_align(self) -> dict[str, Message]:
