@@ -41,6 +41,7 @@ __all__ = [
     "TrainerConfig",
     "FederatedConfig",
     "SecureAggregationConfig",
+    "DPConfig",
     "ExperimentConfig",
     "load_config",
     "build_config",
@@ -261,6 +262,29 @@ class SecureAggregationConfig:
 
 
 @dataclass
+class DPConfig:
+    """``federated.dp``: clipped, Gaussian-noised uploads for every holder-mean strategy,
+    with the privacy spent from dp-accounting (:mod:`lightning_fedkg.federated.dp`).
+
+    ``unit``: ``row`` clips each uploaded row's update (ε protects one entity's row) or
+    ``client`` the whole update (ε protects a client's whole data, DP-FedAvg); ``clip`` is
+    the L2 bound; set ``noise_multiplier`` (σ) or a target ``epsilon`` at ``delta`` (σ is
+    then calibrated over ``federated.rounds``); ``placement``: ``local`` noise on every
+    upload, or ``distributed`` shares under secure aggregation; ``accountant``: ``rdp`` or
+    ``pld``.
+    """
+
+    enabled: bool = False
+    unit: Literal["row", "client"] = "row"
+    clip: float = field(default=1.0, metadata={"range": Range(min=0, min_exclusive=True)})
+    noise_multiplier: Optional[float] = field(default=None, metadata={"range": Range(min=0)})
+    epsilon: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
+    delta: float = field(default=1e-5, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
+    placement: Literal["local", "distributed"] = "local"
+    accountant: Literal["rdp", "pld"] = "rdp"
+
+
+@dataclass
 class FederatedConfig:
     """Federated setting. ``strategy: none`` trains one model on one KG (no federation).
 
@@ -326,6 +350,7 @@ class FederatedConfig:
     engine: Literal["local", "ray"] = field(default="local", metadata={"resume": "free"})
     parties: Dict[str, Any] = field(default_factory=dict)
     secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
+    dp: DPConfig = field(default_factory=DPConfig)
 
 
 @dataclass

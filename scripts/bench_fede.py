@@ -26,6 +26,14 @@ traffic does not depend on how many batches a client trains).
     python scripts/bench_fede.py --rounds 1 --negative-mode per_triple    # the papers' sampling
     python scripts/bench_fede.py --rounds 1 --dim 32 --max-batches-per-epoch 5 --threads 1
     python scripts/bench_fede.py --rounds 3 --eval-every 3 model.gamma=12 train.lr=0.0005
+    python scripts/bench_fede.py --rounds 2 --secure shared_rows               # secure aggregation
+
+``--secure MODE`` runs every round under ``federated.secure_aggregation`` (``--hide-aggregate``
+adds the hidden aggregate) and splits its cost per round: *key agreement* (the ``sa_keys``
+and ``sa_shares`` exchanges: key pairs, agreements, Shamir shares, encryption, transport),
+*masking* (every client's quantisation and masks, inside the ``train`` exchange) and
+*unmasking* (the ``sa_unmask`` exchange and the server's reconstruction), and the bytes of
+each exchange.
 """
 
 from __future__ import annotations
@@ -78,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train only M batches per local epoch and extrapolate the full round")
     p.add_argument("--out", default=None, help="run directory (TensorBoard logs); default a temporary one")
     p.add_argument("--json-out", default=None, help="write the per-round records and the summary here")
+    p.add_argument("--secure", choices=["shared_rows", "dense"], default=None,
+                   help="run under federated.secure_aggregation in this mode and time its stages")
+    p.add_argument("--hide-aggregate", action="store_true", help="with --secure: hide the aggregate too")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (applied last)")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -99,7 +110,44 @@ def build_overrides(args: argparse.Namespace) -> list[str]:
         over.append(f"model.name={args.model}")
     if args.dim is not None:
         over.append(f"model.dim={args.dim}")
+    if args.secure:
+        over += ["federated.secure_aggregation.enabled=true", f"federated.secure_aggregation.mode={args.secure}"]
+        if args.hide_aggregate:
+            # a benchmark's key: a real federation reads its own from a file it keeps secret
+            over += ["federated.secure_aggregation.hide_aggregate=true", "federated.federation_key=bench-key"]
     return over + list(args.overrides)
+
+
+def instrument_secure(run: FederatedRun, timings: dict) -> None:
+    """Record the seconds of each exchange (``stage:<name>``), of every client's masking
+    (``mask``) and of the server's reconstruction (``unmask_server``)."""
+    original_exchange = run.exchange
+
+    def timed_exchange(round, stage, messages, split=None):
+        start = time.perf_counter()
+        out = original_exchange(round, stage, messages, split=split)
+        timings[f"stage:{stage}"] += time.perf_counter() - start
+        return out
+
+    run.exchange = timed_exchange
+    for half in run.client_halves.values():
+        def timed_mask(*a, _original=half._mask, **k):
+            start = time.perf_counter()
+            out = _original(*a, **k)
+            timings["mask"] += time.perf_counter() - start
+            return out
+
+        half._mask = timed_mask
+    for name in ("sa_keys", "sa_shares", "sa_unmask"):
+        original = getattr(run.server, f"aggregate_{name}")
+
+        def timed_aggregate(*a, _original=original, _name=name, **k):
+            start = time.perf_counter()
+            out = _original(*a, **k)
+            timings[f"server:{_name}"] += time.perf_counter() - start
+            return out
+
+        setattr(run.server, f"aggregate_{name}", timed_aggregate)
 
 
 def instrument_transport(run: FederatedRun, timings: dict) -> None:
@@ -196,6 +244,9 @@ def main(argv=None) -> dict:
     instrument_fits(run, timings)
     send_s: dict[str, list] = defaultdict(list)
     instrument_transport(run, send_s)
+    secure_s: dict[str, float] = defaultdict(float)
+    if args.secure:
+        instrument_secure(run, secure_s)
     start = time.perf_counter()
     run.align()
     print(f"alignment (round 0): {time.perf_counter() - start:.2f}s, "
@@ -209,9 +260,11 @@ def main(argv=None) -> dict:
         for v in timings.values():
             v.clear()
         send_s["send"].clear()
+        secure_s.clear()
         start = time.perf_counter()
         selected = run.train_round(r)
         train_s = time.perf_counter() - start
+        secure_round = dict(secure_s)
         fits = {name: (sum(t for t, _ in v), sum(s for _, s in v)) for name, v in timings.items()}
         fit_s = sum(t for t, _ in fits.values())
         rec = {
@@ -230,6 +283,13 @@ def main(argv=None) -> dict:
             rec["full_round_batches"] = full
             rec["train_s_extrapolated"] = sum(per_batch[n] * full[n] for n in fits) + rec["outside_fit_s"]
         train_bytes = sum(bytes_by_name(run, r).values())
+        if args.secure:
+            rec["secure_s"] = {
+                "key_agreement": secure_round.get("stage:sa_keys", 0.0) + secure_round.get("stage:sa_shares", 0.0)
+                + secure_round.get("server:sa_keys", 0.0) + secure_round.get("server:sa_shares", 0.0),
+                "masking": secure_round.get("mask", 0.0),
+                "unmasking": secure_round.get("stage:sa_unmask", 0.0) + secure_round.get("server:sa_unmask", 0.0),
+            }
 
         eval_s, avg, per_client = None, None, None
         if args.eval_every and (r % args.eval_every == 0 or r == args.rounds):
@@ -258,6 +318,10 @@ def main(argv=None) -> dict:
             print(f"      * extrapolated; measured {train_s:.2f}s for the bounded round ({detail}; "
                   f"{rec['outside_fit_s']:.2f}s outside fit)", flush=True)
         print(f"      transport (serialize + decode + log): {rec['transport_s']:.3f}s this round", flush=True)
+        if args.secure:
+            sec = rec["secure_s"]
+            print(f"      secure aggregation: key agreement {sec['key_agreement']:.3f}s, masking {sec['masking']:.3f}s, "
+                  f"unmasking {sec['unmasking']:.3f}s; bytes by exchange {rec['bytes_by_name']}", flush=True)
 
     evals = [rec["eval_s"] for rec in rounds if "eval_s" in rec]
     train_key = "train_s_extrapolated" if bounded else "train_s"
@@ -289,7 +353,12 @@ def main(argv=None) -> dict:
         "total_bytes": int(run.channel.total_bytes),
         "mean_bytes_train_per_round": sum(rec["bytes_train"] for rec in rounds) / len(rounds),
         "last_test": rounds[-1].get("test") if evals else None,
+        "secure": args.secure,
+        "hide_aggregate": bool(args.secure and args.hide_aggregate),
     }
+    if args.secure:
+        summary["mean_secure_s_per_round"] = {
+            k: sum(rec["secure_s"][k] for rec in rounds) / len(rounds) for k in rounds[0]["secure_s"]}
 
     print("\nsummary")
     tag = " (EXTRAPOLATED from bounded epochs)" if bounded else ""
@@ -304,6 +373,9 @@ def main(argv=None) -> dict:
         print(f"  seconds per full filtered test evaluation of all clients: {summary['mean_eval_s']:.1f} "
               f"({len(evals)} evaluation(s))")
     print(f"  transport (serialize + decode + log) per round: {summary['mean_transport_s_per_round']:.3f}s")
+    if args.secure:
+        print("  secure aggregation per round: " + ", ".join(
+            f"{k} {v:.3f}s" for k, v in summary["mean_secure_s_per_round"].items()))
     print(f"  peak RSS: {summary['peak_rss_mib']:.0f} MiB")
     print(f"  bytes: {summary['total_bytes']} total ({fmt_bytes(summary['total_bytes'])}), "
           f"{summary['mean_bytes_train_per_round']:.0f} per round without evaluation downloads")

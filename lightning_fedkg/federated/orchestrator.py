@@ -62,7 +62,7 @@ from lightning_fedkg.federated.party import (
 )
 from lightning_fedkg.federated.phases import PhaseContext, run_phases
 from lightning_fedkg.federated.runner import Commit, Engine, run_engine
-from lightning_fedkg.federated.secure import secure_halves
+from lightning_fedkg.federated.protections import protected_halves
 from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, RetryRound, ServerContext
 from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, with_count
 
@@ -157,7 +157,7 @@ class FederatedRun:
             raise ConfigError(f"federated.evaluate=before_aggregation evaluates the model each client trained, "
                               f"but the clients of {fc.strategy!r} train none (they evaluate what the server "
                               f"sends); use federated.evaluate=aggregated")
-        server_half, client_half = secure_halves(self.strategy, cfg)
+        server_half, client_half = protected_halves(self.strategy, cfg)
         self.client_halves = {p.name: client_half(p, self.strategy) for p in self.clients}
         in_process = self.strategy.in_process_only
         ctx = ServerContext(
@@ -473,6 +473,7 @@ class RoundEngine(Engine):
             elif improved:
                 commit.best(run.party_states(weights_only=True), round=r)
             scalars.update({f"val/{k}": v for k, v in avg.items()})
+        scalars.update(run.server.round_scalars(r))
         scalars["comm/bytes"] = float(sum(rec.bytes for rec in run.channel.records(round=r)))
         scalars["comm/bytes_total"] = float(round_bytes(run.channel))
         run.log_server(scalars, r)

@@ -54,7 +54,7 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import RetryRound, num_selected
 from lightning_fedkg.privacy import secagg
 
-__all__ = ["secure_halves", "SecureServer", "SecureClient", "default_threshold", "SA_STAGES"]
+__all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold", "SA_STAGES"]
 
 SA_KEYS, SA_SHARES, SA_UNMASK = "sa_keys", "sa_shares", "sa_unmask"
 #: The stages whose replies are masked (a training round's and a phase's upload).
@@ -119,18 +119,6 @@ def check_secure_config(cfg, strategy) -> int:
         raise ConfigError("federated.secure_aggregation.hide_aggregate needs federated.aggregation="
                           "selected_holders: the damped mean needs the server's current rows, which it cannot see")
     return min(t, n)
-
-
-def secure_halves(strategy, cfg) -> tuple[type, type]:
-    """``(Server, Client)`` of ``strategy`` under ``cfg``: its own halves, or subclasses that
-    run its rounds under secure aggregation when ``federated.secure_aggregation.enabled``."""
-    if not cfg.federated.secure_aggregation.enabled:
-        return strategy.Server, strategy.Client
-    secagg.require()
-    check_secure_config(cfg, strategy)
-    server = type(f"Secure{strategy.Server.__name__}", (SecureServer, strategy.Server), {})
-    client = type(f"Secure{strategy.Client.__name__}", (SecureClient, strategy.Client), {})
-    return server, client
 
 
 # ====================================================================== server

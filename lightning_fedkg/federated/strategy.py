@@ -156,6 +156,10 @@ class ServerHalf:
         """Extra ``metrics.json`` blocks of the method, read after the final test (default none)."""
         return {}
 
+    def round_scalars(self, round: int) -> dict[str, float]:
+        """Scalars the server's TensorBoard logs after round ``round`` (default none; DP's ε)."""
+        return {}
+
     def stall_counts(self, round: int) -> bool:
         """Whether this round's validation, if its monitored metric did not improve, counts
         toward ``federated.patience`` (default: always, FedE's rule).

@@ -1,0 +1,41 @@
+"""The protections a config turns on, composed onto a strategy's halves.
+
+``federated.dp`` (:mod:`.dp`) and ``federated.secure_aggregation`` (:mod:`.secure`) are
+mixins placed before a holder-mean strategy's own halves, so every such method gets them
+without a line of its own. On a client, secure aggregation is outermost: it masks what
+differential privacy noised. On the server, DP is outermost: it annotates the downloads
+secure aggregation has built and reads the clients' ε from their replies.
+"""
+
+from __future__ import annotations
+
+__all__ = ["protected_halves"]
+
+
+def protected_halves(strategy, cfg) -> tuple[type, type]:
+    """``(Server, Client)`` of ``strategy`` under ``cfg``: its own halves, or subclasses
+    with the enabled protections."""
+    fc = cfg.federated
+    servers, clients = [], []
+    if fc.dp.enabled:
+        from lightning_fedkg.federated.dp import DPClient, DPServer, check_dp_config
+        from lightning_fedkg.privacy import dp
+
+        dp.require()
+        check_dp_config(cfg, strategy)
+        servers.append(DPServer)
+        clients.append(DPClient)
+    if fc.secure_aggregation.enabled:
+        from lightning_fedkg.federated.secure import SecureClient, SecureServer, check_secure_config
+        from lightning_fedkg.privacy import secagg
+
+        secagg.require()
+        check_secure_config(cfg, strategy)
+        servers.append(SecureServer)
+        clients.insert(0, SecureClient)
+    if not servers:
+        return strategy.Server, strategy.Client
+    prefix = "".join("DP" if s.__name__.startswith("DP") else "Secure" for s in servers)
+    server = type(f"{prefix}{strategy.Server.__name__}", (*servers, strategy.Server), {})
+    client = type(f"{prefix}{strategy.Client.__name__}", (*clients, strategy.Client), {})
+    return server, client

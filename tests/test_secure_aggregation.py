@@ -1,0 +1,291 @@
+"""Secure aggregation (federated.secure_aggregation): masks cancel exactly, the server gets
+the holder-mean within the fixed-point error and nothing else, dropouts are recovered.
+
+Each federation check spies on the plaintext a client half produces just before it masks
+it (``SecureClient._mask``), so the oracle is the plain holder-mean of exactly what was
+masked, computed independently with :func:`~lightning_fedkg.federated.aggregation.holder_mean`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.aggregation import holder_mean
+from lightning_fedkg.federated.message import decode
+from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed, run_federated
+from lightning_fedkg.federated.secure import SecureClient, default_threshold
+from lightning_fedkg.privacy import secagg
+
+from test_protocol import umls_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BITS = 16
+#: The fixed-point error of a mean, plus float32 rounding of the stored table.
+TOLERANCE = secagg.quantisation_error(BITS) + 1e-6
+KEY = "federated.federation_key"
+
+
+def secure(**overrides):
+    settings = {"federated__secure_aggregation__enabled": True, **overrides}
+    return umls_config(**settings)
+
+
+# ---------------------------------------------------------------- primitives
+def test_shamir_any_t_shares_rebuild_the_secret_and_fewer_cannot():
+    secret = bytes(range(48))
+    shares = secagg.split_secret(secret, 3, 5)
+    assert len(shares) == 5 and all(len(s) == 48 for s in shares)
+    for chosen in ([0, 1, 2], [4, 2, 0], [1, 3, 4]):
+        assert secagg.combine_secret({i + 1: shares[i] for i in chosen}, 3) == secret
+    # two shares interpolate a wrong polynomial: the result is not the secret
+    wrong = secagg.combine_secret({1: shares[0], 2: shares[1], 3: shares[2][:16] + shares[3][16:]}, 3)
+    assert wrong != secret
+    with pytest.raises(ValueError, match="cannot rebuild"):
+        secagg.combine_secret({1: shares[0], 2: shares[1]}, 3)
+
+
+def test_keystream_is_deterministic_per_key_and_uniform():
+    a = secagg.keystream_words(b"k" * 32, 100_000)
+    assert torch.equal(a, secagg.keystream_words(b"k" * 32, 100_000))
+    b = secagg.keystream_words(b"j" * 32, 100_000)
+    assert not torch.equal(a, b)
+    assert int(a.min()) >= 0 and int(a.max()) < secagg.MODULUS
+    assert abs(float(a.double().mean()) / secagg.MODULUS - 0.5) < 0.01
+    # the prefix of a longer stream is the shorter stream (positions do not shift)
+    assert torch.equal(secagg.keystream_words(b"k" * 32, 10), a[:10])
+
+
+def test_x25519_agreement_is_symmetric_and_shares_decrypt_only_for_their_pair():
+    a_sk, a_pk = secagg.new_keypair()
+    b_sk, b_pk = secagg.new_keypair()
+    assert secagg.agree(a_sk, b_pk) == secagg.agree(b_sk, a_pk)
+    key = secagg.derive_key(secagg.agree(a_sk, b_pk), "share")
+    ct = secagg.encrypt(key, b"secret share", "1|a->b")
+    assert secagg.decrypt(key, ct, "1|a->b") == b"secret share"
+    from cryptography.exceptions import InvalidTag
+
+    with pytest.raises(InvalidTag):
+        secagg.decrypt(key, ct, "1|c->b")  # the server cannot redirect it to another receiver
+
+
+def test_fixed_point_round_trip_and_overflow():
+    x = torch.tensor([[0.1, -2.5, 3.14159], [1e-6, -1e-6, 0.0]])
+    q = secagg.quantise(x, BITS, secagg.MODULUS // 2)
+    back = secagg.signed(secagg.from_wire(secagg.to_wire(q))).double() / (1 << BITS)
+    assert float((back - x.double()).abs().max()) <= secagg.quantisation_error(BITS)
+    # a sum of many values wraps in Z_2^32 and still reads back exactly
+    words = sum(torch.remainder(q + k * 977_000_000, secagg.MODULUS) for k in range(5))
+    assert torch.equal(secagg.signed(words - 5 * 977_000_000 * 2), secagg.signed(5 * q))
+    with pytest.raises(ValueError, match="fractional_bits"):
+        secagg.quantise(torch.tensor([20_000.0]), BITS, secagg.MODULUS // 2 // 3)
+
+
+# ---------------------------------------------------------------- the aggregate
+def spy_plaintext(monkeypatch):
+    """Record, per round, each client's plaintext upload just before it is masked."""
+    seen: dict[tuple[int, str], dict] = {}
+    original = SecureClient._mask
+
+    def spy(self, stage, arrays, extra, sa):
+        seen[(int(sa["round"]), self.party.name)] = {k: v.clone() for k, v in arrays.items()}
+        return original(self, stage, arrays, extra, sa)
+
+    monkeypatch.setattr(SecureClient, "_mask", spy)
+    return seen
+
+
+def holder_mean_of(run, seen, round, before, tensor, clients):
+    index = run.server.alignments[run.server.group_of[tensor]].index
+    return holder_mean(before, [index[n] for n in clients], [seen[(round, n)][tensor] for n in clients])
+
+
+@pytest.mark.parametrize("strategy,tensor,extra", [
+    ("fede", "entity_emb", {}),
+    ("fede", "entity_emb", {"federated__secure_aggregation__mode": "dense"}),
+    ("fedr", "relation_emb", {"data__partition": "random"}),  # clients share relations
+    ("fedlu", "avatar_entity_emb", {}),
+], ids=["fede", "fede_dense", "fedr", "fedlu"])
+def test_the_masked_aggregate_is_the_plain_holder_mean(monkeypatch, strategy, tensor, extra):
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__strategy=strategy, **extra), run_dir=None)
+    run.align()
+    clients = list(run.server.clients)
+    for r in (1, 2):
+        before = run.server.table[tensor].clone()
+        run.train_round(r)
+        expected = holder_mean_of(run, seen, r, before, tensor, clients)
+        error = float((run.server.table[tensor] - expected).abs().max())
+        assert error <= TOLERANCE
+        assert not torch.equal(run.server.table[tensor], before)
+    # what crossed upwards in the masked stage is 32-bit integers, never floats
+    uploads = run.channel.records(sender="client_0", name="upload")
+    assert uploads and all(set(r.dtypes.values()) == {"int32"} for r in uploads)
+
+
+def test_a_masked_upload_is_statistically_unrelated_to_its_plaintext(tmp_path, monkeypatch):
+    seen = spy_plaintext(monkeypatch)
+    run_dir = tmp_path / "run"
+    run_federated(secure(federated__record_payloads=True, federated__rounds=1, federated__eval_every=1), run_dir)
+    (path,) = sorted((run_dir / "payloads").glob("r0001_*_client_1_to_server_upload.safetensors"))
+    masked = secagg.from_wire(decode(path.read_bytes()).arrays["entity_emb"]).double().flatten()
+    plain = secagg.quantise(seen[(1, "client_1")]["entity_emb"], BITS, secagg.MODULUS).double().flatten()
+    n = masked.numel()
+    assert n > 1000
+    # uniform over Z_2^32: mean 1/2, variance 1/12 (of the word / 2^32), each top bit fair
+    u = masked / secagg.MODULUS
+    assert abs(float(u.mean()) - 0.5) < 4 * (1 / 12) ** 0.5 / n ** 0.5
+    assert abs(float(u.var()) - 1 / 12) < 0.01
+    top = (masked >= secagg.MODULUS / 2).double()
+    assert abs(float(top.mean()) - 0.5) < 4 * 0.5 / n ** 0.5
+    # and uncorrelated with the plaintext, which is far from uniform
+    corr = float(torch.corrcoef(torch.stack([u, plain]))[0, 1])
+    assert abs(corr) < 4 / n ** 0.5
+    assert float((plain.abs() / secagg.MODULUS).max()) < 1e-3
+
+
+def test_no_plaintext_float_reaches_the_server(tmp_path):
+    run_dir = tmp_path / "run"
+    run_federated(secure(federated__record_payloads=True), run_dir)
+    upward = [p for p in (run_dir / "payloads").glob("r*_client_*_to_server_*.safetensors")]
+    assert upward
+    dtypes = {}
+    for path in upward:
+        name = path.stem.split("_to_server_")[1]
+        for tensor in decode(path.read_bytes()).arrays.values():
+            dtypes.setdefault(name, set()).add(str(tensor.dtype))
+    # keys and shares are bytes, masked uploads 32-bit words; evaluation replies carry metrics only
+    assert dtypes["upload"] == {"torch.int32"}
+    assert all(d <= {"torch.uint8"} for n, d in dtypes.items() if n.startswith("sa_")), dtypes
+    assert set(dtypes) <= {"upload", "sa_keys", "sa_shares", "sa_unmask", "align"}, dtypes
+
+
+# ---------------------------------------------------------------- dropouts
+def drop(run, name, stage, times=None):
+    """Make client ``name`` fail its first ``times`` calls of ``stage`` (every call if None)."""
+    half = run.client_halves[name]
+    original = half.handle
+    calls = {"n": 0}
+
+    def failing(s, message, round):
+        if s == stage:
+            calls["n"] += 1
+            if times is None or calls["n"] <= times:
+                raise RuntimeError(f"injected dropout in {s}")
+        return original(s, message, round)
+
+    half.handle = failing
+
+
+@pytest.mark.parametrize("stage", ["train", "sa_keys", "sa_shares"])
+def test_a_client_that_drops_is_left_out_and_the_round_completes(monkeypatch, stage):
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    drop(run, "client_1", stage, times=1)
+    before = run.server.table["entity_emb"].clone()
+    run.train_round(1)
+    survivors = ["client_0", "client_2"]
+    if stage == "train":  # it had shared its keys: its masks are rebuilt from the others' shares
+        masked_by_1 = run.channel.records(round=1, sender="client_1", name="sa_shares")
+        assert masked_by_1 and (1, "client_1") not in seen  # it shared, then never uploaded
+        unmask = run.channel.records(round=1, sender="client_0", name="sa_unmask")
+        assert unmask and "s.client_1" in unmask[0].shapes and "b.client_1" not in unmask[0].shapes
+    expected = holder_mean_of(run, seen, 1, before, "entity_emb", survivors)
+    assert float((run.server.table["entity_emb"] - expected).abs().max()) <= TOLERANCE
+    assert [f["party"] for f in run.failures] == ["client_1"]
+    run.train_round(2)  # back in the next round
+    assert (2, "client_1") in seen
+
+
+def test_more_than_n_minus_t_dropouts_fail_the_round_cleanly_and_it_is_retried(monkeypatch):
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__max_retries=1), run_dir=None)
+    run.align()
+    assert run.server.threshold == default_threshold(3) == 2
+    for name in ("client_1", "client_2"):
+        drop(run, name, "train")
+    start = run.server.table["entity_emb"].clone()
+    with pytest.raises(RoundFailed):
+        run.train_round(1)
+    assert torch.equal(run.server.table["entity_emb"], start)  # nothing half-aggregated
+    server_failures = [f for f in run.failures if f["party"] == "server"]
+    assert len(server_failures) == 2 and all("threshold t=2" in f["error"] for f in server_failures)
+    # two dropouts on the first attempt only: the retry completes the round with everybody
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    for name in ("client_1", "client_2"):
+        drop(run, name, "train", times=1)
+    before = run.server.table["entity_emb"].clone()
+    run.train_round(1)
+    expected = holder_mean_of(run, seen, 1, before, "entity_emb", ["client_0", "client_1", "client_2"])
+    assert float((run.server.table["entity_emb"] - expected).abs().max()) <= TOLERANCE
+    assert [f["party"] for f in run.failures] == ["client_1", "client_2", "server"]
+
+
+def test_a_client_never_reveals_both_secrets_of_one_peer():
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    server = run.server
+    original = server.configure_sa_unmask
+
+    def lying(round, selected):
+        messages = original(round, selected)
+        for m in messages.values():
+            m.config["sa"]["dropped"] = ["client_1"]  # client_1 uploaded: asking for its key too
+        return messages
+
+    server.configure_sa_unmask = lying
+    with pytest.raises(RoundFailed):
+        run.train_round(1)
+    refusals = [f for f in run.failures if f["stage"] == "sa_unmask" and f["party"] != "server"]
+    assert refusals and all("refusing to reveal both" in f["error"] for f in refusals)
+    assert not run.channel.records(name="sa_unmask")  # no share left any client
+
+
+# ---------------------------------------------------------------- hidden aggregate
+def test_the_hidden_aggregate_is_never_in_the_server_and_the_clients_read_it(monkeypatch):
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__secure_aggregation__hide_aggregate=True,
+                              federated__federation_key="a-key-the-server-lacks"), run_dir=None)
+    run.align()
+    initial = run.server.table["entity_emb"].clone()
+    run.train_round(1)
+    assert torch.equal(run.server.table["entity_emb"], initial)  # the server's floats never move
+    expected = holder_mean_of(run, seen, 1, initial, "entity_emb", list(run.server.clients))
+    hidden = run.server.hidden["entity_emb"]
+    assert int(hidden["count"].min()) >= 1
+    server_view = secagg.signed(hidden["sum"]).double() / (1 << BITS) / hidden["count"][:, None]
+    assert float((server_view - expected.double()).abs().mean()) > 100  # offset sums are noise to it
+    # each client decodes its rows from the evaluation download
+    run.load_evaluation_state(1, "val")
+    index = run.server.alignment.index
+    for name, half in run.client_halves.items():
+        rows = half.shared()["entity"].read()["entity_emb"]
+        assert float((rows - expected[index[name]]).abs().max()) <= TOLERANCE
+    # the downloads carry integers: no float row of the aggregate crosses
+    downloads = run.channel.records(round=1, receiver="client_0", name="eval_download")
+    assert downloads and downloads[-1].dtypes["entity_emb@sum"] == "int32"
+
+
+# ---------------------------------------------------------------- settings
+def test_secure_aggregation_settings_are_checked():
+    with pytest.raises(ConfigError, match="holder-mean strategy"):
+        FederatedRun(secure(federated__strategy="single"), run_dir=None)
+    with pytest.raises(ConfigError, match=r"threshold=1 must be in \[2, 3\]"):
+        FederatedRun(secure(federated__secure_aggregation__threshold=1), run_dir=None)
+    with pytest.raises(ConfigError, match="federation_key"):
+        FederatedRun(secure(federated__secure_aggregation__hide_aggregate=True), run_dir=None)
+
+
+def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
+    plain = run_federated(umls_config(federated__eval_every=2), tmp_path / "plain")
+    masked = run_federated(secure(federated__eval_every=2), tmp_path / "secure")
+    assert abs(masked["test"]["mrr"] - plain["test"]["mrr"]) < 0.01
+    log = [json.loads(line) for line in (tmp_path / "secure" / "channel_log.jsonl").read_text().splitlines()]
+    names = [r["name"] for r in log if r["round"] == 1]
+    assert names.index("sa_keys") < names.index("sa_shares") < names.index("upload") < names.index("sa_unmask")
