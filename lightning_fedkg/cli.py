@@ -264,6 +264,20 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """``fedkg audit``: a server-side reconstruction attack on a finished run's payloads."""
+    from lightning_fedkg.privacy.audit import AuditSettings, format_audit_table, run_audit
+
+    source = Path(args.from_run)
+    read_run_config(source)  # a run directory, or an error that says so
+    out = Path(args.out) if args.out else source.with_name(source.name + "-audit")
+    settings = AuditSettings(known=args.known, seed=args.seed, epochs=args.epochs)
+    result = run_audit(source, out, settings, victims=args.victim or None)
+    print(format_audit_table(result))
+    print(f"audit written to {out / 'audit.json'}")
+    return 0
+
+
 def cmd_data_stats(args: argparse.Namespace) -> int:
     """``fedkg data stats``: sizes of a KG, or of every client of a federated folder."""
     from lightning_fedkg.data import load_federated, load_kg
@@ -324,7 +338,7 @@ def fit_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, data stats)."""
+    """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, audit, data stats)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
@@ -354,6 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
     unlearn.add_argument("--out", help="new run directory (default: RUN_DIR-unlearn)")
     unlearn.add_argument("overrides", nargs="*", help="key=value overrides, e.g. unlearn.forget=sample")
     unlearn.set_defaults(func=cmd_unlearn)
+
+    audit = sub.add_parser("audit", help="attack a finished run's recorded payloads as a curious server would")
+    audit.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True,
+                       help="a finished run with federated.record_payloads=true (only read)")
+    audit.add_argument("--out", help="output folder for audit.json (default: RUN_DIR-audit)")
+    audit.add_argument("--known", type=float, default=0.1,
+                       help="fraction of the victim's training triples the attacker knows (default 0.1)")
+    audit.add_argument("--victim", action="append", help="a client to attack (repeatable; default: every client)")
+    audit.add_argument("--seed", type=int, default=0, help="which triples are known; the attacker's init")
+    audit.add_argument("--epochs", type=int, default=300, help="the attacker's fitting epochs (default 300)")
+    audit.set_defaults(func=cmd_audit)
 
     data = sub.add_parser("data", help="dataset utilities")
     data_sub = data.add_subparsers(dest="data_command", required=True)
