@@ -32,7 +32,7 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import num_selected
 from lightning_fedkg.privacy import dp as dplib
 
-__all__ = ["DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update"]
+__all__ = ["DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms"]
 
 PREFIX = "dp."
 MASKED = ("train", "upload")
@@ -69,11 +69,20 @@ def noise_multiplier(cfg) -> float:
                                             dc.accountant)
 
 
+def update_norms(update: dict[str, Tensor], unit: str) -> Tensor:
+    """The L2 norms that clipping bounds: one per row (``row``; a tensor shared whole is one
+    row), or one for the whole update (``client``)."""
+    rows = [u.reshape(u.shape[0] if u.dim() > 1 else 1, -1).double() for u in update.values()]
+    if unit == "client":
+        return torch.stack([sum(r.pow(2).sum() for r in rows)]).sqrt()
+    return torch.cat([r.norm(dim=1) for r in rows]) if rows else torch.zeros(0, dtype=torch.float64)
+
+
 def clip_update(update: dict[str, Tensor], clip: float, unit: str) -> dict[str, Tensor]:
     """``update`` with each row's (``unit=row``) or the whole update's (``client``) L2 norm
     scaled down to at most ``clip``; a tensor shared whole counts as one row."""
     if unit == "client":
-        norm = math.sqrt(sum(float(u.double().pow(2).sum()) for u in update.values()))
+        norm = float(update_norms(update, unit)[0]) if update else 0.0
         scale = min(1.0, clip / norm) if norm > 0 else 1.0
         return {k: u * scale for k, u in update.items()}
     out = {}
@@ -238,7 +247,9 @@ class DPClient:
                                               config={k: v for k, v in message.config.items() if k != "dp"}), round)
         if self._reference is None:
             raise RuntimeError(f"{self.party.name}: federated.dp needs a download before the first upload")
-        update = clip_update({k: v - self._reference[k] for k, v in reply.arrays.items()}, self.dp.clip, self.dp.unit)
+        raw = {k: v - self._reference[k] for k, v in reply.arrays.items()}
+        norms = update_norms(raw, self.dp.unit)
+        update = clip_update(raw, self.dp.clip, self.dp.unit)
         noisy = {}
         for k, u in update.items():
             std = dp["sigma"] * self.dp.clip
@@ -247,6 +258,9 @@ class DPClient:
                 std = std / k_rows.sqrt().view(-1, *([1] * (u.dim() - 1))) if u.dim() > 1 else std / float(k_rows[0].sqrt())
             noise = torch.randn(u.shape, generator=self.generator, dtype=torch.float64)
             noisy[k] = (self._reference[k].double() + u.double() + noise * std).to(u.dtype)
+        # what a user tunes ``clip`` by (the client's own TensorBoard, not the wire)
+        self.party.log({"privacy/clipped_fraction": float((norms > self.dp.clip).double().mean()),
+                        "privacy/median_update_norm": float(norms.median())}, round)
         metrics = dict(reply.metrics)
         if self.dp.placement == "local":
             metrics[EPSILON] = self._record(round, dp["q"], dp["sigma"])

@@ -79,7 +79,7 @@ def _pair_info(round: int, stage: str, tensor: str, a: str, b: str) -> str:
 
 
 def _bytes(t: Tensor) -> bytes:
-    return bytes(t.to(torch.uint8).tolist()) if t.numel() < 64 else t.to(torch.uint8).numpy().tobytes()
+    return t.to(torch.uint8).numpy().tobytes()
 
 
 def _tensor(data: bytes) -> Tensor:
@@ -365,8 +365,11 @@ class SecureServer:
             h = self.hidden.get(t)
             if h is None:
                 continue
+            counts = h["count"][idx]
+            if bool((counts > 0).all()):
+                del out[t]  # every row is in the sums: the initial rows would only cost bytes
             out[f"{t}@sum"] = secagg.to_wire(h["sum"][idx])
-            out[f"{t}@count"] = h["count"][idx].to(torch.int32)
+            out[f"{t}@count"] = counts.to(torch.int32)
             out[f"{t}@serial"] = h["serial"][idx].to(torch.int32)
         return out
 
@@ -521,7 +524,8 @@ class SecureClient:
             name = t[:-4]
             sums, counts, serials = secagg.from_wire(arrays.pop(t)), arrays.pop(f"{name}@count").long(), \
                 arrays.pop(f"{name}@serial").long()
-            base = arrays[name]
+            # the initial rows come only while some row was never aggregated
+            base = arrays[name] if name in arrays else self.upload()[name]
             flat = base.reshape(counts.numel(), -1)  # one row for a tensor shared whole
             gidx = self._gidx[name]
             value = flat.to(torch.float64).clone()

@@ -72,16 +72,21 @@ def _as_rows(arrays: dict[str, Tensor], bits: int) -> dict[str, Tensor]:
     fixed point, offset sums divided by their counts (without the offset it lacks)."""
     out = {}
     for name, value in arrays.items():
-        if name.startswith("sa.") or name.startswith("dp.") or "@" in name:
+        if name.startswith(("sa.", "dp.")) or ("@" in name and not name.endswith("@sum")):
             continue
-        if f"{name}@sum" in arrays:
-            counts = arrays[f"{name}@count"].double().clamp(min=1)
-            words = arrays[f"{name}@sum"].to(torch.int64).double() / (1 << bits)
-            read = words.view(counts.numel(), -1) / counts.view(-1, 1)
-            held = arrays[f"{name}@count"] > 0
-            flat = value.double().reshape(counts.numel(), -1).clone()
-            flat[held] = read[held]
-            out[name] = flat.view(value.shape).float()
+        if name.endswith("@sum"):
+            name = name[:-4]
+            counts = arrays[f"{name}@count"].long()
+            read = value.to(torch.int64).double().view(counts.numel(), -1) / (1 << bits)
+            read = read / counts.clamp(min=1).double().view(-1, 1)
+            if name in arrays:  # rows never aggregated come as they are
+                held = counts > 0
+                plain = arrays[name].double().reshape(counts.numel(), -1)
+                read = torch.where(held.view(-1, 1), read, plain)
+                read = read.view(arrays[name].shape)
+            out[name] = read.float()
+        elif f"{name}@sum" in arrays:
+            continue
         elif value.dtype == torch.int32:
             out[name] = (value.double() / (1 << bits)).float()
         elif value.is_floating_point():
