@@ -266,7 +266,7 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedkg audit``: a server-side reconstruction attack on a finished run's payloads."""
-    from lightning_fedkg.privacy.audit import AuditSettings, format_audit_table, run_audit
+    from lightning_fedkg.federated.audit import AuditSettings, format_audit_table, run_audit
 
     source = Path(args.from_run)
     read_run_config(source)  # a run directory, or an error that says so

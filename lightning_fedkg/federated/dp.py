@@ -43,8 +43,8 @@ def check_dp_config(cfg, strategy) -> None:
     """Raise :class:`ConfigError` unless ``federated.dp`` can run with ``strategy``."""
     dc = cfg.federated.dp
     if not issubclass(strategy.Server, HolderMeanServer):
-        raise ConfigError(f"federated.dp needs a holder-mean strategy (fede, fedr, fedprox, fedec, fedlu); "
-                          f"{cfg.federated.strategy!r} aggregates otherwise")
+        raise ConfigError(f"federated.dp needs a holder-mean strategy (one whose server is a "
+                          f"HolderMeanServer); {cfg.federated.strategy!r} aggregates otherwise")
     if (dc.noise_multiplier is None) == (dc.epsilon is None):
         raise ConfigError("federated.dp: set exactly one of noise_multiplier (σ) and epsilon (a target; σ is "
                           f"calibrated over federated.rounds), got noise_multiplier={dc.noise_multiplier}, "

@@ -102,8 +102,8 @@ def check_secure_config(cfg, strategy) -> int:
     """Validate ``federated.secure_aggregation`` for ``strategy``; returns the threshold t."""
     sc = cfg.federated.secure_aggregation
     if not issubclass(strategy.Server, HolderMeanServer):
-        raise ConfigError(f"federated.secure_aggregation needs a holder-mean strategy (fede, fedr, fedprox, "
-                          f"fedec, fedlu); {cfg.federated.strategy!r} aggregates otherwise")
+        raise ConfigError(f"federated.secure_aggregation needs a holder-mean strategy (one whose "
+                          f"server is a HolderMeanServer); {cfg.federated.strategy!r} aggregates otherwise")
     if tuple(strategy.Server.stages) != ("train",):
         raise ConfigError(f"federated.secure_aggregation wraps a one-stage training round; {strategy.name!r} "
                           f"runs {tuple(strategy.Server.stages)}")
