@@ -102,7 +102,7 @@ def test_epsilon_per_client_in_metrics_and_tensorboard(tmp_path):
     privacy = metrics["privacy"]
     assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-3)  # calibrated to the planned rounds, all run
     assert set(privacy["clients"]) == {"client_0", "client_1", "client_2"}
-    assert privacy["noise_multiplier"] == pytest.approx(noise_multiplier(cfg))
+    assert privacy["noise_multiplier"] == pytest.approx(noise_multiplier(cfg, 3))
     assert "dp-accounting" in privacy["accountant"] and privacy["delta"] == 1e-5
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

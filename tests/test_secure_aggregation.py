@@ -289,3 +289,18 @@ def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
     log = [json.loads(line) for line in (tmp_path / "secure" / "channel_log.jsonl").read_text().splitlines()]
     names = [r["name"] for r in log if r["round"] == 1]
     assert names.index("sa_keys") < names.index("sa_shares") < names.index("upload") < names.index("sa_unmask")
+
+
+def test_a_phase_upload_runs_the_whole_secure_protocol(monkeypatch):
+    """FedLU's unlearning propagates with the ``upload`` stage outside the round schedule:
+    ServerHalf.protocol wraps it in the same four exchanges."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__strategy="fedlu"), run_dir=None)
+    run.align()
+    run.train_round(1)
+    before = run.server.table["avatar_entity_emb"].clone()
+    run.stage(2, "upload")
+    names = [r.name for r in run.channel.records(round=2) if r.sender == "client_0"]
+    assert names == ["sa_keys", "sa_shares", "upload", "sa_unmask"]
+    expected = holder_mean_of(run, seen, 2, before, "avatar_entity_emb", list(run.server.clients))
+    assert float((run.server.table["avatar_entity_emb"] - expected).abs().max()) <= TOLERANCE

@@ -54,19 +54,19 @@ def check_dp_config(cfg, strategy) -> None:
                           "without it the server sees each upload, whose noise is a fraction of the target")
 
 
-def sampling_rate(cfg) -> float:
-    """q: the fraction of clients selected per round."""
-    return num_selected(cfg.federated.fraction, cfg.data.num_clients) / cfg.data.num_clients
+def sampling_rate(cfg, num_clients: int) -> float:
+    """q: the fraction of the ``num_clients`` clients selected per round."""
+    return num_selected(cfg.federated.fraction, num_clients) / num_clients
 
 
-def noise_multiplier(cfg) -> float:
+def noise_multiplier(cfg, num_clients: int) -> float:
     """σ: ``federated.dp.noise_multiplier``, or calibrated to ``epsilon`` at ``delta`` over
     ``federated.rounds`` rounds at the sampling rate."""
     dc = cfg.federated.dp
     if dc.noise_multiplier is not None:
         return float(dc.noise_multiplier)
-    return dplib.calibrate_noise_multiplier(dc.epsilon, dc.delta, sampling_rate(cfg), cfg.federated.rounds,
-                                            dc.accountant)
+    return dplib.calibrate_noise_multiplier(dc.epsilon, dc.delta, sampling_rate(cfg, num_clients),
+                                            cfg.federated.rounds, dc.accountant)
 
 
 def update_norms(update: dict[str, Tensor], unit: str) -> Tensor:
@@ -102,8 +102,8 @@ class DPServer:
         super().__init__(ctx, strategy)
         check_dp_config(ctx.cfg, strategy)
         self.dp = ctx.cfg.federated.dp
-        self.sigma = noise_multiplier(ctx.cfg)
-        self.q = sampling_rate(ctx.cfg)
+        self.sigma = noise_multiplier(ctx.cfg, len(ctx.clients))
+        self.q = sampling_rate(ctx.cfg, len(ctx.clients))
         self.epsilons: dict[str, float] = {}
         self._shared: list[str] = []
 

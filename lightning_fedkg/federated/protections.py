@@ -30,7 +30,7 @@ def protected_halves(strategy, cfg) -> tuple[type, type]:
         from lightning_fedkg.privacy import secagg
 
         secagg.require()
-        check_secure_config(cfg, strategy)
+        check_secure_config(cfg, strategy)  # the server checks again with the federation's real size
         servers.append(SecureServer)
         clients.insert(0, SecureClient)
     if not servers:

@@ -98,8 +98,9 @@ def _offset(key: bytes, serial: int, tensor: str, rows: int, width: int) -> Tens
     return _words(secagg.derive_key(key, f"fedkg-sa-offset|{serial}|{tensor}"), (rows, width))
 
 
-def check_secure_config(cfg, strategy) -> int:
-    """Validate ``federated.secure_aggregation`` for ``strategy``; returns the threshold t."""
+def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
+    """Validate ``federated.secure_aggregation`` for ``strategy`` in a federation of
+    ``num_clients`` (default ``data.num_clients``); returns the threshold t."""
     sc = cfg.federated.secure_aggregation
     if not issubclass(strategy.Server, HolderMeanServer):
         raise ConfigError(f"federated.secure_aggregation needs a holder-mean strategy (one whose "
@@ -107,7 +108,7 @@ def check_secure_config(cfg, strategy) -> int:
     if tuple(strategy.Server.stages) != ("train",):
         raise ConfigError(f"federated.secure_aggregation wraps a one-stage training round; {strategy.name!r} "
                           f"runs {tuple(strategy.Server.stages)}")
-    n = num_selected(cfg.federated.fraction, cfg.data.num_clients)
+    n = num_selected(cfg.federated.fraction, num_clients or cfg.data.num_clients)
     t = sc.threshold if sc.threshold is not None else default_threshold(n)
     if n >= 2 and not 2 <= t <= n:
         raise ConfigError(f"federated.secure_aggregation.threshold={t} must be in [2, {n}] (the clients selected "
@@ -143,7 +144,7 @@ class SecureServer:
         super().__init__(ctx, strategy)
         sc = ctx.cfg.federated.secure_aggregation
         self.sa = sc
-        self.threshold = check_secure_config(ctx.cfg, strategy)
+        self.threshold = check_secure_config(ctx.cfg, strategy, len(ctx.clients))
         self._round: _ServerRound | None = None
         self._positions: dict[tuple[str, str, str], Tensor] = {}
         #: hide_aggregate: ``{tensor: {"sum", "count", "serial"}}`` of the rows aggregated so far.
