@@ -50,6 +50,9 @@ def variants(clip: float) -> dict[str, tuple[Path, list[str]]]:
         "fede_secure": (FEDE, SECURE),
         "fede_secure_dense": (FEDE, SECURE + ["federated.secure_aggregation.mode=dense"]),
         "fede_hidden": (FEDE, HIDDEN),
+        # no guarantee worth the name: where on the noise curve the model comes back
+        "fede_dp1024": (FEDE, dp + ["federated.dp.epsilon=1024"]),
+        "fede_dp256": (FEDE, dp + ["federated.dp.epsilon=256"]),
         "fede_dp16": (FEDE, dp + ["federated.dp.epsilon=16"]),
         "fede_dp4": (FEDE, dp + ["federated.dp.epsilon=4"]),
         "fede_dp1": (FEDE, dp + ["federated.dp.epsilon=1"]),
