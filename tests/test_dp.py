@@ -141,3 +141,19 @@ def test_dp_settings_are_checked():
         FederatedRun(dp_config(federated__dp__epsilon=1.0, federated__dp__placement="distributed"), run_dir=None)
     with pytest.raises(ConfigError, match="holder-mean strategy"):
         FederatedRun(dp_config(federated__dp__epsilon=1.0, federated__strategy="single"), run_dir=None)
+
+
+def test_with_sampling_every_round_is_a_poisson_sampled_event():
+    """fraction 2/3 of 3 clients: q = 2/3, and a client's ε after round r is r composed
+    Poisson-sampled Gaussians, whether or not it was selected in each of them."""
+    cfg = dp_config(federated__dp__noise_multiplier=1.5, federated__fraction=0.67, federated__rounds=3)
+    run = FederatedRun(cfg, run_dir=None)
+    run.align()
+    for r in (1, 2, 3):
+        selected = run.train_round(r)
+    assert run.server.q == pytest.approx(2 / 3)
+    for name in selected:
+        half = run.client_halves[name]
+        assert half.events[-1][0] == 3
+        assert half.epsilon() == pytest.approx(dplib.epsilon([(2 / 3, 1.5)] * 3, 1e-5))
+        assert run.server.epsilons[name] == pytest.approx(half.epsilon())

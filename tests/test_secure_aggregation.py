@@ -109,7 +109,8 @@ def holder_mean_of(run, seen, round, before, tensor, clients):
     ("fede", "entity_emb", {"federated__secure_aggregation__mode": "dense"}),
     ("fedr", "relation_emb", {"data__partition": "random"}),  # clients share relations
     ("fedlu", "avatar_entity_emb", {}),
-], ids=["fede", "fede_dense", "fedr", "fedlu"])
+    ("fedec", "entity_emb", {}),  # a client half with state of its own
+], ids=["fede", "fede_dense", "fedr", "fedlu", "fedec"])
 def test_the_masked_aggregate_is_the_plain_holder_mean(monkeypatch, strategy, tensor, extra):
     seen = spy_plaintext(monkeypatch)
     run = FederatedRun(secure(federated__strategy=strategy, **extra), run_dir=None)
