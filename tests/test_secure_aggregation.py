@@ -281,6 +281,10 @@ def test_secure_aggregation_settings_are_checked():
         FederatedRun(secure(federated__secure_aggregation__threshold=1), run_dir=None)
     with pytest.raises(ConfigError, match="federation_key"):
         FederatedRun(secure(federated__secure_aggregation__hide_aggregate=True), run_dir=None)
+    from lightning_fedkg.federated.peer import peer_strategy
+
+    with pytest.raises(ConfigError, match="peer-to-peer"):
+        peer_strategy(secure(federated__strategy="fkge"))
 
 
 def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):

@@ -252,6 +252,11 @@ def peer_strategy(cfg: ExperimentConfig) -> type[PeerStrategy]:
     strategy = STRATEGIES.get(cfg.federated.strategy)
     if not issubclass(strategy, PeerStrategy):
         raise ConfigError(f"{cfg.federated.strategy!r} is not a peer-to-peer strategy")
+    fc = cfg.federated
+    if fc.secure_aggregation.enabled or fc.dp.enabled:
+        raise ConfigError(f"federated.secure_aggregation and federated.dp protect a server's aggregation; "
+                          f"{fc.strategy!r} is peer-to-peer and has none (its own privacy settings are in "
+                          f"federated.{fc.strategy})")
     return strategy
 
 
