@@ -142,8 +142,7 @@ class SecureServer:
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
-        sc = ctx.cfg.federated.secure_aggregation
-        self.sa = sc
+        self.sa = ctx.cfg.federated.secure_aggregation
         self.threshold = check_secure_config(ctx.cfg, strategy, len(ctx.clients))
         self._round: _ServerRound | None = None
         self._positions: dict[tuple[str, str, str], Tensor] = {}
