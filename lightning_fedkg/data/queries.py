@@ -1,0 +1,342 @@
+"""Complex logical queries on a KG: structures, batched answering, sampling (FedCQA's data).
+
+Structures are data, in KGReasoning's nested-tuple grammar (Ren & Leskovec, "Beta Embeddings
+for Multi-Hop Logical Reasoning", NeurIPS 2020; REFERENCE §6.1): a *branch* is
+``(anchor, (r, ..., r))``; a tuple of two or more sub-queries is their conjunction, and a
+disjunction when it ends with the marker ``("u",)``; ``(compound, ("r",))`` projects a
+compound. An instance of a structure is one row of integers in depth-first order: anchor
+entity ids for ``"e"``, relation ids for ``"r"``, ``-1`` for ``"u"`` (a 2p query is
+``[a, r1, r2]``, an ip query ``[a1, r1, a2, r2, r3]``). A batch of one structure is a
+``LongTensor [B, slots]``.
+
+Relations come in pairs: relation ``k`` of the KG is id ``2k`` forward and ``2k + 1``
+inverse (:class:`QueryGraph`), as KGReasoning's query creation adds every triple reversed.
+
+Answers are computed by set operations on boolean entity matrices ``[B, N]``, a batch at a
+time: a projection is one sparse-dense product per distinct relation of the batch, an
+intersection ``&``, a union ``|``. There is no Python loop over entities or edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["STRUCTURES", "QueryGraph", "QuerySet", "num_slots", "anchors_and_relations", "answer", "sample_queries",
+           "build_query_set", "SPLITS"]
+
+E, R, U = "e", "r", "u"
+_B1 = (E, (R,))
+
+#: The nine query structures (FedCQA uses all but 3p).
+STRUCTURES: dict[str, tuple] = {
+    "1p": (E, (R,)),
+    "2p": (E, (R, R)),
+    "3p": (E, (R, R, R)),
+    "2i": (_B1, _B1),
+    "3i": (_B1, _B1, _B1),
+    "ip": ((_B1, _B1), (R,)),
+    "pi": ((E, (R, R)), _B1),
+    "2u": (_B1, _B1, (U,)),
+    "up": ((_B1, _B1, (U,)), (R,)),
+}
+
+
+def _is_branch(node) -> bool:
+    """``(anchor or compound, (r, ...))``."""
+    return (isinstance(node, tuple) and len(node) == 2 and isinstance(node[1], tuple) and len(node[1]) > 0
+            and all(x == R for x in node[1]))
+
+
+def _is_union(node) -> bool:
+    return isinstance(node, tuple) and len(node) > 1 and node[-1] == (U,)
+
+
+def num_slots(structure) -> int:
+    """Integers in an instance of ``structure``."""
+    if structure == E or structure == R or structure == (U,):
+        return 1
+    if _is_branch(structure):
+        return num_slots(structure[0]) + len(structure[1])
+    return sum(num_slots(part) for part in structure)
+
+
+def anchors_and_relations(structure) -> tuple[list[int], list[int]]:
+    """Slot positions of the anchors and of the relations of ``structure``."""
+    anchors, relations = [], []
+
+    def walk(node, pos: int) -> int:
+        if node == E:
+            anchors.append(pos)
+            return pos + 1
+        if node == (U,):
+            return pos + 1
+        if _is_branch(node):
+            pos = walk(node[0], pos)
+            for _ in node[1]:
+                relations.append(pos)
+                pos += 1
+            return pos
+        for part in node:
+            pos = walk(part, pos)
+        return pos
+
+    walk(structure, 0)
+    return anchors, relations
+
+
+@dataclass
+class QueryGraph:
+    """A KG's triples with their inverses, indexed for projections and backward walks.
+
+    Built with :meth:`from_triples` from ``[T, 3]`` triples of ``num_relations`` relations;
+    holds ``2 · num_relations`` relation ids (``2k`` forward, ``2k + 1`` inverse).
+    """
+
+    num_entities: int
+    num_relations: int  # with inverses
+    heads: Tensor       # edges sorted by (relation, head)
+    rels: Tensor
+    tails: Tensor
+    rel_start: Tensor   # [R + 1] offsets of each relation's edges
+
+    @classmethod
+    def from_triples(cls, triples: Tensor, num_entities: int, num_relations: int) -> "QueryGraph":
+        h, r, t = triples[:, 0].long(), triples[:, 1].long(), triples[:, 2].long()
+        heads = torch.cat([h, t])
+        rels = torch.cat([2 * r, 2 * r + 1])
+        tails = torch.cat([t, h])
+        key = torch.unique(rels * num_entities * num_entities + heads * num_entities + tails)  # no duplicates
+        n2 = num_entities * num_entities
+        rels, rest = key // n2, key % n2
+        heads, tails = rest // num_entities, rest % num_entities
+        counts = torch.bincount(rels, minlength=2 * num_relations)
+        start = torch.zeros(2 * num_relations + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(counts, 0)
+        return cls(num_entities, 2 * num_relations, heads, rels, tails, start)
+
+    def project(self, sets: Tensor, relations: Tensor) -> Tensor:
+        """``[B, N]`` bool: the entities reached from each row's set through its relation."""
+        out = torch.zeros_like(sets)
+        for r in torch.unique(relations).tolist():
+            rows = (relations == r).nonzero().squeeze(1)
+            lo, hi = int(self.rel_start[r]), int(self.rel_start[r + 1])
+            if hi == lo:
+                continue
+            h, t = self.heads[lo:hi], self.tails[lo:hi]
+            adjacency = torch.sparse_coo_tensor(torch.stack([t, h]), torch.ones(hi - lo),
+                                                (self.num_entities, self.num_entities),
+                                                check_invariants=False).coalesce()  # ids are in range by construction
+            reached = torch.sparse.mm(adjacency, sets[rows].T.float()).T
+            out[rows] = reached > 0
+        return out
+
+    def incoming(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Backward-walk index: edges sorted by (tail, relation); per node the range of its
+        distinct incoming relations; per (tail, relation) pair the range of its heads.
+        Returns ``(pair_rel, pair_start, pair_count, node_start, node_count, heads_sorted)``."""
+        n = self.num_entities
+        order = torch.argsort(self.tails * self.num_relations + self.rels, stable=True)
+        tails, rels, heads = self.tails[order], self.rels[order], self.heads[order]
+        pair_key, pair_count = torch.unique_consecutive(tails * self.num_relations + rels, return_counts=True)
+        pair_start = torch.zeros_like(pair_count)
+        pair_start[1:] = torch.cumsum(pair_count, 0)[:-1]
+        pair_tail, pair_rel = pair_key // self.num_relations, pair_key % self.num_relations
+        node_count = torch.bincount(pair_tail, minlength=n)
+        node_start = torch.zeros(n, dtype=torch.long)
+        node_start[1:] = torch.cumsum(node_count, 0)[:-1]
+        return pair_rel, pair_start, pair_count, node_start, node_count, heads
+
+
+def _onehot(ids: Tensor, n: int) -> Tensor:
+    out = torch.zeros(ids.shape[0], n, dtype=torch.bool)
+    out[torch.arange(ids.shape[0]), ids] = True
+    return out
+
+
+def answer(structure, queries: Tensor, graph: QueryGraph) -> Tensor:
+    """``[B, N]`` bool: the answers of each instance of ``structure`` on ``graph``."""
+
+    def run(node, pos: int) -> tuple[Tensor, int]:
+        if _is_branch(node):
+            if node[0] == E:
+                sets, pos = _onehot(queries[:, pos], graph.num_entities), pos + 1
+            else:
+                sets, pos = run(node[0], pos)
+            for _ in node[1]:
+                sets, pos = graph.project(sets, queries[:, pos]), pos + 1
+            return sets, pos
+        union = _is_union(node)
+        parts = node[:-1] if union else node
+        out = None
+        for part in parts:
+            sets, pos = run(part, pos)
+            out = sets if out is None else (out | sets if union else out & sets)
+        return out, pos + (1 if union else 0)
+
+    sets, _ = run(structure, 0)
+    return sets
+
+
+def _walk_back(nodes: Tensor, previous: Tensor | None, index, generator: torch.Generator,
+               tries: int = 40) -> tuple[Tensor, Tensor, Tensor]:
+    """One step back from each node: a random incoming relation (avoiding the inverse of
+    ``previous``, the relation chosen just before, within ``tries`` draws), then a random
+    predecessor through it. Returns ``(relations, predecessors, ok)``."""
+    pair_rel, pair_start, pair_count, node_start, node_count, heads = index
+    count = node_count[nodes]
+    ok = count > 0
+    safe = count.clamp(min=1)
+    pick = node_start[nodes] + (torch.rand(nodes.shape[0], generator=generator) * safe).long().clamp(max=safe - 1)
+    if previous is not None:
+        for _ in range(tries):
+            bad = ok & (pair_rel[pick] == (previous ^ 1))
+            if not bool(bad.any()):
+                break
+            redraw = node_start[nodes] + (torch.rand(nodes.shape[0], generator=generator) * safe).long() \
+                .clamp(max=safe - 1)
+            pick = torch.where(bad, redraw, pick)
+    pick = torch.where(ok, pick, torch.zeros_like(pick))
+    rels = pair_rel[pick]
+    within = (torch.rand(nodes.shape[0], generator=generator) * pair_count[pick]).long().clamp(max=pair_count[pick] - 1)
+    preds = heads[pair_start[pick] + within]
+    return rels, preds, ok
+
+
+def _fill(structure, targets: Tensor, index, generator: torch.Generator) -> tuple[list[Tensor], Tensor]:
+    """Instances of ``structure`` whose answers include ``targets`` (one per target), as a
+    list of slot columns in depth-first order, and which rows succeeded."""
+    if _is_branch(structure):
+        rels, node, ok, previous = [], targets, torch.ones_like(targets, dtype=torch.bool), None
+        for _ in structure[1]:
+            r, node, step_ok = _walk_back(node, previous, index, generator)
+            rels.append(r)
+            ok &= step_ok
+            previous = r
+        rels.reverse()  # chosen from the answer backwards
+        if structure[0] == E:
+            return [node, *rels], ok
+        cols, sub_ok = _fill(structure[0], node, index, generator)
+        return [*cols, *rels], ok & sub_ok
+    union = _is_union(structure)
+    parts = structure[:-1] if union else structure
+    cols, ok, branches = [], torch.ones_like(targets, dtype=torch.bool), []
+    for part in parts:
+        part_cols, part_ok = _fill(part, targets, index, generator)
+        branches.append((part, torch.stack(part_cols, 1)))
+        cols += part_cols
+        ok &= part_ok
+    for i in range(len(branches)):  # two branches of one shape must differ
+        for j in range(i + 1, len(branches)):
+            if branches[i][0] == branches[j][0]:
+                ok &= (branches[i][1] != branches[j][1]).any(1)
+    if union:
+        cols.append(torch.full_like(targets, -1))
+    return cols, ok
+
+
+def sample_queries(structure, graph: QueryGraph, count: int, generator: torch.Generator,
+                   batch: int = 4096, max_batches: int = 1000) -> Tensor:
+    """``[≤ count, slots]`` distinct instances of ``structure`` sampled on ``graph`` by
+    walking back from answers drawn uniformly among the entities with an incoming edge
+    (KGReasoning's procedure, REFERENCE §6.2), a batch of walks at a time."""
+    index = graph.incoming()
+    has_incoming = (index[4] > 0).nonzero().squeeze(1)
+    found = torch.zeros(0, num_slots(structure), dtype=torch.long)
+    for _ in range(max_batches):
+        if found.shape[0] >= count or has_incoming.numel() == 0:
+            break
+        targets = has_incoming[torch.randint(has_incoming.numel(), (batch,), generator=generator)]
+        cols, ok = _fill(structure, targets, index, generator)
+        fresh = torch.stack(cols, 1)[ok]
+        found = torch.unique(torch.cat([found, fresh]), dim=0)
+    # unique() sorts rows; a seeded permutation keeps the sample unbiased when it is cut
+    keep = torch.randperm(found.shape[0], generator=generator)[:count]
+    return found[keep]
+
+
+#: Which graph a split's queries are sampled on, and which earlier graph's answers are easy:
+#: ``split -> (graph index, easy graph index or None)`` over ``(G_train, G_valid, G_test)``.
+SPLITS = {"train": (0, None), "valid": (1, 0), "test": (2, 1)}
+
+
+@dataclass
+class QuerySet:
+    """Instances of one structure and their answers, as CSR lists (``offsets [B + 1]``,
+    ``ids``): ``hard`` are ranked, ``easy`` are filtered out of the ranking (empty for
+    training queries, whose answers are all ``hard``)."""
+
+    structure: str
+    queries: Tensor
+    hard_offsets: Tensor
+    hard_ids: Tensor
+    easy_offsets: Tensor
+    easy_ids: Tensor
+
+    def __len__(self) -> int:
+        return int(self.queries.shape[0])
+
+    def hard(self, i: int) -> Tensor:
+        return self.hard_ids[self.hard_offsets[i]:self.hard_offsets[i + 1]]
+
+    def easy(self, i: int) -> Tensor:
+        return self.easy_ids[self.easy_offsets[i]:self.easy_offsets[i + 1]]
+
+
+def _csr(sets: Tensor) -> tuple[Tensor, Tensor]:
+    offsets = torch.zeros(sets.shape[0] + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(sets.sum(1), 0)
+    return offsets, sets.nonzero()[:, 1]
+
+
+def _cat_csr(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    offsets, ids, total = [torch.zeros(1, dtype=torch.long)], [], 0
+    for off, idx in parts:
+        offsets.append(off[1:] + total)
+        ids.append(idx)
+        total += int(off[-1])
+    return torch.cat(offsets), torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long)
+
+
+def build_query_set(name: str, graphs: tuple[QueryGraph, QueryGraph, QueryGraph], split: str, count: int,
+                    generator: torch.Generator, chunk: int = 1024, keep=None) -> QuerySet:
+    """``count`` (or fewer, if the graph has fewer) queries of structure ``name`` for
+    ``split`` with KGReasoning's answer sets (REFERENCE §6.2): sampled on the split's graph;
+    for valid and test, ``easy`` = the answers on the previous graph, ``hard`` = the rest,
+    and only queries with a hard answer are kept. ``keep(queries) -> bool [B]`` filters
+    further (cross-graph queries: relations of two owners at least)."""
+    structure = STRUCTURES[name]
+    on, easy_on = SPLITS[split]
+    chosen: list[Tensor] = []
+    hard_parts, easy_parts, have = [], [], 0
+    seen = torch.zeros(0, num_slots(structure), dtype=torch.long)
+    for _ in range(20):
+        want = max(2 * (count - have), 64)
+        fresh = sample_queries(structure, graphs[on], want, generator)
+        if seen.numel():  # never the same query twice (exact: rows compared whole)
+            _, inverse = torch.unique(torch.cat([seen, fresh]), dim=0, return_inverse=True)
+            fresh = fresh[~torch.isin(inverse[seen.shape[0]:], inverse[: seen.shape[0]])]
+        if keep is not None and fresh.numel():
+            fresh = fresh[keep(fresh)]
+        seen = torch.cat([seen, fresh])
+        for start in range(0, fresh.shape[0], chunk):
+            batch = fresh[start:start + chunk]
+            full = answer(structure, batch, graphs[on])
+            easy = answer(structure, batch, graphs[easy_on]) if easy_on is not None else torch.zeros_like(full)
+            hard = full & ~easy
+            ok = hard.any(1)
+            take = ok.nonzero().squeeze(1)[: count - have]
+            if take.numel():
+                chosen.append(batch[take])
+                hard_parts.append(_csr(hard[take]))
+                easy_parts.append(_csr(easy[take]))
+                have += take.numel()
+            if have >= count:
+                break
+        if have >= count:
+            break
+    queries = torch.cat(chosen) if chosen else torch.zeros(0, num_slots(structure), dtype=torch.long)
+    return QuerySet(name, queries, *_cat_csr(hard_parts), *_cat_csr(easy_parts))
+
