@@ -13,8 +13,9 @@ Relations come in pairs: relation ``k`` of the KG is id ``2k`` forward and ``2k 
 inverse (:class:`QueryGraph`), as KGReasoning's query creation adds every triple reversed.
 
 Answers are computed by set operations on boolean entity matrices ``[B, N]``, a batch at a
-time: a projection is one sparse-dense product per distinct relation of the batch, an
-intersection ``&``, a union ``|``. There is no Python loop over entities or edges.
+time: a projection follows, for every (query, member) pair, the edges of the query's
+relation out of that member (a binary search in the sorted edge list), an intersection is
+``&``, a union ``|``. There is no Python loop over queries, entities or edges.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class QueryGraph:
     rels: Tensor
     tails: Tensor
     rel_start: Tensor   # [R + 1] offsets of each relation's edges
+    edge_keys: Tensor   # relation · N + head of each edge, sorted (for projections)
 
     @classmethod
     def from_triples(cls, triples: Tensor, num_entities: int, num_relations: int) -> "QueryGraph":
@@ -115,22 +117,34 @@ class QueryGraph:
         counts = torch.bincount(rels, minlength=2 * num_relations)
         start = torch.zeros(2 * num_relations + 1, dtype=torch.long)
         start[1:] = torch.cumsum(counts, 0)
-        return cls(num_entities, 2 * num_relations, heads, rels, tails, start)
+        return cls(num_entities, 2 * num_relations, heads, rels, tails, start, rels * num_entities + heads)
 
-    def project(self, sets: Tensor, relations: Tensor) -> Tensor:
-        """``[B, N]`` bool: the entities reached from each row's set through its relation."""
+    def project(self, sets: Tensor, relations: Tensor, max_pairs: int = 1 << 24) -> Tensor:
+        """``[B, N]`` bool: the entities reached from each row's set through its relation.
+
+        Work is proportional to the edges actually followed: every (row, member) pair looks
+        up its edges ``(relation of the row, member, ·)`` by binary search in the edges
+        sorted by (relation, head), and the tails are set, ``max_pairs`` at a time."""
         out = torch.zeros_like(sets)
-        for r in torch.unique(relations).tolist():
-            rows = (relations == r).nonzero().squeeze(1)
-            lo, hi = int(self.rel_start[r]), int(self.rel_start[r + 1])
-            if hi == lo:
-                continue
-            h, t = self.heads[lo:hi], self.tails[lo:hi]
-            adjacency = torch.sparse_coo_tensor(torch.stack([t, h]), torch.ones(hi - lo),
-                                                (self.num_entities, self.num_entities),
-                                                check_invariants=False).coalesce()  # ids are in range by construction
-            reached = torch.sparse.mm(adjacency, sets[rows].T.float()).T
-            out[rows] = reached > 0
+        rows, members = sets.nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            return out
+        keys = relations[rows] * self.num_entities + members
+        lo = torch.searchsorted(self.edge_keys, keys)
+        counts = torch.searchsorted(self.edge_keys, keys, right=True) - lo
+        ends = torch.cumsum(counts, 0)
+        start = 0
+        while start < rows.numel():
+            # the longest run of pairs whose edges fit in max_pairs (at least one pair)
+            base = int(ends[start - 1]) if start else 0
+            stop = max(start + 1, int(torch.searchsorted(ends, base + max_pairs, right=True)))
+            c = counts[start:stop]
+            total = int(c.sum())
+            if total:
+                owner = torch.repeat_interleave(torch.arange(start, stop), c)
+                offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+                out[rows[owner], self.tails[lo[owner] + offset]] = True
+            start = stop
         return out
 
     def incoming(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
