@@ -126,3 +126,32 @@ def test_valid_and_test_sets_split_answers_into_easy_and_hard(name):
             easy = set() if easy_on is None else brute_force(STRUCTURES[name], row, edges[easy_on])[0]
             assert set(qs.hard(i).tolist()) == full - easy and qs.hard(i).numel() > 0
             assert set(qs.easy(i).tolist()) == easy
+
+
+@pytest.mark.parametrize("name", ["2p", "pi", "up"])
+def test_cross_graph_queries_span_two_clients_and_are_answered_on_the_union(name):
+    from lightning_fedkg.data import load_federated
+    from lightning_fedkg.data.queries import build_query_set, relation_owners, spans_owners, union_split_graphs
+
+    fkg = load_federated("umls", num_clients=3, seed=12345, partition="relation")
+    owners = relation_owners(fkg)
+    graphs = union_split_graphs(fkg)
+    structure = STRUCTURES[name]
+    qs = build_query_set(name, graphs, "test", 25, torch.Generator().manual_seed(0),
+                         keep=spans_owners(structure, owners))
+    assert len(qs) == 25
+    _, slots = anchors_and_relations(structure)
+    union = {s: [] for s in ("train", "valid", "test")}
+    for kg, ent, rel in zip(fkg.clients, fkg.entity_index, fkg.relation_index):
+        for s in union:
+            t = kg.triples(s)
+            union[s].append(torch.stack([ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]]], 1))
+    valid = edges_with_inverses(torch.cat(union["train"] + union["valid"]))
+    test = edges_with_inverses(torch.cat(union["train"] + union["valid"] + union["test"]))
+    for i, row in enumerate(qs.queries.tolist()):
+        assert len({int(owners[row[s] // 2]) for s in slots}) >= 2  # never one client's query
+        full, easy = brute_force(structure, row, test)[0], brute_force(structure, row, valid)[0]
+        assert set(qs.hard(i).tolist()) == full - easy and set(qs.easy(i).tolist()) == easy
+    # a 1p query has one relation: it can never span two clients
+    one = sample_queries(STRUCTURES["1p"], graphs[2], 50, torch.Generator().manual_seed(0))
+    assert not bool(spans_owners(STRUCTURES["1p"], owners)(one).any())

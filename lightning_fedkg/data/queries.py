@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["STRUCTURES", "QueryGraph", "QuerySet", "num_slots", "anchors_and_relations", "answer", "sample_queries",
-           "build_query_set", "SPLITS"]
+           "build_query_set", "SPLITS", "split_graphs", "union_split_graphs", "relation_owners", "spans_owners"]
 
 E, R, U = "e", "r", "u"
 _B1 = (E, (R,))
@@ -354,3 +354,48 @@ def build_query_set(name: str, graphs: tuple[QueryGraph, QueryGraph, QueryGraph]
     queries = torch.cat(chosen) if chosen else torch.zeros(0, num_slots(structure), dtype=torch.long)
     return QuerySet(name, queries, *_cat_csr(hard_parts), *_cat_csr(easy_parts))
 
+
+
+def split_graphs(triples: dict[str, Tensor], num_entities: int, num_relations: int) \
+        -> tuple[QueryGraph, QueryGraph, QueryGraph]:
+    """``(G_train, G_valid, G_test)``: train, train ∪ valid, train ∪ valid ∪ test."""
+    train = triples["train"]
+    valid = torch.cat([train, triples["valid"]])
+    test = torch.cat([valid, triples["test"]])
+    return tuple(QueryGraph.from_triples(t, num_entities, num_relations) for t in (train, valid, test))
+
+
+def union_split_graphs(fkg) -> tuple[QueryGraph, QueryGraph, QueryGraph]:
+    """The three graphs of the union of a federation's clients, in global ids (the graphs
+    cross-graph queries are sampled and answered on, FedCQA §5.1.2)."""
+    parts = {split: [] for split in ("train", "valid", "test")}
+    for kg, ent, rel in zip(fkg.clients, fkg.entity_index, fkg.relation_index):
+        for split in parts:
+            t = kg.triples(split)
+            parts[split].append(torch.stack([ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]]], 1))
+    return split_graphs({k: torch.cat(v) for k, v in parts.items()}, fkg.num_entities, fkg.num_relations)
+
+
+def relation_owners(fkg) -> Tensor:
+    """``LongTensor [R]``: the client that holds each global relation (-1: none). FedCQA's
+    clients hold disjoint relation sets; a relation two clients hold is an error here."""
+    owners = torch.full((fkg.num_relations,), -1, dtype=torch.long)
+    for k, rel in enumerate(fkg.relation_index):
+        if bool((owners[rel] >= 0).any()):
+            raise ValueError("cross-graph queries need disjoint relation sets, but two clients share a relation")
+        owners[rel] = k
+    return owners
+
+
+def spans_owners(structure, owners: Tensor, at_least: int = 2):
+    """``keep(queries) -> bool [B]``: whether a query's relations (forward or inverse ids)
+    belong to at least ``at_least`` distinct clients. Checked on the query itself, not on a
+    variable of the sampler (the official sampler's cross-graph check is on a stale one)."""
+    _, slots = anchors_and_relations(structure)
+
+    def keep(queries: Tensor) -> Tensor:
+        who = owners[queries[:, slots] // 2].sort(1).values  # [B, relations]
+        distinct = 1 + (who[:, 1:] != who[:, :-1]).sum(1)
+        return distinct >= at_least
+
+    return keep
