@@ -155,3 +155,33 @@ def test_cross_graph_queries_span_two_clients_and_are_answered_on_the_union(name
     # a 1p query has one relation: it can never span two clients
     one = sample_queries(STRUCTURES["1p"], graphs[2], 50, torch.Generator().manual_seed(0))
     assert not bool(spans_owners(STRUCTURES["1p"], owners)(one).any())
+
+
+def test_federated_query_sets_are_cached_by_content(tmp_path, monkeypatch):
+    from lightning_fedkg.data import load_federated
+    from lightning_fedkg.data import query_sets
+    from lightning_fedkg.data.query_sets import QuerySettings, federated_query_sets
+
+    fkg = load_federated("umls", num_clients=3, seed=12345, partition="relation")
+    settings = QuerySettings(types=("1p", "2p", "ip"), train_per_type=90, eval_per_type=30, cross_per_type=10)
+    first = federated_query_sets(fkg, settings, tmp_path / "cache")
+    assert [len(first["clients"][k]["train"]["2p"]) for k in range(3)] == [30, 30, 30]  # 90 / 3 clients
+    assert [len(first["clients"][k]["valid"]["ip"]) for k in range(3)] == [10, 10, 10]
+    assert set(first["cross"]) == {"2p", "ip"} and len(first["cross"]["2p"]) == 10  # no cross-graph 1p
+    for k, kg in enumerate(fkg.clients):  # in-graph sets are in the client's local ids
+        q = first["clients"][k]["train"]["2p"].queries
+        assert int(q[:, 0].max()) < kg.num_entities and int(q[:, 1:].max()) < 2 * kg.num_relations
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("a cached set was sampled again")
+
+    monkeypatch.setattr(query_sets, "build_query_set", no_sampling)
+    second = federated_query_sets(fkg, settings, tmp_path / "cache")
+    for k in range(3):
+        for split in ("train", "valid", "test"):
+            for name in settings.types:
+                a, b = first["clients"][k][split][name], second["clients"][k][split][name]
+                assert torch.equal(a.queries, b.queries) and torch.equal(a.hard_ids, b.hard_ids)
+    with pytest.raises(AssertionError, match="sampled again"):  # another seed is another set
+        federated_query_sets(fkg, QuerySettings(types=("2p",), train_per_type=90, eval_per_type=30,
+                                                cross_per_type=10, seed=1), tmp_path / "cache")
