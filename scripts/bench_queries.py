@@ -44,6 +44,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("lightning_fedkg").setLevel(logging.INFO)
     fkg = load_federated(args.data, num_clients=args.clients, seed=args.partition_seed, partition="relation")
     settings = QuerySettings(train_per_type=args.train, eval_per_type=args.eval, cross_per_type=args.cross,
                              seed=args.seed)

@@ -163,11 +163,13 @@ def test_federated_query_sets_are_cached_by_content(tmp_path, monkeypatch):
     from lightning_fedkg.data.query_sets import QuerySettings, federated_query_sets
 
     fkg = load_federated("umls", num_clients=3, seed=12345, partition="relation")
-    settings = QuerySettings(types=("1p", "2p", "ip"), train_per_type=90, eval_per_type=30, cross_per_type=10)
+    settings = QuerySettings(types=("1p", "2p", "ip"), train_types=("1p", "2p"), train_per_type=90, eval_per_type=30,
+                             cross_per_type=10)
     first = federated_query_sets(fkg, settings, tmp_path / "cache")
     assert [len(first["clients"][k]["train"]["2p"]) for k in range(3)] == [30, 30, 30]  # 90 / 3 clients
     assert [len(first["clients"][k]["valid"]["ip"]) for k in range(3)] == [10, 10, 10]
     assert set(first["cross"]) == {"2p", "ip"} and len(first["cross"]["2p"]) == 10  # no cross-graph 1p
+    assert set(first["clients"][0]["train"]) == {"1p", "2p"} and set(first["clients"][0]["test"]) == {"1p", "2p", "ip"}
     for k, kg in enumerate(fkg.clients):  # in-graph sets are in the client's local ids
         q = first["clients"][k]["train"]["2p"].queries
         assert int(q[:, 0].max()) < kg.num_entities and int(q[:, 1:].max()) < 2 * kg.num_relations
@@ -179,9 +181,19 @@ def test_federated_query_sets_are_cached_by_content(tmp_path, monkeypatch):
     second = federated_query_sets(fkg, settings, tmp_path / "cache")
     for k in range(3):
         for split in ("train", "valid", "test"):
-            for name in settings.types:
+            for name in first["clients"][k][split]:
                 a, b = first["clients"][k][split][name], second["clients"][k][split][name]
                 assert torch.equal(a.queries, b.queries) and torch.equal(a.hard_ids, b.hard_ids)
     with pytest.raises(AssertionError, match="sampled again"):  # another seed is another set
-        federated_query_sets(fkg, QuerySettings(types=("2p",), train_per_type=90, eval_per_type=30,
-                                                cross_per_type=10, seed=1), tmp_path / "cache")
+        federated_query_sets(fkg, QuerySettings(types=("2p",), train_types=("2p",), train_per_type=90,
+                                                eval_per_type=30, cross_per_type=10, seed=1), tmp_path / "cache")
+
+
+def test_1p_sets_enumerate_every_anchor_relation_pair(nations):
+    from lightning_fedkg.data.queries import build_query_set
+
+    kg, triples, graph = nations
+    graphs = (graph, graph, graph)
+    qs = build_query_set("1p", graphs, "train", 10**6, torch.Generator().manual_seed(0))
+    expected = {(h, r) for (h, r, _) in edges_with_inverses(triples)}
+    assert {tuple(x) for x in qs.queries.tolist()} == expected and len(qs) == len(expected)

@@ -259,13 +259,17 @@ def sample_queries(structure, graph: QueryGraph, count: int, generator: torch.Ge
     index = graph.incoming()
     has_incoming = (index[4] > 0).nonzero().squeeze(1)
     found = torch.zeros(0, num_slots(structure), dtype=torch.long)
+    stale = 0
     for _ in range(max_batches):
-        if found.shape[0] >= count or has_incoming.numel() == 0:
+        if found.shape[0] >= count or has_incoming.numel() == 0 or stale >= 3:
             break
         targets = has_incoming[torch.randint(has_incoming.numel(), (batch,), generator=generator)]
         cols, ok = _fill(structure, targets, index, generator)
         fresh = torch.stack(cols, 1)[ok]
+        before = found.shape[0]
         found = torch.unique(torch.cat([found, fresh]), dim=0)
+        # a graph with fewer distinct queries than asked: stop once batches bring almost nothing
+        stale = stale + 1 if found.shape[0] - before < max(1, batch // 100) else 0
     # unique() sorts rows; a seeded permutation keeps the sample unbiased when it is cut
     keep = torch.randperm(found.shape[0], generator=generator)[:count]
     return found[keep]
@@ -323,37 +327,63 @@ def build_query_set(name: str, graphs: tuple[QueryGraph, QueryGraph, QueryGraph]
     further (cross-graph queries: relations of two owners at least)."""
     structure = STRUCTURES[name]
     on, easy_on = SPLITS[split]
-    chosen: list[Tensor] = []
-    hard_parts, easy_parts, have = [], [], 0
+    if name == "1p" and keep is None:  # few enough to enumerate: every (anchor, relation) of the graph
+        g = graphs[on]
+        pairs = torch.unique(torch.stack([g.heads, g.rels], 1), dim=0)
+        return _answered(name, pairs[torch.randperm(pairs.shape[0], generator=generator)], graphs, split, count,
+                         chunk)
+    parts: list[QuerySet] = []
+    have = 0
     seen = torch.zeros(0, num_slots(structure), dtype=torch.long)
     for _ in range(20):
         want = max(2 * (count - have), 64)
         fresh = sample_queries(structure, graphs[on], want, generator)
+        exhausted = fresh.shape[0] < want  # the graph has no more distinct queries to give
         if seen.numel():  # never the same query twice (exact: rows compared whole)
             _, inverse = torch.unique(torch.cat([seen, fresh]), dim=0, return_inverse=True)
             fresh = fresh[~torch.isin(inverse[seen.shape[0]:], inverse[: seen.shape[0]])]
         if keep is not None and fresh.numel():
             fresh = fresh[keep(fresh)]
         seen = torch.cat([seen, fresh])
-        for start in range(0, fresh.shape[0], chunk):
-            batch = fresh[start:start + chunk]
-            full = answer(structure, batch, graphs[on])
-            easy = answer(structure, batch, graphs[easy_on]) if easy_on is not None else torch.zeros_like(full)
-            hard = full & ~easy
-            ok = hard.any(1)
-            take = ok.nonzero().squeeze(1)[: count - have]
-            if take.numel():
-                chosen.append(batch[take])
-                hard_parts.append(_csr(hard[take]))
-                easy_parts.append(_csr(easy[take]))
-                have += take.numel()
-            if have >= count:
-                break
+        part = _answered(name, fresh, graphs, split, count - have, chunk)
+        if len(part):
+            parts.append(part)
+            have += len(part)
+        if have >= count or exhausted:
+            break
+    return _concat(name, parts, num_slots(structure))
+
+
+def _answered(name: str, candidates: Tensor, graphs, split: str, count: int, chunk: int) -> QuerySet:
+    """The first ``count`` of ``candidates`` (in order) that have a hard answer, answered."""
+    structure = STRUCTURES[name]
+    on, easy_on = SPLITS[split]
+    chosen, hard_parts, easy_parts, have = [], [], [], 0
+    for start in range(0, candidates.shape[0], chunk):
         if have >= count:
             break
+        batch = candidates[start:start + chunk]
+        full = answer(structure, batch, graphs[on])
+        easy = answer(structure, batch, graphs[easy_on]) if easy_on is not None else torch.zeros_like(full)
+        hard = full & ~easy
+        take = hard.any(1).nonzero().squeeze(1)[: count - have]
+        if take.numel():
+            chosen.append(batch[take])
+            hard_parts.append(_csr(hard[take]))
+            easy_parts.append(_csr(easy[take]))
+            have += take.numel()
     queries = torch.cat(chosen) if chosen else torch.zeros(0, num_slots(structure), dtype=torch.long)
     return QuerySet(name, queries, *_cat_csr(hard_parts), *_cat_csr(easy_parts))
 
+
+def _concat(name: str, parts: list[QuerySet], slots: int) -> QuerySet:
+    if not parts:
+        empty = torch.zeros(0, dtype=torch.long)
+        return QuerySet(name, torch.zeros(0, slots, dtype=torch.long), torch.zeros(1, dtype=torch.long), empty,
+                        torch.zeros(1, dtype=torch.long), empty)
+    hard = _cat_csr([(p.hard_offsets, p.hard_ids) for p in parts])
+    easy = _cat_csr([(p.easy_offsets, p.easy_ids) for p in parts])
+    return QuerySet(name, torch.cat([p.queries for p in parts]), *hard, *easy)
 
 
 def split_graphs(triples: dict[str, Tensor], num_entities: int, num_relations: int) \
