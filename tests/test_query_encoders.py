@@ -1,0 +1,65 @@
+"""DNF rewriting, GQE's operators by hand, and filtered query ranks against a brute force."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_fedkg.data.queries import STRUCTURES, num_slots
+from lightning_fedkg.evaluation.query_ranking import filtered_ranks, per_query_metrics
+from lightning_fedkg.models.query_encoders import GQE, dnf
+
+
+def test_dnf_by_hand():
+    assert dnf(STRUCTURES["2p"]) == [(STRUCTURES["2p"], [0, 1, 2])]
+    assert dnf(STRUCTURES["2u"]) == [(("e", ("r",)), [0, 1]), (("e", ("r",)), [2, 3])]
+    assert dnf(STRUCTURES["up"]) == [((("e", ("r",)), ("r",)), [0, 1, 5]), ((("e", ("r",)), ("r",)), [2, 3, 5])]
+    assert dnf(STRUCTURES["pi"]) == [(STRUCTURES["pi"], [0, 1, 2, 3, 4])]
+    for name, structure in STRUCTURES.items():  # every slot but the union marker is used
+        used = sorted({s for _, slots in dnf(structure) for s in slots})
+        assert used == [i for i in range(num_slots(structure)) if not (name in ("2u", "up") and i == 4)]
+
+
+def test_gqe_operators_by_hand():
+    torch.manual_seed(0)
+    model = GQE(5, 4, 3, gamma=2.0)
+    e, r = model.entity_emb.detach(), model.relation_emb.detach()
+    q = model.embed("2p", torch.tensor([[1, 2, 3]]))
+    assert torch.allclose(q[0, 0], e[1] + r[2] + r[3])
+    both = model.embed("2i", torch.tensor([[1, 2, 4, 0]]))[0, 0]
+    branches = torch.stack([e[1] + r[2], e[4] + r[0]])
+    weights = torch.softmax(model.attention(branches), dim=0)
+    assert torch.allclose(both, (weights * branches).sum(0), atol=1e-6)
+    union = model.embed("2u", torch.tensor([[1, 2, 4, 0, -1]]))
+    scores = model.score(union)
+    expected = torch.maximum(2.0 - (e - (e[1] + r[2])).abs().sum(1), 2.0 - (e - (e[4] + r[0])).abs().sum(1))
+    assert torch.allclose(scores[0], expected, atol=1e-5)
+
+
+def brute_force_rank(row: list[float], answer: int, answers: set) -> float:
+    s = row[answer]
+    greater = sum(1 for e, v in enumerate(row) if e not in answers and v > s)
+    equal = sum(1 for e, v in enumerate(row) if e not in answers and v == s)
+    return 1 + greater + equal / 2
+
+
+def test_filtered_ranks_match_a_brute_force():
+    g = torch.Generator().manual_seed(0)
+    b, n = 6, 40
+    scores = torch.randint(0, 8, (b, n), generator=g).float()  # many ties
+    hard = [torch.randperm(n, generator=g)[: int(k)] for k in torch.randint(1, 5, (b,), generator=g)]
+    easy = [torch.tensor([int(x) for x in torch.randperm(n, generator=g)[:3] if int(x) not in h.tolist()])
+            for h in hard]
+    hard_rows = torch.cat([torch.full((len(h),), i) for i, h in enumerate(hard)])
+    easy_rows = torch.cat([torch.full((len(e),), i) for i, e in enumerate(easy)])
+    ranks = filtered_ranks(scores, hard_rows, torch.cat(hard), easy_rows, torch.cat(easy))
+    expected = []
+    for i, h in enumerate(hard):
+        answers = set(h.tolist()) | set(easy[i].tolist())
+        expected += [brute_force_rank(scores[i].tolist(), int(v), answers) for v in h]
+    assert ranks.tolist() == pytest.approx(expected)
+    metrics = per_query_metrics(ranks, hard_rows, b)
+    for i, h in enumerate(hard):
+        mine = torch.tensor(expected)[hard_rows == i]
+        assert float(metrics["mrr"][i]) == pytest.approx(float((1 / mine).mean()))
+        assert float(metrics["hits@3"][i]) == pytest.approx(float((mine <= 3).float().mean()))
