@@ -9,6 +9,8 @@ from lightning_fedkg.data.queries import STRUCTURES, num_slots
 from lightning_fedkg.evaluation.query_ranking import filtered_ranks, per_query_metrics
 from lightning_fedkg.models.query_encoders import GQE, dnf
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_dnf_by_hand():
     assert dnf(STRUCTURES["2p"]) == [(STRUCTURES["2p"], [0, 1, 2])]
@@ -63,3 +65,29 @@ def test_filtered_ranks_match_a_brute_force():
         mine = torch.tensor(expected)[hard_rows == i]
         assert float(metrics["mrr"][i]) == pytest.approx(float((1 / mine).mean()))
         assert float(metrics["hits@3"][i]) == pytest.approx(float((mine <= 3).float().mean()))
+
+
+def test_gqe_learns_to_answer_queries_on_umls():
+    """End to end with a plain Trainer: GQE trained on 1p/2p/2i queries of UMLS answers
+    held-out test queries far above chance (MRR .04 before training)."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from lightning_fedkg.data import load_kg
+    from lightning_fedkg.data.queries import build_query_set, split_graphs
+    from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
+
+    torch.manual_seed(0)
+    kg = load_kg("umls")
+    graphs = split_graphs({s: kg.triples(s) for s in ("train", "valid", "test")}, kg.num_entities, kg.num_relations)
+    g = torch.Generator().manual_seed(0)
+    train = {t: build_query_set(t, graphs, "train", 3000, g) for t in ("1p", "2p", "2i")}
+    test = {t: build_query_set(t, graphs, "test", 200, g) for t in ("1p", "2i")}
+    module = QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, dim=32, gamma=12.0, lr=0.01, negatives=32)
+    before = module.evaluate(test)["mrr"]
+    trainer = L.Trainer(max_steps=300, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, DataLoader(QueryBatches(train, batch_size=128), batch_size=None))
+    after = module.evaluate(test)
+    assert before < 0.1 and after["mrr"] > 0.2, (before, after)  # .04 -> .29 when written
+    assert set(after["by_type"]) == {"1p", "2i"} and after["by_type"]["1p"]["queries"] == 200

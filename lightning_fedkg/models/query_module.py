@@ -1,0 +1,118 @@
+"""Complex query answering on one KG as a LightningModule (a plain ``Trainer`` trains it).
+
+Training follows KGReasoning (REFERENCE §6.3): each batch holds queries of one structure;
+every query gets one of its answers as the positive and ``negatives`` uniformly drawn
+entities, and the loss is
+
+    L = ½ [Σ w_q (−log σ(s(pos))) + Σ w_q (−mean_j log σ(−s(neg_j)))] / Σ w_q,
+
+with ``w_q = (4 + |answers(q)|)^(-1/2)``. Evaluation ranks every hard answer with the other
+answers filtered (:mod:`lightning_fedkg.evaluation.query_ranking`): MRR and HR@1/3/10 per
+structure, and their mean over structures.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import IterableDataset
+
+from lightning_fedkg.data.queries import QuerySet
+from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
+from lightning_fedkg.models.query_encoders import GQE
+
+__all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS"]
+
+ENCODERS = {"gqe": GQE}
+
+
+class QueryBatches(IterableDataset):
+    """Endless batches of training queries, each of one structure drawn in proportion to its
+    set's size: ``{"structure", "queries", "positive", "weight"}`` (use ``batch_size=None``)."""
+
+    def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0) -> None:
+        self.sets = {k: v for k, v in sets.items() if len(v)}
+        self.batch_size = batch_size
+        self.seed = seed
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed)
+        names = sorted(self.sets)
+        sizes = torch.tensor([len(self.sets[n]) for n in names], dtype=torch.float)
+        while True:
+            name = names[int(torch.multinomial(sizes, 1, generator=generator))]
+            qs = self.sets[name]
+            rows = torch.randint(len(qs), (self.batch_size,), generator=generator)
+            counts = (qs.hard_offsets[rows + 1] - qs.hard_offsets[rows])
+            pick = qs.hard_offsets[rows] + (torch.rand(rows.shape[0], generator=generator) * counts).long()
+            yield {"structure": name, "queries": qs.queries[rows], "positive": qs.hard_ids[pick],
+                   "weight": (4.0 + counts.float()).rsqrt()}
+
+
+class QueryAnsweringModule(L.LightningModule):
+    """An encoder (``"gqe"``) over ``num_entities`` entities and ``num_relations`` relation
+    ids (inverses included), trained with KGReasoning's negative-sampling loss."""
+
+    def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
+                 gamma: float = 24.0, lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256) -> None:
+        super().__init__()
+        if encoder not in ENCODERS:
+            raise ValueError(f"unknown query encoder {encoder!r}; valid: {', '.join(ENCODERS)}")
+        self.save_hyperparameters()
+        self.encoder = ENCODERS[encoder](num_entities, num_relations, dim, gamma=gamma)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+    def _candidate_scores(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
+        """``[B, m]`` scores of per-row candidates ``[B, m]`` (best over the alternatives)."""
+        rows = self.encoder.entity_emb[candidates]  # [B, m, d]
+        distance = (rows[:, None, :, :] - embeddings[:, :, None, :]).abs().sum(-1)  # [B, K, m]
+        return (self.encoder.gamma - distance).max(1).values
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        q = self.encoder.embed(batch["structure"], batch["queries"])
+        b = q.shape[0]
+        negatives = torch.randint(self.encoder.entity_emb.shape[0], (b, self.hparams.negatives), device=q.device)
+        pos = self._candidate_scores(q, batch["positive"][:, None]).squeeze(1)
+        neg = self._candidate_scores(q, negatives)
+        w = batch["weight"]
+        positive_loss = -(w * torch.nn.functional.logsigmoid(pos)).sum() / w.sum()
+        negative_loss = -(w * torch.nn.functional.logsigmoid(-neg).mean(1)).sum() / w.sum()
+        loss = 0.5 * (positive_loss + negative_loss)
+        self.log("train/loss", loss, batch_size=b)
+        return loss
+
+    @torch.no_grad()
+    def evaluate(self, sets: dict[str, QuerySet]) -> dict:
+        """``{"by_type": {structure: {"mrr", "hits@k", "queries"}}, "mrr", "hits@k"}`` (the
+        overall numbers are means over structures, as FedCQA and KGReasoning report)."""
+        by_type = {}
+        size = self.hparams.eval_batch_size
+        for name, qs in sorted(sets.items()):
+            if not len(qs):
+                continue
+            totals = {"mrr": 0.0, **{f"hits@{k}": 0.0 for k in HITS}}
+            for start in range(0, len(qs), size):
+                stop = min(start + size, len(qs))
+                scores = self.encoder.score(self.encoder.embed(name, qs.queries[start:stop].to(self.device)))
+                hard = _rows(qs.hard_offsets, start, stop)
+                easy = _rows(qs.easy_offsets, start, stop)
+                ranks = filtered_ranks(scores, hard.to(self.device), qs.hard_ids[qs.hard_offsets[start]:
+                                                                            qs.hard_offsets[stop]].to(self.device),
+                                       easy.to(self.device),
+                                       qs.easy_ids[qs.easy_offsets[start]:qs.easy_offsets[stop]].to(self.device))
+                metrics = per_query_metrics(ranks, hard.to(self.device), stop - start)
+                for key in totals:
+                    totals[key] += float(metrics[key].sum())
+            by_type[name] = {key: value / len(qs) for key, value in totals.items()} | {"queries": len(qs)}
+        keys = ["mrr", *[f"hits@{k}" for k in HITS]]
+        overall = {key: sum(m[key] for m in by_type.values()) / max(len(by_type), 1) for key in keys}
+        return {"by_type": by_type, **overall}
+
+
+def _rows(offsets: Tensor, start: int, stop: int) -> Tensor:
+    """Row ids (``0 .. stop-start-1``) of the CSR entries of rows ``start..stop-1``."""
+    counts = offsets[start + 1:stop + 1] - offsets[start:stop]
+    return torch.repeat_interleave(torch.arange(stop - start), counts)
