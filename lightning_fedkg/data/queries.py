@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["STRUCTURES", "QueryGraph", "QuerySet", "num_slots", "anchors_and_relations", "answer", "sample_queries",
-           "build_query_set", "SPLITS", "split_graphs", "union_split_graphs", "relation_owners", "spans_owners"]
+           "build_query_set", "SPLITS", "is_branch", "is_union", "split_graphs", "union_split_graphs",
+           "relation_owners", "spans_owners"]
 
 E, R, U = "e", "r", "u"
 _B1 = (E, (R,))
@@ -45,13 +46,13 @@ STRUCTURES: dict[str, tuple] = {
 }
 
 
-def _is_branch(node) -> bool:
+def is_branch(node) -> bool:
     """``(anchor or compound, (r, ...))``."""
     return (isinstance(node, tuple) and len(node) == 2 and isinstance(node[1], tuple) and len(node[1]) > 0
             and all(x == R for x in node[1]))
 
 
-def _is_union(node) -> bool:
+def is_union(node) -> bool:
     return isinstance(node, tuple) and len(node) > 1 and node[-1] == (U,)
 
 
@@ -59,7 +60,7 @@ def num_slots(structure) -> int:
     """Integers in an instance of ``structure``."""
     if structure == E or structure == R or structure == (U,):
         return 1
-    if _is_branch(structure):
+    if is_branch(structure):
         return num_slots(structure[0]) + len(structure[1])
     return sum(num_slots(part) for part in structure)
 
@@ -74,7 +75,7 @@ def anchors_and_relations(structure) -> tuple[list[int], list[int]]:
             return pos + 1
         if node == (U,):
             return pos + 1
-        if _is_branch(node):
+        if is_branch(node):
             pos = walk(node[0], pos)
             for _ in node[1]:
                 relations.append(pos)
@@ -174,7 +175,7 @@ def answer(structure, queries: Tensor, graph: QueryGraph) -> Tensor:
     """``[B, N]`` bool: the answers of each instance of ``structure`` on ``graph``."""
 
     def run(node, pos: int) -> tuple[Tensor, int]:
-        if _is_branch(node):
+        if is_branch(node):
             if node[0] == E:
                 sets, pos = _onehot(queries[:, pos], graph.num_entities), pos + 1
             else:
@@ -182,7 +183,7 @@ def answer(structure, queries: Tensor, graph: QueryGraph) -> Tensor:
             for _ in node[1]:
                 sets, pos = graph.project(sets, queries[:, pos]), pos + 1
             return sets, pos
-        union = _is_union(node)
+        union = is_union(node)
         parts = node[:-1] if union else node
         out = None
         for part in parts:
@@ -222,7 +223,7 @@ def _walk_back(nodes: Tensor, previous: Tensor | None, index, generator: torch.G
 def _fill(structure, targets: Tensor, index, generator: torch.Generator) -> tuple[list[Tensor], Tensor]:
     """Instances of ``structure`` whose answers include ``targets`` (one per target), as a
     list of slot columns in depth-first order, and which rows succeeded."""
-    if _is_branch(structure):
+    if is_branch(structure):
         rels, node, ok, previous = [], targets, torch.ones_like(targets, dtype=torch.bool), None
         for _ in structure[1]:
             r, node, step_ok = _walk_back(node, previous, index, generator)
@@ -234,7 +235,7 @@ def _fill(structure, targets: Tensor, index, generator: torch.Generator) -> tupl
             return [node, *rels], ok
         cols, sub_ok = _fill(structure[0], node, index, generator)
         return [*cols, *rels], ok & sub_ok
-    union = _is_union(structure)
+    union = is_union(structure)
     parts = structure[:-1] if union else structure
     cols, ok, branches = [], torch.ones_like(targets, dtype=torch.bool), []
     for part in parts:

@@ -16,16 +16,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_fedkg.data.queries import STRUCTURES
+from lightning_fedkg.data.queries import STRUCTURES, is_branch, is_union
 
 __all__ = ["dnf", "GQE"]
 
-E, R, U = "e", "r", "u"
-
-
-def _is_branch(node) -> bool:
-    return (isinstance(node, tuple) and len(node) == 2 and isinstance(node[1], tuple) and len(node[1]) > 0
-            and all(x == R for x in node[1]))
+E = "e"
 
 
 def dnf(structure) -> list[tuple[object, list[int]]]:
@@ -36,11 +31,11 @@ def dnf(structure) -> list[tuple[object, list[int]]]:
     def walk(node, pos: int) -> tuple[list[tuple[object, list[int]]], int]:
         if node == E:
             return [(E, [pos])], pos + 1
-        if _is_branch(node):
+        if is_branch(node):
             inner, pos = walk(node[0], pos)
             rels = list(range(pos, pos + len(node[1])))
             return [((schema, node[1]), slots + rels) for schema, slots in inner], pos + len(node[1])
-        union = node[-1] == (U,)
+        union = is_union(node)
         parts = node[:-1] if union else node
         per_part = []
         for part in parts:
@@ -81,7 +76,7 @@ class GQE(nn.Module):
     def _encode(self, schema, rows: Tensor, pos: int) -> tuple[Tensor, int]:
         if schema == E:
             return self.entity_emb[rows[:, pos]], pos + 1
-        if _is_branch(schema):
+        if is_branch(schema):
             q, pos = self._encode(schema[0], rows, pos)
             for _ in schema[1]:
                 q, pos = self.project(q, rows[:, pos]), pos + 1
