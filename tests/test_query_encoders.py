@@ -67,7 +67,8 @@ def test_filtered_ranks_match_a_brute_force():
         assert float(metrics["hits@3"][i]) == pytest.approx(float((mine <= 3).float().mean()))
 
 
-def test_gqe_learns_to_answer_queries_on_umls():
+@pytest.mark.parametrize("loss", ["negative_sampling", "softmax"])
+def test_gqe_learns_to_answer_queries_on_umls(loss):
     """End to end with a plain Trainer: GQE trained on 1p/2p/2i queries of UMLS answers
     held-out test queries far above chance (MRR .04 before training)."""
     import lightning as L
@@ -83,7 +84,8 @@ def test_gqe_learns_to_answer_queries_on_umls():
     g = torch.Generator().manual_seed(0)
     train = {t: build_query_set(t, graphs, "train", 3000, g) for t in ("1p", "2p", "2i")}
     test = {t: build_query_set(t, graphs, "test", 200, g) for t in ("1p", "2i")}
-    module = QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, dim=32, gamma=12.0, lr=0.01, negatives=32)
+    module = QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, dim=32, gamma=12.0, lr=0.01, negatives=32,
+                                  loss=loss)
     before = module.evaluate(test)["mrr"]
     trainer = L.Trainer(max_steps=300, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)

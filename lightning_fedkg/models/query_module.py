@@ -1,12 +1,15 @@
 """Complex query answering on one KG as a LightningModule (a plain ``Trainer`` trains it).
 
-Training follows KGReasoning (REFERENCE §6.3): each batch holds queries of one structure;
+Training (``loss="negative_sampling"``) follows KGReasoning (REFERENCE §6.3): each batch holds
+queries of one structure;
 every query gets one of its answers as the positive and ``negatives`` uniformly drawn
 entities, and the loss is
 
     L = ½ [Σ w_q (−log σ(s(pos))) + Σ w_q (−mean_j log σ(−s(neg_j)))] / Σ w_q,
 
-with ``w_q = (4 + |answers(q)|)^(-1/2)``. Evaluation ranks every hard answer with the other
+with ``w_q = (4 + |answers(q)|)^(-1/2)``. ``loss="softmax"`` is the FedCQA code's instead: a
+cross-entropy over every entity's score, label-smoothed. Which reproduces the published
+figures better is for the benchmark to say (not yet measured). Evaluation ranks every hard answer with the other
 answers filtered (:mod:`lightning_fedkg.evaluation.query_ranking`): MRR and HR@1/3/10 per
 structure, and their mean over structures.
 """
@@ -22,9 +25,12 @@ from lightning_fedkg.data.queries import QuerySet
 from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.query_encoders import GQE
 
-__all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS"]
+__all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
 ENCODERS = {"gqe": GQE}
+#: ``negative_sampling`` (KGReasoning's) or ``softmax`` (label-smoothed cross-entropy over
+#: all entities, the FedCQA code's).
+LOSSES = ("negative_sampling", "softmax")
 
 
 class QueryBatches(IterableDataset):
@@ -55,10 +61,13 @@ class QueryAnsweringModule(L.LightningModule):
     ids (inverses included), trained with KGReasoning's negative-sampling loss."""
 
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
-                 gamma: float = 24.0, lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256) -> None:
+                 gamma: float = 24.0, lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
+                 loss: str = "negative_sampling", label_smoothing: float = 0.1) -> None:
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"unknown query encoder {encoder!r}; valid: {', '.join(ENCODERS)}")
+        if loss not in LOSSES:
+            raise ValueError(f"unknown query loss {loss!r}; valid: {', '.join(LOSSES)}")
         self.save_hyperparameters()
         self.encoder = ENCODERS[encoder](num_entities, num_relations, dim, gamma=gamma)
 
@@ -74,6 +83,13 @@ class QueryAnsweringModule(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         q = self.encoder.embed(batch["structure"], batch["queries"])
         b = q.shape[0]
+        if self.hparams.loss == "softmax":
+            # the FedCQA code's loss: every entity scored by the tied decoder, one answer the
+            # label, smoothed
+            loss = torch.nn.functional.cross_entropy(self.encoder.score(q), batch["positive"],
+                                                     label_smoothing=self.hparams.label_smoothing)
+            self.log("train/loss", loss, batch_size=b)
+            return loss
         negatives = torch.randint(self.encoder.entity_emb.shape[0], (b, self.hparams.negatives), device=q.device)
         pos = self._candidate_scores(q, batch["positive"][:, None]).squeeze(1)
         neg = self._candidate_scores(q, negatives)
