@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lightning_fedkg.data.queries import STRUCTURES, is_branch, is_union
 
-__all__ = ["dnf", "GQE"]
+__all__ = ["dnf", "GQE", "Q2P"]
 
 E = "e"
 
@@ -102,3 +102,86 @@ class GQE(nn.Module):
         b, k, d = embeddings.shape
         distance = torch.cdist(embeddings.reshape(b * k, d), table, p=1).view(b, k, -1)
         return (self.gamma - distance).max(1).values
+
+    def score_candidates(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
+        """``[B, m]`` scores of each row's own candidates ``[B, m]``."""
+        rows = self.entity_emb[candidates]  # [B, m, d]
+        distance = (rows[:, None, :, :] - embeddings[:, :, None, :]).abs().sum(-1)  # [B, K, m]
+        return (self.gamma - distance).max(1).values
+
+
+class Q2P(nn.Module):
+    """Query2Particles (Bai, Wang, Zhang, Song, "Query2Particles: Knowledge Graph Reasoning
+    with Particle Embeddings", Findings of NAACL 2022; REFERENCE §6.10): a query is ``K``
+    particles. An anchor's particles are its entity row plus one learned offset each; a
+    projection updates every particle with a gated (GRU-like) cell driven by the relation,
+    then lets the particles attend to each other (residual, LayerNorm); an intersection
+    runs two self-attention + feed-forward blocks over all branches' particles and keeps
+    ``K`` (each particle the mean of its counterparts across branches); a union is the
+    union of the alternatives' particles (:func:`dnf`). An entity scores its best dot
+    product with a particle, plus a bias of its own (the decoder is the entity table)."""
+
+    def __init__(self, num_entities: int, num_relations: int, dim: int, particles: int = 2, heads: int = 1,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.k = int(particles)
+        self.entity_emb = nn.Parameter(torch.empty(num_entities, dim).normal_(0, dim ** -0.5))
+        self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).normal_(0, dim ** -0.5))
+        self.offsets = nn.Parameter(torch.empty(self.k, dim).normal_(0, dim ** -0.5))
+        self.entity_bias = nn.Parameter(torch.zeros(num_entities))
+        self.gate = nn.Linear(2 * dim, 2 * dim)
+        self.candidate = nn.Linear(2 * dim, dim)
+        self.project_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.project_norm = nn.LayerNorm(dim)
+        self.intersect_blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(dim, heads, dim_feedforward=2 * dim, dropout=dropout, batch_first=True)
+            for _ in range(2))
+
+    def project(self, particles: Tensor, relations: Tensor) -> Tensor:
+        """``[B, K, d]`` particles moved along each row's relation."""
+        r = self.relation_emb[relations][:, None, :].expand_as(particles)
+        update, reset = torch.sigmoid(self.gate(torch.cat([particles, r], -1))).chunk(2, -1)
+        proposal = torch.tanh(self.candidate(torch.cat([reset * particles, r], -1)))
+        moved = (1 - update) * particles + update * proposal
+        attended, _ = self.project_attention(moved, moved, moved, need_weights=False)
+        return self.project_norm(moved + attended)
+
+    def intersect(self, branches: list[Tensor]) -> Tensor:
+        """Branch particles ``[B, K, d]`` each -> ``[B, K, d]``."""
+        x = torch.cat(branches, 1)
+        for block in self.intersect_blocks:
+            x = block(x)
+        return x.view(x.shape[0], len(branches), self.k, -1).mean(1)
+
+    def _encode(self, schema, rows: Tensor, pos: int) -> tuple[Tensor, int]:
+        if schema == E:
+            return self.entity_emb[rows[:, pos]][:, None, :] + self.offsets[None], pos + 1
+        if is_branch(schema):
+            q, pos = self._encode(schema[0], rows, pos)
+            for _ in schema[1]:
+                q, pos = self.project(q, rows[:, pos]), pos + 1
+            return q, pos
+        branches = []
+        for part in schema:
+            q, pos = self._encode(part, rows, pos)
+            branches.append(q)
+        return self.intersect(branches), pos
+
+    def embed(self, structure: str, queries: Tensor) -> Tensor:
+        """``[B, A·K, d]``: the particles of every DNF alternative of each query."""
+        out = []
+        for schema, slots in dnf(STRUCTURES[structure]):
+            q, _ = self._encode(schema, queries[:, slots], 0)
+            out.append(q)
+        return torch.cat(out, 1)
+
+    def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
+        """``[B, n]``: each entity's best particle dot product, plus its bias."""
+        table = self.entity_emb if entities is None else self.entity_emb[entities]
+        bias = self.entity_bias if entities is None else self.entity_bias[entities]
+        return (embeddings @ table.T).max(1).values + bias
+
+    def score_candidates(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
+        """``[B, m]`` scores of each row's own candidates ``[B, m]``."""
+        rows = self.entity_emb[candidates]  # [B, m, d]
+        return torch.einsum("bkd,bmd->bkm", embeddings, rows).max(1).values + self.entity_bias[candidates]

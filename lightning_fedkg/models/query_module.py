@@ -23,11 +23,11 @@ from torch.utils.data import IterableDataset
 
 from lightning_fedkg.data.queries import QuerySet
 from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
-from lightning_fedkg.models.query_encoders import GQE
+from lightning_fedkg.models.query_encoders import GQE, Q2P
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
-ENCODERS = {"gqe": GQE}
+ENCODERS = {"gqe": GQE, "q2p": Q2P}
 #: ``negative_sampling`` (KGReasoning's) or ``softmax`` (label-smoothed cross-entropy over
 #: all entities, the FedCQA code's).
 LOSSES = ("negative_sampling", "softmax")
@@ -57,28 +57,23 @@ class QueryBatches(IterableDataset):
 
 
 class QueryAnsweringModule(L.LightningModule):
-    """An encoder (``"gqe"``) over ``num_entities`` entities and ``num_relations`` relation
-    ids (inverses included), trained with KGReasoning's negative-sampling loss."""
+    """An encoder (``"gqe"``, ``"q2p"``) over ``num_entities`` entities and ``num_relations`` relation
+    ids (inverses included); ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's
+    ``particles``, ``heads``, ``dropout``)."""
 
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
-                 gamma: float = 24.0, lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
-                 loss: str = "negative_sampling", label_smoothing: float = 0.1) -> None:
+                 lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
+                 loss: str = "negative_sampling", label_smoothing: float = 0.1, **encoder_options) -> None:
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"unknown query encoder {encoder!r}; valid: {', '.join(ENCODERS)}")
         if loss not in LOSSES:
             raise ValueError(f"unknown query loss {loss!r}; valid: {', '.join(LOSSES)}")
         self.save_hyperparameters()
-        self.encoder = ENCODERS[encoder](num_entities, num_relations, dim, gamma=gamma)
+        self.encoder = ENCODERS[encoder](num_entities, num_relations, dim, **encoder_options)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
-
-    def _candidate_scores(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
-        """``[B, m]`` scores of per-row candidates ``[B, m]`` (best over the alternatives)."""
-        rows = self.encoder.entity_emb[candidates]  # [B, m, d]
-        distance = (rows[:, None, :, :] - embeddings[:, :, None, :]).abs().sum(-1)  # [B, K, m]
-        return (self.encoder.gamma - distance).max(1).values
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         q = self.encoder.embed(batch["structure"], batch["queries"])
@@ -91,8 +86,8 @@ class QueryAnsweringModule(L.LightningModule):
             self.log("train/loss", loss, batch_size=b)
             return loss
         negatives = torch.randint(self.encoder.entity_emb.shape[0], (b, self.hparams.negatives), device=q.device)
-        pos = self._candidate_scores(q, batch["positive"][:, None]).squeeze(1)
-        neg = self._candidate_scores(q, negatives)
+        pos = self.encoder.score_candidates(q, batch["positive"][:, None]).squeeze(1)
+        neg = self.encoder.score_candidates(q, negatives)
         w = batch["weight"]
         positive_loss = -(w * torch.nn.functional.logsigmoid(pos)).sum() / w.sum()
         negative_loss = -(w * torch.nn.functional.logsigmoid(-neg).mean(1)).sum() / w.sum()
@@ -104,6 +99,14 @@ class QueryAnsweringModule(L.LightningModule):
     def evaluate(self, sets: dict[str, QuerySet]) -> dict:
         """``{"by_type": {structure: {"mrr", "hits@k", "queries"}}, "mrr", "hits@k"}`` (the
         overall numbers are means over structures, as FedCQA and KGReasoning report)."""
+        was_training = self.training
+        self.eval()  # no dropout while ranking
+        try:
+            return self._evaluate(sets)
+        finally:
+            self.train(was_training)
+
+    def _evaluate(self, sets: dict[str, QuerySet]) -> dict:
         by_type = {}
         size = self.hparams.eval_batch_size
         for name, qs in sorted(sets.items()):
