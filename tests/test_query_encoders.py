@@ -7,7 +7,7 @@ import torch
 
 from lightning_fedkg.data.queries import STRUCTURES, num_slots
 from lightning_fedkg.evaluation.query_ranking import filtered_ranks, per_query_metrics
-from lightning_fedkg.models.query_encoders import GQE, Q2P, dnf
+from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM, dnf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,7 +71,8 @@ def test_filtered_ranks_match_a_brute_force():
     ("gqe", "negative_sampling", {"gamma": 12.0}),
     ("gqe", "softmax", {"gamma": 12.0}),
     ("q2p", "softmax", {"particles": 2}),
-], ids=["gqe_negative_sampling", "gqe_softmax", "q2p_softmax"])
+    ("tree_lstm", "softmax", {}),
+], ids=["gqe_negative_sampling", "gqe_softmax", "q2p_softmax", "tree_lstm_softmax"])
 def test_encoders_learn_to_answer_queries_on_umls(encoder, loss, options):
     """End to end with a plain Trainer: an encoder trained on 1p/2p/2i queries of UMLS
     answers held-out test queries far above chance (MRR about .04 before training)."""
@@ -114,3 +115,19 @@ def test_q2p_particles_and_scores_by_hand():
     assert torch.allclose(scores[0], expected)
     picked = model.score_candidates(union, torch.tensor([[4, 0]]))
     assert torch.allclose(picked[0], expected[[4, 0]])
+
+
+def test_tree_lstm_nodes_by_hand():
+    torch.manual_seed(0)
+    model = TreeLSTM(6, 4, 5)
+    e, r = model.entity_emb.detach(), model.relation_emb.detach()
+    h, c = model.cell(r[[1]], (e[[2]], torch.zeros(1, 5)))  # (2, r1): one LSTM step from the anchor
+    assert torch.allclose(model.embed("1p", torch.tensor([[2, 1]]))[:, 0], h)
+    h2, c2 = model.cell(r[[3]], (e[[5]], torch.zeros(1, 5)))
+    both = model.combine([(h, c), (h2, c2)], 0)[0]
+    assert torch.allclose(model.embed("2i", torch.tensor([[2, 1, 5, 3]]))[:, 0], both)
+    either = model.combine([(h, c), (h2, c2)], 1)[0]  # a union is a node, not DNF
+    assert torch.allclose(model.embed("2u", torch.tensor([[2, 1, 5, 3, -1]]))[:, 0], either)
+    assert not torch.allclose(both, either)
+    # the forget gates are per child: swapping the children changes nothing (a sum)
+    assert torch.allclose(model.combine([(h2, c2), (h, c)], 0)[0], both, atol=1e-6)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lightning_fedkg.data.queries import STRUCTURES, is_branch, is_union
 
-__all__ = ["dnf", "GQE", "Q2P"]
+__all__ = ["dnf", "GQE", "Q2P", "TreeLSTM"]
 
 E = "e"
 
@@ -185,3 +185,62 @@ class Q2P(nn.Module):
         """``[B, m]`` scores of each row's own candidates ``[B, m]``."""
         rows = self.entity_emb[candidates]  # [B, m, d]
         return torch.einsum("bkd,bmd->bkm", embeddings, rows).max(1).values + self.entity_bias[candidates]
+
+
+class TreeLSTM(nn.Module):
+    """The tree-LSTM query encoder of SQE (Bai, Zheng, Song, "Sequential Query Encoding for
+    Complex Query Answering on Knowledge Graphs", TMLR 2023; REFERENCE §6.10): every node
+    of the query's computation tree has an LSTM state ``(h, c)``. An anchor starts at
+    ``(E[e], 0)``; a projection is an LSTM cell whose input is the relation row; an
+    intersection or a union is a child-sum Tree-LSTM node (Tai et al., ACL 2015) whose
+    input is an operator row (0 = ∩, 1 = ∪), with one forget gate per child. Unions are
+    nodes of the tree here, not DNF alternatives. An entity scores ``h · e``."""
+
+    def __init__(self, num_entities: int, num_relations: int, dim: int) -> None:
+        super().__init__()
+        self.entity_emb = nn.Parameter(torch.empty(num_entities, dim).normal_(0, dim ** -0.5))
+        self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).normal_(0, dim ** -0.5))
+        self.operator_emb = nn.Parameter(torch.empty(2, dim).normal_(0, dim ** -0.5))
+        self.cell = nn.LSTMCell(dim, dim)
+        self.w_iou = nn.Linear(dim, 3 * dim)
+        self.u_iou = nn.Linear(dim, 3 * dim, bias=False)
+        self.w_f = nn.Linear(dim, dim)
+        self.u_f = nn.Linear(dim, dim, bias=False)
+
+    def combine(self, children: list[tuple[Tensor, Tensor]], operator: int) -> tuple[Tensor, Tensor]:
+        """A child-sum node over ``[(h, c)]`` children (each ``[B, d]``) for ``operator``."""
+        x = self.operator_emb[operator]
+        h = torch.stack([ch for ch, _ in children], 1)  # [B, k, d]
+        c = torch.stack([cc for _, cc in children], 1)
+        i, o, u = (self.w_iou(x) + self.u_iou(h.sum(1))).chunk(3, -1)
+        f = torch.sigmoid(self.w_f(x) + self.u_f(h))  # one gate per child
+        cell = torch.sigmoid(i) * torch.tanh(u) + (f * c).sum(1)
+        return torch.sigmoid(o) * torch.tanh(cell), cell
+
+    def _encode(self, node, rows: Tensor, pos: int) -> tuple[tuple[Tensor, Tensor], int]:
+        if node == E:
+            h = self.entity_emb[rows[:, pos]]
+            return (h, torch.zeros_like(h)), pos + 1
+        if is_branch(node):
+            state, pos = self._encode(node[0], rows, pos)
+            for _ in node[1]:
+                state, pos = self.cell(self.relation_emb[rows[:, pos]], state), pos + 1
+            return state, pos
+        union = is_union(node)
+        children = []
+        for part in (node[:-1] if union else node):
+            state, pos = self._encode(part, rows, pos)
+            children.append(state)
+        return self.combine(children, 1 if union else 0), pos + (1 if union else 0)
+
+    def embed(self, structure: str, queries: Tensor) -> Tensor:
+        """``[B, 1, d]``: the root's hidden state."""
+        (h, _), _ = self._encode(STRUCTURES[structure], queries, 0)
+        return h[:, None, :]
+
+    def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
+        table = self.entity_emb if entities is None else self.entity_emb[entities]
+        return (embeddings @ table.T).max(1).values
+
+    def score_candidates(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
+        return torch.einsum("bkd,bmd->bkm", embeddings, self.entity_emb[candidates]).max(1).values

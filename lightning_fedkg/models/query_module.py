@@ -23,11 +23,11 @@ from torch.utils.data import IterableDataset
 
 from lightning_fedkg.data.queries import QuerySet
 from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
-from lightning_fedkg.models.query_encoders import GQE, Q2P
+from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
-ENCODERS = {"gqe": GQE, "q2p": Q2P}
+ENCODERS = {"gqe": GQE, "q2p": Q2P, "tree_lstm": TreeLSTM}
 #: ``negative_sampling`` (KGReasoning's) or ``softmax`` (label-smoothed cross-entropy over
 #: all entities, the FedCQA code's).
 LOSSES = ("negative_sampling", "softmax")
@@ -57,7 +57,7 @@ class QueryBatches(IterableDataset):
 
 
 class QueryAnsweringModule(L.LightningModule):
-    """An encoder (``"gqe"``, ``"q2p"``) over ``num_entities`` entities and ``num_relations`` relation
+    """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``) over ``num_entities`` entities and ``num_relations`` relation
     ids (inverses included); ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's
     ``particles``, ``heads``, ``dropout``)."""
 
