@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lightning_fedkg.data.queries import STRUCTURES, is_branch, is_union
 
-__all__ = ["dnf", "GQE", "Q2P", "TreeLSTM"]
+__all__ = ["dnf", "DNFEncoder", "GQE", "Q2P", "TreeLSTM"]
 
 E = "e"
 
@@ -52,7 +52,42 @@ def dnf(structure) -> list[tuple[object, list[int]]]:
     return alternatives
 
 
-class GQE(nn.Module):
+class DNFEncoder(nn.Module):
+    """An encoder whose query embedding is a set of vectors ``[B, P, d]`` per union-free
+    alternative (:func:`dnf`), built from three operators a subclass defines: ``anchor``
+    (entity ids -> ``[B, P, d]``), ``project`` and ``intersect`` (a list of branch
+    embeddings -> one); :meth:`embed` joins the alternatives along the second axis."""
+
+    def anchor(self, entities: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def project(self, q: Tensor, relations: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def intersect(self, branches: list[Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def _encode(self, schema, rows: Tensor, pos: int) -> tuple[Tensor, int]:
+        if schema == E:
+            return self.anchor(rows[:, pos]), pos + 1
+        if is_branch(schema):
+            q, pos = self._encode(schema[0], rows, pos)
+            for _ in schema[1]:
+                q, pos = self.project(q, rows[:, pos]), pos + 1
+            return q, pos
+        branches = []
+        for part in schema:
+            q, pos = self._encode(part, rows, pos)
+            branches.append(q)
+        return self.intersect(branches), pos
+
+    def embed(self, structure: str, queries: Tensor) -> Tensor:
+        """``[B, A·P, d]``: the embeddings of every DNF alternative of each query."""
+        return torch.cat([self._encode(schema, queries[:, slots], 0)[0]
+                          for schema, slots in dnf(STRUCTURES[structure])], 1)
+
+
+class GQE(DNFEncoder):
     """GQE's operators over an entity table ``[N, d]`` and a relation table ``[R, d]``
     (``R`` counting inverses); ``gamma`` is the score margin, the init range
     ``(gamma + 2) / d`` as KGReasoning's."""
@@ -65,35 +100,17 @@ class GQE(nn.Module):
         self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).uniform_(-bound, bound))
         self.attention = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
 
+    def anchor(self, entities: Tensor) -> Tensor:
+        return self.entity_emb[entities][:, None, :]
+
     def project(self, q: Tensor, relations: Tensor) -> Tensor:
-        return q + self.relation_emb[relations]
+        return q + self.relation_emb[relations][:, None, :]
 
-    def intersect(self, branches: Tensor) -> Tensor:
-        """``[B, k, d]`` branch embeddings -> ``[B, d]``."""
-        weights = torch.softmax(self.attention(branches), dim=1)
-        return (weights * branches).sum(1)
-
-    def _encode(self, schema, rows: Tensor, pos: int) -> tuple[Tensor, int]:
-        if schema == E:
-            return self.entity_emb[rows[:, pos]], pos + 1
-        if is_branch(schema):
-            q, pos = self._encode(schema[0], rows, pos)
-            for _ in schema[1]:
-                q, pos = self.project(q, rows[:, pos]), pos + 1
-            return q, pos
-        branches = []
-        for part in schema:
-            q, pos = self._encode(part, rows, pos)
-            branches.append(q)
-        return self.intersect(torch.stack(branches, 1)), pos
-
-    def embed(self, structure: str, queries: Tensor) -> Tensor:
-        """``[B, K, d]``: one embedding per DNF alternative of each query of ``structure``."""
-        out = []
-        for schema, slots in dnf(STRUCTURES[structure]):
-            q, _ = self._encode(schema, queries[:, slots], 0)
-            out.append(q)
-        return torch.stack(out, 1)
+    def intersect(self, branches: list[Tensor]) -> Tensor:
+        """Branch embeddings ``[B, 1, d]`` each -> ``[B, 1, d]``."""
+        stacked = torch.stack(branches, 1)
+        weights = torch.softmax(self.attention(stacked), dim=1)
+        return (weights * stacked).sum(1)
 
     def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
         """``[B, n]``: ``γ − ‖e − q‖₁`` maximised over the alternatives, for every entity
@@ -110,7 +127,7 @@ class GQE(nn.Module):
         return (self.gamma - distance).max(1).values
 
 
-class Q2P(nn.Module):
+class Q2P(DNFEncoder):
     """Query2Particles (Bai, Wang, Zhang, Song, "Query2Particles: Knowledge Graph Reasoning
     with Particle Embeddings", Findings of NAACL 2022; REFERENCE §6.10): a query is ``K``
     particles. An anchor's particles are its entity row plus one learned offset each; a
@@ -153,27 +170,8 @@ class Q2P(nn.Module):
             x = block(x)
         return x.view(x.shape[0], len(branches), self.k, -1).mean(1)
 
-    def _encode(self, schema, rows: Tensor, pos: int) -> tuple[Tensor, int]:
-        if schema == E:
-            return self.entity_emb[rows[:, pos]][:, None, :] + self.offsets[None], pos + 1
-        if is_branch(schema):
-            q, pos = self._encode(schema[0], rows, pos)
-            for _ in schema[1]:
-                q, pos = self.project(q, rows[:, pos]), pos + 1
-            return q, pos
-        branches = []
-        for part in schema:
-            q, pos = self._encode(part, rows, pos)
-            branches.append(q)
-        return self.intersect(branches), pos
-
-    def embed(self, structure: str, queries: Tensor) -> Tensor:
-        """``[B, A·K, d]``: the particles of every DNF alternative of each query."""
-        out = []
-        for schema, slots in dnf(STRUCTURES[structure]):
-            q, _ = self._encode(schema, queries[:, slots], 0)
-            out.append(q)
-        return torch.cat(out, 1)
+    def anchor(self, entities: Tensor) -> Tensor:
+        return self.entity_emb[entities][:, None, :] + self.offsets[None]
 
     def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
         """``[B, n]``: each entity's best particle dot product, plus its bias."""
