@@ -123,7 +123,7 @@ class RelationClassification(Task):
     def build_module(self, cfg, kg):
         return RelationClassifier(kg.num_entities, kg.num_relations, cfg.model.dim, cfg.task.hidden, cfg.train.lr)
 
-    def build_datamodule(self, cfg, kg, seed):
+    def build_datamodule(self, cfg, kg, seed, party=None):
         return TripleBatches(kg, cfg.train.batch_size, seed)
 
     def evaluate(self, party, split):

@@ -37,12 +37,12 @@ from lightning_fedkg.data.queries import (
 )
 from lightning_fedkg.seeding import derive_seed
 
-__all__ = ["QuerySettings", "federated_query_sets", "SAMPLER_VERSION"]
+__all__ = ["QuerySettings", "graph_query_sets", "cross_query_sets", "federated_query_sets", "SAMPLER_VERSION"]
 
 log = logging.getLogger("lightning_fedkg")
 
 #: Part of every cache key: bump it when sampling or answering changes what a set holds.
-SAMPLER_VERSION = 1
+SAMPLER_VERSION = 2
 
 
 @dataclass
@@ -62,11 +62,17 @@ class QuerySettings:
     seed: int = 0
 
 
-def _digest(triples: dict[str, Tensor], extra: dict) -> str:
+def _triples_hash(triples: dict[str, Tensor]) -> "hashlib._Hash":
+    """A SHA-256 over a graph's three splits (copied per set with :func:`_digest`)."""
     h = hashlib.sha256()
     for split in ("train", "valid", "test"):
         h.update(triples[split].to(torch.int64).contiguous().numpy().tobytes())
         h.update(b"|")
+    return h
+
+
+def _digest(graph_hash, extra: dict) -> str:
+    h = graph_hash.copy()
     h.update(json.dumps(extra, sort_keys=True).encode())
     return h.hexdigest()[:32]
 
@@ -92,60 +98,89 @@ def _cached(cache_dir: Path | None, key: str, build) -> tuple[QuerySet, bool]:
     return qs, False
 
 
-def federated_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None) -> dict:
-    """``{"clients": [{split: {type: QuerySet}}], "cross": {type: QuerySet}}`` for ``fkg``.
-
-    In-graph sets are in each client's local ids, the cross-graph set in global ids.
-    Progress (one line per set, with its size and seconds) goes to the ``lightning_fedkg``
-    logger.
-    """
-    settings = settings or QuerySettings()
+def _check_types(settings: QuerySettings) -> None:
     unknown = [t for t in (*settings.types, *settings.train_types) if t not in STRUCTURES]
     if unknown:
         raise ValueError(f"unknown query types {unknown}; valid: {', '.join(STRUCTURES)}")
-    n = len(fkg.clients)
-    counts = {"train": max(1, settings.train_per_type // n), "valid": max(1, settings.eval_per_type // n),
-              "test": max(1, settings.eval_per_type // n)}
-    out: dict = {"clients": [], "cross": {}}
-    for k, kg in enumerate(fkg.clients):
-        triples = {s: kg.triples(s) for s in ("train", "valid", "test")}
-        graphs = split_graphs(triples, kg.num_entities, kg.num_relations)
-        sets: dict = {}
-        for split, count in counts.items():
-            for name in settings.train_types if split == "train" else settings.types:
-                extra = {"v": SAMPLER_VERSION, "type": name, "split": split, "count": count, "seed": settings.seed,
-                         "client": k, "entities": kg.num_entities, "relations": kg.num_relations}
-                generator = torch.Generator().manual_seed(derive_seed(settings.seed, f"client_{k}", f"queries:{split}:{name}"))
-                start = time.perf_counter()
-                qs, hit = _cached(cache_dir, _digest(triples, extra),
-                                  lambda: build_query_set(name, graphs, split, count, generator))
-                log.info("queries: client_%d %s %s: %d%s in %.1f s", k, split, name, len(qs),
-                         " (cached)" if hit else "", time.perf_counter() - start)
-                sets.setdefault(split, {})[name] = qs
-        out["clients"].append(sets)
+
+
+def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
+                     cache_dir: str | Path | None = None, label: str = "graph") -> dict:
+    """``{split: {type: QuerySet}}`` sampled on ``kg``'s own graphs (its ids): the per-type
+    counts divided by ``share`` (the number of clients for an in-graph set, 1 for the
+    whole graph). The sampler's seed comes from ``settings.seed`` and the graph's content,
+    so a graph gets the same queries whichever party holds it. ``label`` names it in the log."""
+    settings = settings or QuerySettings()
+    _check_types(settings)
+    counts = {"train": max(1, settings.train_per_type // share), "valid": max(1, settings.eval_per_type // share),
+              "test": max(1, settings.eval_per_type // share)}
+    triples = {s: kg.triples(s) for s in ("train", "valid", "test")}
+    graph_hash = _triples_hash(triples)
+    graphs = None
+    sets: dict = {}
+    for split, count in counts.items():
+        for name in settings.train_types if split == "train" else settings.types:
+            extra = {"v": SAMPLER_VERSION, "type": name, "split": split, "count": count, "seed": settings.seed,
+                     "entities": kg.num_entities, "relations": kg.num_relations}
+            key = _digest(graph_hash, extra)
+
+            def build(name=name, split=split, count=count, key=key):
+                nonlocal graphs
+                graphs = graphs or split_graphs(triples, kg.num_entities, kg.num_relations)
+                generator = torch.Generator().manual_seed(derive_seed(settings.seed, key, "queries"))
+                return build_query_set(name, graphs, split, count, generator)
+
+            start = time.perf_counter()
+            qs, hit = _cached(cache_dir, key, build)
+            log.info("queries: %s %s %s: %d%s in %.1f s", label, split, name, len(qs),
+                     " (cached)" if hit else "", time.perf_counter() - start)
+            sets.setdefault(split, {})[name] = qs
+    return sets
+
+
+def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None) -> dict:
+    """``{type: QuerySet}``: cross-graph test queries on the union of ``fkg``'s clients, in
+    global ids, each using relations of at least two clients (no 1p)."""
+    settings = settings or QuerySettings()
+    _check_types(settings)
     owners = relation_owners(fkg)
-    union = None
     parts = [{s: torch.stack([ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]]], 1)
               for s, t in ((s, kg.triples(s)) for s in ("train", "valid", "test"))}
              for kg, ent, rel in zip(fkg.clients, fkg.entity_index, fkg.relation_index)]
-    triples = {s: torch.cat([p[s] for p in parts]) for s in ("train", "valid", "test")}  # global ids
+    graph_hash = _triples_hash({s: torch.cat([p[s] for p in parts]) for s in ("train", "valid", "test")})
+    union = None
+    out = {}
     for name in settings.types:
-        if name == "1p":
+        if name == "1p" or settings.cross_per_type == 0:
             continue
         extra = {"v": SAMPLER_VERSION, "type": name, "split": "cross", "count": settings.cross_per_type,
                  "seed": settings.seed, "owners": owners.tolist()}
-        generator = torch.Generator().manual_seed(derive_seed(settings.seed, "cross", f"queries:{name}"))
+        key = _digest(graph_hash, extra)
 
-        def build(name=name, generator=generator):
+        def build(name=name, key=key):
             nonlocal union
             union = union or union_split_graphs(fkg)
+            generator = torch.Generator().manual_seed(derive_seed(settings.seed, key, "queries"))
             return build_query_set(name, union, "test", settings.cross_per_type, generator,
                                    keep=spans_owners(STRUCTURES[name], owners))
 
         start = time.perf_counter()
-        qs, hit = _cached(cache_dir, _digest(triples, extra), build)
+        qs, hit = _cached(cache_dir, key, build)
         log.info("queries: cross-graph %s: %d%s in %.1f s", name, len(qs), " (cached)" if hit else "",
                  time.perf_counter() - start)
-        out["cross"][name] = qs
-    out["settings"] = asdict(settings)
+        out[name] = qs
     return out
+
+
+def federated_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None) -> dict:
+    """``{"clients": [{split: {type: QuerySet}}], "cross": {type: QuerySet}, "settings"}``
+    for ``fkg``: in-graph sets in each client's local ids (:func:`graph_query_sets`), the
+    cross-graph set in global ids (:func:`cross_query_sets`). Progress (one line per set,
+    with its size and seconds) goes to the ``lightning_fedkg`` logger."""
+    settings = settings or QuerySettings()
+    n = len(fkg.clients)
+    return {
+        "clients": [graph_query_sets(kg, settings, n, cache_dir, label=f"client_{k}") for k, kg in enumerate(fkg.clients)],
+        "cross": cross_query_sets(fkg, settings, cache_dir),
+        "settings": asdict(settings),
+    }

@@ -157,13 +157,14 @@ class FederatedRun:
             raise ConfigError(f"federated.evaluate=before_aggregation evaluates the model each client trained, "
                               f"but the clients of {fc.strategy!r} train none (they evaluate what the server "
                               f"sends); use federated.evaluate=aggregated")
-        server_half, client_half = protected_halves(self.strategy, cfg)
+        server_half, client_half = self.task.halves(*protected_halves(self.strategy, cfg))
         self.client_halves = {p.name: client_half(p, self.strategy) for p in self.clients}
         in_process = self.strategy.in_process_only
         ctx = ServerContext(
             cfg, [p.name for p in self.clients], self.task,
             fkg=self.fkg if in_process else None,
             make_party=(lambda name, kg: self._make_party(name, kg, {})) if in_process else None,
+            evaluation_data=self.task.evaluation_data(cfg, self.fkg),
         )
         self.server = server_half(ctx, self.strategy)
         self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None

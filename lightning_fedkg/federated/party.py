@@ -135,7 +135,7 @@ class Party:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.seed, name, "model"))
             self.module = task.build_module(cfg, kg)
-        self.datamodule = task.build_datamodule(cfg, kg, seed=derive_seed(cfg.seed, name, "data"))
+        self.datamodule = task.build_datamodule(cfg, kg, seed=derive_seed(cfg.seed, name, "data"), party=name)
         self.writer = writer
         batches = max(1, int(getattr(self.datamodule, "num_train_batches", 50)))
         with quiet_lightning():

@@ -79,7 +79,8 @@ class ServerContext:
     """What a server half is built with.
 
     ``fkg`` and ``make_party`` exist only in-process and only for centralised references
-    (:class:`~.entire.Entire`); a real server half must not use them.
+    (:class:`~.entire.Entire`); a real server half must not use them. ``evaluation_data``
+    is the task's (cross-graph test queries as keyed hashes, never the clients' data).
     """
 
     cfg: "ExperimentConfig"
@@ -87,6 +88,8 @@ class ServerContext:
     task: Any
     fkg: Any = None
     make_party: Callable[[str, Any], Any] | None = None
+    #: What a trusted evaluator gives the server for evaluation (:meth:`~.tasks.Task.evaluation_data`).
+    evaluation_data: Any = None
 
 
 class ServerHalf:

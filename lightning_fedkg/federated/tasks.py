@@ -48,8 +48,20 @@ class Task:
     def build_module(self, cfg: "ExperimentConfig", kg: Any):
         raise NotImplementedError
 
-    def build_datamodule(self, cfg: "ExperimentConfig", kg: Any, seed: int):
+    def build_datamodule(self, cfg: "ExperimentConfig", kg: Any, seed: int, party: str | None = None):
+        """The party's datamodule; ``party`` is its name (``client_<k>``, ``central``), for
+        a task whose data depends on the party's role (query counts per client)."""
         raise NotImplementedError
+
+    def evaluation_data(self, cfg: "ExperimentConfig", fkg: Any) -> Any:
+        """What a trusted evaluator hands the server for evaluation stages of its own
+        (default None; the query task's cross-graph test queries, as keyed hashes)."""
+        return None
+
+    def halves(self, server: type, client: type) -> tuple[type, type]:
+        """The strategy's halves, extended with the task's own stages (default as they are;
+        the query task adds distributed retrieval to whatever strategy runs it)."""
+        return server, client
 
     def evaluate(self, party: Any, split: str) -> dict:
         """``{metric: float, "count": int, "triples": int}`` of ``party`` on ``split`` (``triples``
@@ -83,7 +95,7 @@ class LinkPrediction(Task):
         module_class, extra = learner
         return build_module(cfg, kg.num_entities, kg.num_relations, module_class, **extra)
 
-    def build_datamodule(self, cfg, kg, seed):
+    def build_datamodule(self, cfg, kg, seed, party=None):
         from lightning_fedkg.builders import build_datamodule
 
         return build_datamodule(kg, cfg, seed=seed)

@@ -12,6 +12,7 @@ fedprox     FedProx on FedE's rows (FedLU's baseline)
 fedec       FedEC on FedE's rows (FedLU's baseline)
 fedlu       FedLU: distillation learner, strategy, client unlearning steps, unlearning phase
 fkge        FKGE: PPAT, the KGEmb-Update, the peer-to-peer federation
+fedcqa      FedCQA: the query-answering task, distributed retrieval, FedCQA and its baselines
 ==========  ==============================================================================
 
 Each package exports its strategy and its config section(s); ``pyproject.toml`` declares
@@ -21,4 +22,4 @@ package with the same shape, and one more entry point, or an import path in a co
 """
 
 #: The built-in method packages (their entry points are in pyproject.toml).
-BUILTIN_PACKAGES = ("single", "entire", "fede", "fedr", "fedprox", "fedec", "fedlu", "fkge")
+BUILTIN_PACKAGES = ("single", "entire", "fede", "fedr", "fedprox", "fedec", "fedlu", "fkge", "fedcqa")

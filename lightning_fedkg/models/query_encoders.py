@@ -17,8 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedkg.data.queries import STRUCTURES, is_branch, is_union
+from lightning_fedkg.models.shareable import InitSpec
 
-__all__ = ["dnf", "DNFEncoder", "GQE", "Q2P", "TreeLSTM"]
+__all__ = ["dnf", "tree_plan", "run_plan", "DNFEncoder", "GQE", "Q2P", "TreeLSTM"]
 
 E = "e"
 
@@ -50,6 +51,56 @@ def dnf(structure) -> list[tuple[object, list[int]]]:
 
     alternatives, _ = walk(structure, 0)
     return alternatives
+
+
+def tree_plan(node, pos: int = 0) -> tuple[tuple, int]:
+    """The computation of ``node`` as an expression over slot positions, and the next slot:
+    ``("a", slot)`` an anchor, ``("p", input, slot)`` a projection, ``("i", [inputs])`` an
+    intersection, ``("u", [inputs])`` a union."""
+    if node == E:
+        return ("a", pos), pos + 1
+    if is_branch(node):
+        expr, pos = tree_plan(node[0], pos)
+        for _ in node[1]:
+            expr, pos = ("p", expr, pos), pos + 1
+        return expr, pos
+    union = is_union(node)
+    children = []
+    for part in (node[:-1] if union else node):
+        child, pos = tree_plan(part, pos)
+        children.append(child)
+    return ("u" if union else "i", children), pos + (1 if union else 0)
+
+
+def _remap(expr, slots: list[int]):
+    """``expr`` with every slot position ``i`` replaced by ``slots[i]``."""
+    kind = expr[0]
+    if kind == "a":
+        return ("a", slots[expr[1]])
+    if kind == "p":
+        return ("p", _remap(expr[1], slots), slots[expr[2]])
+    return (kind, [_remap(c, slots) for c in expr[1]])
+
+
+def run_plan(encoder, expr, rows: Tensor | None, states: dict | None = None) -> Tensor:
+    """The state of ``expr`` (:meth:`plan`'s form) under ``encoder``'s operators, with slot
+    ids from ``rows [B, slots]`` and ``("s", key)`` leaves taken from ``states[key]`` (the
+    states other parties computed, in distributed retrieval)."""
+    kind = expr[0]
+    if kind == "s":
+        return states[str(expr[1])]
+    if kind == "a":
+        return encoder.anchor_state(rows[:, expr[1]])
+    if kind == "p":
+        return encoder.project_state(run_plan(encoder, expr[1], rows, states), rows[:, expr[2]])
+    return encoder.combine_state([run_plan(encoder, c, rows, states) for c in expr[1]], kind)
+
+
+def _normal_as_uniform(dim: int) -> InitSpec:
+    """The uniform init with the variance of N(0, 1/dim), the tables' own init (a server
+    draws uniform rows)."""
+    half = (3.0 / dim) ** 0.5
+    return InitSpec("uniform", (-half, half))
 
 
 class DNFEncoder(nn.Module):
@@ -86,6 +137,27 @@ class DNFEncoder(nn.Module):
         return torch.cat([self._encode(schema, queries[:, slots], 0)[0]
                           for schema, slots in dnf(STRUCTURES[structure])], 1)
 
+    # The same computation one operator at a time, for distributed retrieval: a plan is
+    # the DNF alternatives joined by one root union (the concatenation :meth:`embed` does).
+    @classmethod
+    def plan(cls, structure: str) -> tuple:
+        """The query's computation (:func:`tree_plan`'s form) over its slot positions."""
+        alternatives = [_remap(tree_plan(schema)[0], slots) for schema, slots in dnf(STRUCTURES[structure])]
+        return alternatives[0] if len(alternatives) == 1 else ("u", alternatives)
+
+    def anchor_state(self, entities: Tensor) -> Tensor:
+        return self.anchor(entities)
+
+    def project_state(self, state: Tensor, relations: Tensor) -> Tensor:
+        return self.project(state, relations)
+
+    def combine_state(self, states: list[Tensor], kind: str) -> Tensor:
+        return self.intersect(states) if kind == "i" else torch.cat(states, 1)
+
+    def output(self, state: Tensor) -> Tensor:
+        """The query embedding ``[B, P, d]`` :meth:`score` takes, from a plan's root state."""
+        return state
+
 
 class GQE(DNFEncoder):
     """GQE's operators over an entity table ``[N, d]`` and a relation table ``[R, d]``
@@ -98,6 +170,8 @@ class GQE(DNFEncoder):
         bound = (self.gamma + 2.0) / dim
         self.entity_emb = nn.Parameter(torch.empty(num_entities, dim).uniform_(-bound, bound))
         self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).uniform_(-bound, bound))
+        #: how a fresh row of each table is drawn (a server's initial shared rows)
+        self.table_inits = {n: InitSpec("uniform", (-bound, bound)) for n in ("entity_emb", "relation_emb")}
         self.attention = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
 
     def anchor(self, entities: Tensor) -> Tensor:
@@ -146,6 +220,8 @@ class Q2P(DNFEncoder):
         self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).normal_(0, dim ** -0.5))
         self.offsets = nn.Parameter(torch.empty(self.k, dim).normal_(0, dim ** -0.5))
         self.entity_bias = nn.Parameter(torch.zeros(num_entities))
+        self.table_inits = {"entity_emb": _normal_as_uniform(dim), "relation_emb": _normal_as_uniform(dim),
+                            "entity_bias": InitSpec("uniform", (0.0, 0.0))}
         self.gate = nn.Linear(2 * dim, 2 * dim)
         self.candidate = nn.Linear(2 * dim, dim)
         self.project_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
@@ -199,6 +275,7 @@ class TreeLSTM(nn.Module):
         self.entity_emb = nn.Parameter(torch.empty(num_entities, dim).normal_(0, dim ** -0.5))
         self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).normal_(0, dim ** -0.5))
         self.operator_emb = nn.Parameter(torch.empty(2, dim).normal_(0, dim ** -0.5))
+        self.table_inits = {"entity_emb": _normal_as_uniform(dim), "relation_emb": _normal_as_uniform(dim)}
         self.cell = nn.LSTMCell(dim, dim)
         self.w_iou = nn.Linear(dim, 3 * dim)
         self.u_iou = nn.Linear(dim, 3 * dim, bias=False)
@@ -235,6 +312,25 @@ class TreeLSTM(nn.Module):
         """``[B, 1, d]``: the root's hidden state."""
         (h, _), _ = self._encode(STRUCTURES[structure], queries, 0)
         return h[:, None, :]
+
+    # One operator at a time (distributed retrieval); a state is ``(h, c)`` stacked, [B, 2, d].
+    @classmethod
+    def plan(cls, structure: str) -> tuple:
+        """The query's tree (:func:`tree_plan`): unions are nodes, not DNF alternatives."""
+        return tree_plan(STRUCTURES[structure])[0]
+
+    def anchor_state(self, entities: Tensor) -> Tensor:
+        h = self.entity_emb[entities]
+        return torch.stack([h, torch.zeros_like(h)], 1)
+
+    def project_state(self, state: Tensor, relations: Tensor) -> Tensor:
+        return torch.stack(self.cell(self.relation_emb[relations], (state[:, 0], state[:, 1])), 1)
+
+    def combine_state(self, states: list[Tensor], kind: str) -> Tensor:
+        return torch.stack(self.combine([(s[:, 0], s[:, 1]) for s in states], 1 if kind == "u" else 0), 1)
+
+    def output(self, state: Tensor) -> Tensor:
+        return state[:, :1]
 
     def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
         table = self.entity_emb if entities is None else self.entity_emb[entities]

@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset
 from lightning_fedkg.data.queries import QuerySet
 from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM
+from lightning_fedkg.models.shareable import InitSpec, SharedGroup
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
@@ -37,16 +38,19 @@ class QueryBatches(IterableDataset):
     """Endless batches of training queries, each of one structure drawn in proportion to its
     set's size: ``{"structure", "queries", "positive", "weight"}`` (use ``batch_size=None``)."""
 
-    def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0) -> None:
+    def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0, steps: int | None = None) -> None:
         self.sets = {k: v for k, v in sets.items() if len(v)}
         self.batch_size = batch_size
         self.seed = seed
+        self.steps = steps  # None: endless
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed)
         names = sorted(self.sets)
         sizes = torch.tensor([len(self.sets[n]) for n in names], dtype=torch.float)
-        while True:
+        step = 0
+        while self.steps is None or step < self.steps:
+            step += 1
             name = names[int(torch.multinomial(sizes, 1, generator=generator))]
             qs = self.sets[name]
             rows = torch.randint(len(qs), (self.batch_size,), generator=generator)
@@ -63,17 +67,44 @@ class QueryAnsweringModule(L.LightningModule):
 
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
                  lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
-                 loss: str = "negative_sampling", label_smoothing: float = 0.1, **encoder_options) -> None:
+                 loss: str = "negative_sampling", label_smoothing: float = 0.1, weight_decay: float = 0.0,
+                 **encoder_options) -> None:
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"unknown query encoder {encoder!r}; valid: {', '.join(ENCODERS)}")
         if loss not in LOSSES:
             raise ValueError(f"unknown query loss {loss!r}; valid: {', '.join(LOSSES)}")
         self.save_hyperparameters()
+        if num_relations % 2:
+            raise ValueError(f"num_relations counts inverse ids too and must be even, got {num_relations}")
         self.encoder = ENCODERS[encoder](num_entities, num_relations, dim, **encoder_options)
+        # A server draws fresh shared values from these: the tables' own init, and for the
+        # operators the mean and variance of a twin built from a fixed seed (every party
+        # must declare the same, whatever its number of entities).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            twin = ENCODERS[encoder](2, 2, dim, **encoder_options)
+        self._init = {name: init_like(p) for name, p in twin.named_parameters()} | self.encoder.table_inits
+        self.regularizers: list = []  # extra loss terms a federated method adds (FedProx-like)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        """AdamW, as the FedCQA and Q2P code train (``weight_decay`` 0 is Adam)."""
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+
+    def shareable_groups(self) -> dict[str, SharedGroup]:
+        """``"entity"`` (the entity table, and Q2P's entity bias), ``"relation"`` (the
+        relation table, a row per KG relation: its forward and inverse ids side by side)
+        and ``"operators"`` (every other parameter, shared whole: the FedAvg'd networks)."""
+        params = dict(self.encoder.named_parameters())
+        entity = {n: params.pop(n) for n in ("entity_emb", "entity_bias") if n in params}
+        relation = params.pop("relation_emb")
+        # a view: writes into it land in the parameter
+        relation_rows = relation.view(relation.shape[0] // 2, -1)
+        return {
+            "entity": SharedGroup(entity, "entity", {n: self._init[n] for n in entity}),
+            "relation": SharedGroup({"relation_emb": relation_rows}, "relation", {"relation_emb": self._init["relation_emb"]}),
+            "operators": SharedGroup(params, None, {n: self._init[n] for n in params}),
+        }
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         q = self.encoder.embed(batch["structure"], batch["queries"])
@@ -83,16 +114,19 @@ class QueryAnsweringModule(L.LightningModule):
             # label, smoothed
             loss = torch.nn.functional.cross_entropy(self.encoder.score(q), batch["positive"],
                                                      label_smoothing=self.hparams.label_smoothing)
-            self.log("train/loss", loss, batch_size=b)
-            return loss
+            return self._logged(loss, b)
         negatives = torch.randint(self.encoder.entity_emb.shape[0], (b, self.hparams.negatives), device=q.device)
         pos = self.encoder.score_candidates(q, batch["positive"][:, None]).squeeze(1)
         neg = self.encoder.score_candidates(q, negatives)
         w = batch["weight"]
         positive_loss = -(w * torch.nn.functional.logsigmoid(pos)).sum() / w.sum()
         negative_loss = -(w * torch.nn.functional.logsigmoid(-neg).mean(1)).sum() / w.sum()
-        loss = 0.5 * (positive_loss + negative_loss)
-        self.log("train/loss", loss, batch_size=b)
+        return self._logged(0.5 * (positive_loss + negative_loss), b)
+
+    def _logged(self, loss: Tensor, batch_size: int) -> Tensor:
+        self.log("train/loss", loss, batch_size=batch_size, on_step=True, on_epoch=True)
+        for term in self.regularizers:
+            loss = loss + term()
         return loss
 
     @torch.no_grad()
@@ -129,6 +163,14 @@ class QueryAnsweringModule(L.LightningModule):
         keys = ["mrr", *[f"hits@{k}" for k in HITS]]
         overall = {key: sum(m[key] for m in by_type.values()) / max(len(by_type), 1) for key in keys}
         return {"by_type": by_type, **overall}
+
+
+def init_like(p: Tensor) -> InitSpec:
+    """A uniform :class:`InitSpec` with the mean and variance of ``p``'s values (a constant
+    tensor, LayerNorm's ones, stays that constant)."""
+    mean, std = float(p.detach().mean()), float(p.detach().std()) if p.numel() > 1 else 0.0
+    half = 3 ** 0.5 * std  # a uniform on [m - h, m + h] has variance h^2 / 3
+    return InitSpec("uniform", (mean - half, mean + half))
 
 
 def _rows(offsets: Tensor, start: int, stop: int) -> Tensor:

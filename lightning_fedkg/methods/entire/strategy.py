@@ -28,15 +28,22 @@ CENTRAL = "central"
 
 @torch.no_grad()
 def client_view(central_module, entity_index, relation_index) -> dict[str, torch.Tensor]:
-    """Rows of a global-id module that belong to one client, in the client's local order:
-    every tensor of the ``"entity"`` group at ``entity_index`` and of the ``"relation"``
-    group at ``relation_index``."""
-    groups = central_module.shareable_groups()
+    """What of a global-id module belongs to one client, in the client's local order: every
+    entity-indexed tensor at ``entity_index``, every relation-indexed one at
+    ``relation_index``, and every tensor shared whole (a query encoder's operators) as is."""
     view = {}
-    for group, index in (("entity", entity_index), ("relation", relation_index)):
-        for name, p in groups[group].tensors.items():
-            view[name] = p.detach()[index.to(p.device)].cpu()
+    for group in central_module.shareable_groups().values():
+        index = {"entity": entity_index, "relation": relation_index, None: None}[group.index]
+        for name, p in group.tensors.items():
+            view[name] = (p.detach() if index is None else p.detach()[index.to(p.device)]).cpu()
     return view
+
+
+class EntireClient(ClientHalf):
+    """Writes whatever the central module shares (every group the client's module declares)."""
+
+    def shared(self) -> dict:
+        return self.party.module.shareable_groups()
 
 
 class EntireServer(ServerHalf):
@@ -81,7 +88,7 @@ class Entire(Strategy):
 
     name = "entire"
     Server = EntireServer
-    Client = ClientHalf
+    Client = EntireClient
     groups = ("entity", "relation")
     in_process_only = True
     clients_train = False  # the central party trains; clients evaluate views of it

@@ -1,0 +1,66 @@
+"""FedCQA and its baselines under the query-answering task.
+
+Hu et al., "FedCQA: Answering Complex Queries on Multi-Source Knowledge Graphs via
+Federated Learning" (§4.1, Eq. 2–4; REFERENCE §6.4): each round the selected clients train
+their query encoder on their own training queries; the server averages the operator
+networks over them (FedAvg, unweighted) and each entity row over the clients that hold it
+(holder-mean, Eq. 2), while relation rows stay with their owners. The paper's point is
+that the server learns neither a client's entity rows nor their aggregate: :class:`FedCQA`
+therefore requires secure aggregation with the aggregate hidden from the server
+(``federated.secure_aggregation: {enabled: true, hide_aggregate: true}``, a
+``federated.federation_key``), where the paper's own scheme lets one client colluding with
+the server unmask everyone.
+
+The baselines as the paper adapts them (§5.1.3): :class:`CQAFedE` shares everything in
+clear (entity, relation and operator parameters), :class:`CQAFedR` relations and
+operators. *Local* is ``single``, *Central* ``entire``. Every one of them answers
+cross-graph queries by the task's distributed retrieval.
+"""
+
+from __future__ import annotations
+
+from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.holder_mean import HolderMeanServer
+from lightning_fedkg.federated.strategy import ClientHalf, Strategy
+
+__all__ = ["FedCQA", "CQAFedE", "CQAFedR", "FedCQAServer"]
+
+
+class FedCQAServer(HolderMeanServer):
+    """The holder-mean engine; refuses to run without the hidden secure aggregate."""
+
+    def __init__(self, ctx, strategy) -> None:
+        sa = ctx.cfg.federated.secure_aggregation
+        if not (sa.enabled and sa.hide_aggregate):
+            raise ConfigError(
+                "federated.strategy=fedcqa aggregates entity rows so that the server sees neither the uploads nor "
+                "their mean: set federated.secure_aggregation.enabled=true, hide_aggregate=true and a "
+                "federated.federation_key (fedcqa_fede is the same training in clear)")
+        super().__init__(ctx, strategy)
+
+
+class FedCQA(Strategy):
+    """FedCQA: operators FedAvg'd, entity rows holder-averaged under the hidden secure aggregate."""
+
+    name = "fedcqa"
+    Server = FedCQAServer
+    Client = ClientHalf
+    groups = ("entity", "operators")
+
+
+class CQAFedE(Strategy):
+    """The FedE baseline of FedCQA: entity, relation and operator parameters averaged in clear."""
+
+    name = "fedcqa_fede"
+    Server = HolderMeanServer
+    Client = ClientHalf
+    groups = ("entity", "relation", "operators")
+
+
+class CQAFedR(Strategy):
+    """The FedR baseline of FedCQA: relation rows and operators averaged in clear; entities stay."""
+
+    name = "fedcqa_fedr"
+    Server = HolderMeanServer
+    Client = ClientHalf
+    groups = ("relation", "operators")

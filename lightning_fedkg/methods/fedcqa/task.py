@@ -1,0 +1,159 @@
+"""Complex query answering as a federated task (``federated.task: query_answering``).
+
+Each party trains a :class:`~lightning_fedkg.models.query_module.QueryAnsweringModule` on
+queries sampled on its own graph (:func:`~lightning_fedkg.data.query_sets.graph_query_sets`;
+a client's counts are the whole-graph counts divided by the number of clients, FedCQA §5.1)
+and is evaluated in-graph: every hard answer ranked among the party's own entities with the
+query's other answers filtered, MRR and HR@1/3/10 per structure and their mean over
+structures (REFERENCE §6.6). A party's entry carries ``<type>/<metric>`` keys too.
+
+Cross-graph queries (on the union of the clients' graphs, relations of at least two
+clients) are the evaluator's (:meth:`QueryAnswering.evaluation_data`): it hands the server
+their anchors, relations and answers as keyed hashes of names, never ids or names, and the
+server answers them by distributed retrieval (:mod:`.retrieval`), which this task adds to
+whatever strategy runs it (:meth:`QueryAnswering.halves`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_fedkg.data.queries import STRUCTURES
+from lightning_fedkg.data.query_sets import QuerySettings, graph_query_sets
+from lightning_fedkg.evaluation.query_ranking import HITS
+from lightning_fedkg.federated.tasks import Task
+from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
+from lightning_fedkg.seeding import derive_seed
+
+from .config import QueryTaskConfig
+
+__all__ = ["QueryAnswering", "QueryDataModule", "QUERY_METRICS", "query_settings", "default_cache_dir"]
+
+#: The metric keys of a query-answering entry (means over structures).
+QUERY_METRICS = ("mrr", "hits@1", "hits@3", "hits@10")
+assert QUERY_METRICS[1:] == tuple(f"hits@{k}" for k in HITS)
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "lightning_fedkg" / "queries"
+
+
+def query_settings(tc: QueryTaskConfig) -> QuerySettings:
+    """The sampler settings of the ``task:`` section."""
+    unknown = [t for t in (*tc.types, *tc.train_types) if t not in STRUCTURES]
+    if unknown:
+        from lightning_fedkg.config import ConfigError
+
+        raise ConfigError(f"task.types / task.train_types: unknown query types {unknown}; "
+                          f"valid: {', '.join(STRUCTURES)}")
+    return QuerySettings(types=tuple(tc.types), train_types=tuple(tc.train_types),
+                         train_per_type=tc.train_per_type, eval_per_type=tc.eval_per_type,
+                         cross_per_type=tc.cross_per_type, seed=tc.query_seed)
+
+
+def cache_dir(tc: QueryTaskConfig) -> Path:
+    return Path(tc.cache_dir).expanduser() if tc.cache_dir else default_cache_dir()
+
+
+class QueryDataModule(L.LightningDataModule):
+    """A party's query sets (``{split: {type: QuerySet}}``, splits ``train``, ``valid``,
+    ``test``) and its training batches: ``steps_per_epoch`` batches of one structure each
+    per epoch, drawn from a generator seeded by ``(seed, epoch)`` so a resumed run goes on
+    with the batches it would have drawn."""
+
+    def __init__(self, sets: dict, batch_size: int, steps_per_epoch: int, seed: int) -> None:
+        super().__init__()
+        self.sets = sets
+        self.batch_size = batch_size
+        self.num_train_batches = steps_per_epoch
+        self.seed = seed
+        self.epoch = 0
+
+    def train_dataloader(self) -> DataLoader:
+        batches = QueryBatches(self.sets["train"], self.batch_size, derive_seed(self.seed, "train", str(self.epoch)),
+                               steps=self.num_train_batches)
+        self.epoch += 1
+        return DataLoader(batches, batch_size=None)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+
+
+class QueryAnswering(Task):
+    """Complex query answering: in-graph MRR / HR@k per party, cross-graph by retrieval."""
+
+    name = "query_answering"
+    metric_keys = QUERY_METRICS
+    splits = ("val", "test")
+    table_columns = (("MRR", "mrr"), ("HR@1", "hits@1"), ("HR@3", "hits@3"), ("HR@10", "hits@10"))
+    config_class = QueryTaskConfig
+
+    def build_module(self, cfg, kg):
+        tc = cfg.task
+        options = {"gqe": {"gamma": tc.gamma}, "q2p": {"particles": tc.particles, "heads": tc.heads,
+                                                        "dropout": tc.dropout}, "tree_lstm": {}}[tc.encoder]
+        return QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, encoder=tc.encoder, dim=cfg.model.dim,
+                                    lr=cfg.train.lr, negatives=tc.negatives, eval_batch_size=cfg.train.eval_batch_size,
+                                    loss=tc.loss, label_smoothing=tc.label_smoothing, weight_decay=tc.weight_decay,
+                                    **options)
+
+    def build_datamodule(self, cfg, kg, seed, party=None):
+        tc = cfg.task
+        # A client holds its share of the federation's queries; a central party the whole count.
+        share = cfg.data.num_clients if party is None or party.startswith("client_") else 1
+        sets = graph_query_sets(kg, query_settings(tc), share, cache_dir(tc), label=party or "graph")
+        return QueryDataModule(sets, cfg.train.batch_size, tc.steps_per_epoch, seed)
+
+    def evaluate(self, party, split):
+        sets = party.datamodule.sets["valid" if split == "val" else split]
+        result = party.module.evaluate(sets)
+        return query_entry(result)
+
+    def weight(self, kg, split):
+        raise NotImplementedError("a query-answering party's weight is its number of evaluation queries "
+                                  "(its entry's 'triples')")
+
+    def train_size(self, kg):
+        return 0  # a party's training examples are queries, counted by its datamodule
+
+    def evaluation_data(self, cfg, fkg):
+        from .retrieval import issue_cross_queries
+
+        return issue_cross_queries(cfg, fkg)
+
+    def halves(self, server, client):
+        from .retrieval import RetrievalClient, RetrievalServer
+
+        return (type(f"Retrieval{server.__name__}", (RetrievalServer, server), {}),
+                type(f"Retrieval{client.__name__}", (RetrievalClient, client), {}))
+
+
+def query_entry(result: dict) -> dict:
+    """A party's entry from :meth:`QueryAnsweringModule.evaluate`: the means over types,
+    ``<type>/<metric>`` per type, ``count`` (queries) and ``triples`` (its weight: the
+    number of queries, so the federation's mean is over queries)."""
+    entry = {k: float(result[k]) for k in QUERY_METRICS}
+    for name, m in result["by_type"].items():
+        entry.update({f"{name}/{k}": float(m[k]) for k in QUERY_METRICS})
+        entry[f"{name}/queries"] = int(m["queries"])
+    queries = sum(int(m["queries"]) for m in result["by_type"].values())
+    entry["count"] = queries
+    entry["triples"] = queries
+    return entry
+
+
+def by_type(entry: dict) -> dict:
+    """``{type: {metric: value, "queries": n}}`` from an entry's ``<type>/<metric>`` keys."""
+    out: dict = {}
+    for key, value in entry.items():
+        if "/" in key:
+            name, metric = key.split("/", 1)
+            out.setdefault(name, {})[metric] = value
+    return out
