@@ -226,7 +226,7 @@ class RetrievalServer:
         self._routes = {}
         messages: dict[str, dict] = {}
         for node, inner, slot in nodes:
-            pos = torch.searchsorted(relation_keys, keys[:, slot]).clamp(max=len(relation_keys) - 1)
+            pos = torch.searchsorted(relation_keys, keys[:, slot].contiguous()).clamp(max=len(relation_keys) - 1)
             known = relation_keys[pos] == keys[:, slot]
             owner = torch.where(known, owner_of[pos], -1)
             self._failed |= ~known
