@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""FedCQA and its baselines: quality over seeds, and what a round and a retrieval cost.
+
+``quality`` trains every variant (a config of ``configs/fedcqa``, plus overrides) for every
+seed with ``fedkg fit``'s code and prints, per variant, the in-graph and cross-graph MRR
+and HR@3 (means over seeds ± standard deviation), the rounds run and the seconds. Finished
+runs in ``--out`` are reused.
+
+    python scripts/bench_fedcqa.py quality --seeds 0 1 2 3 4 --out runs/fedcqa_umls \\
+        --json-out docs/fedcqa/umls_gqe.json
+    python scripts/bench_fedcqa.py quality --variants umls_fedcqa_q2p umls_local_gqe -- task.encoder=q2p
+
+``speed`` builds one federation from a config and times, on this machine: query sampling
+per type (a fresh cache), training rounds (seconds per round, training queries per
+second), one test evaluation (in-graph evaluation and cross-graph retrieval latency per
+query type, per query), bytes per round and per retrieved query, and peak memory, with
+secure aggregation on and off when the config allows both.
+
+    python scripts/bench_fedcqa.py speed -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from lightning_fedkg.config import load_config  # noqa: E402
+from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated  # noqa: E402
+from lightning_fedkg.methods.fedcqa import CQAFedE  # noqa: E402
+
+CONFIGS = REPO / "configs" / "fedcqa"
+DEFAULT_VARIANTS = ["umls_local_gqe", "umls_central_gqe", "umls_fede_gqe", "umls_fedr_gqe", "umls_fedcqa_gqe"]
+KEYS = (("in MRR", "in_graph", "mrr"), ("in HR@3", "in_graph", "hits@3"),
+        ("cross MRR", "cross_graph", "mrr"), ("cross HR@3", "cross_graph", "hits@3"))
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def quality(args) -> None:
+    rows = {}
+    for variant in args.variants:
+        runs = []
+        for seed in args.seeds:
+            run_dir = Path(args.out) / variant / f"seed{seed}"
+            metrics_path = run_dir / "metrics.json"
+            if not metrics_path.is_file():
+                cfg = load_config(CONFIGS / f"{variant}.yaml", [f"seed={seed}", *args.overrides])
+                run_federated(cfg, run_dir)
+            runs.append(json.loads(metrics_path.read_text()))
+        row = {"seeds": list(args.seeds)}
+        for label, block, key in KEYS:
+            values = [m[block][key] for m in runs if block in m]
+            row[label] = [statistics.mean(values), statistics.pstdev(values)] if values else None
+        row["rounds"] = statistics.mean(m["rounds"] for m in runs)
+        row["seconds"] = statistics.mean(m["seconds"] for m in runs)
+        row["cross_by_type_mrr"] = {t: statistics.mean(m["cross_graph"]["by_type"][t]["mrr"] for m in runs)
+                                    for t in runs[0].get("cross_graph", {}).get("by_type", {})}
+        rows[variant] = row
+    print(f"{'variant':24s}" + "".join(f"{label:>18s}" for label, _, _ in KEYS) + f"{'rounds':>8s}{'s':>8s}")
+    for variant, row in rows.items():
+        cells = "".join(f"{'-':>18s}" if row[label] is None else f"{row[label][0]:>11.4f} ±{row[label][1]:.4f}"
+                        for label, _, _ in KEYS)
+        print(f"{variant:24s}{cells}{row['rounds']:>8.1f}{row['seconds']:>8.1f}")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps({"overrides": args.overrides, "variants": rows}, indent=1))
+
+
+def speed_once(cfg, rounds: int) -> dict:
+    run = FederatedRun(cfg, None)
+    run.align()
+    channel = run.channel
+    seconds = []
+    for r in range(1, rounds + 1):
+        start = time.perf_counter()
+        selected = run.train_round(r)
+        seconds.append(time.perf_counter() - start)
+    train_bytes = sum(rec.bytes for rec in channel.records() if rec.round >= 1) / rounds
+    queries_per_round = len(selected) * cfg.task.steps_per_epoch * cfg.federated.local_epochs * cfg.train.batch_size
+    before = len(channel.records())
+    start = time.perf_counter()
+    run.evaluate("test", rounds)
+    evaluation = time.perf_counter() - start
+    records = channel.records()[before:]
+    cross = run.server.cross_graph() or {}
+    retrieved = sum(m["queries"] for m in cross.get("by_type", {}).values())
+    retrieval_bytes = sum(r.bytes for r in records if r.name.startswith("cq_step"))
+    out = {
+        "seconds_per_round": statistics.mean(seconds[1:] if len(seconds) > 1 else seconds),
+        "training_queries_per_second": queries_per_round / statistics.mean(seconds[1:] if len(seconds) > 1 else seconds),
+        "bytes_per_round": train_bytes,
+        "test_evaluation_seconds": evaluation,
+        "retrieval_seconds_per_query": {t: cross["seconds"][t] / max(cross["by_type"][t]["queries"], 1)
+                                        for t in cross.get("seconds", {})},
+        "retrieval_bytes_per_query": retrieval_bytes / max(retrieved, 1),
+        "cross_graph_queries": retrieved,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+    run.close()
+    return out
+
+
+class PlainFedCQA(CQAFedE):
+    """FedCQA's groups (entity rows and operators; relations stay) averaged in clear: the
+    "secret aggregation off" side of the cost comparison."""
+
+    name = "plain_fedcqa"
+    groups = ("entity", "operators")
+
+
+def speed(args) -> None:
+    from lightning_fedkg.data.query_sets import graph_query_sets
+    from lightning_fedkg.federated.party import load_federated_kg
+    from lightning_fedkg.methods.fedcqa.task import query_settings
+
+    cfg = load_config(args.config, args.overrides)
+    report = {"config": str(args.config), "overrides": args.overrides}
+    # sampling per type on client 0 (train, valid and test sets of the type), fresh caches
+    fkg = load_federated_kg(cfg)
+    settings = query_settings(cfg.task)
+    report["sampling_seconds_client_0"] = {}
+    for t in settings.types:
+        one = replace(settings, types=(t,), train_types=(t,) if t in settings.train_types else ())
+        with tempfile.TemporaryDirectory() as cache:
+            start = time.perf_counter()
+            graph_query_sets(fkg.clients[0], one, cfg.data.num_clients, cache, label="client_0")
+            report["sampling_seconds_client_0"][t] = time.perf_counter() - start
+    report["secure_on" if cfg.federated.secure_aggregation.enabled else "plain"] = speed_once(cfg, args.rounds)
+    if cfg.federated.strategy == "fedcqa":
+        plain = load_config(args.config, [*args.overrides, "federated.secure_aggregation.enabled=false",
+                                          "federated.strategy=__main__:PlainFedCQA"])
+        report["secure_off"] = speed_once(plain, args.rounds)
+    print(json.dumps(report, indent=1))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    q.add_argument("--seeds", nargs="+", type=int, default=[0])
+    q.add_argument("--out", default="runs/fedcqa")
+    q.add_argument("--json-out")
+    q.add_argument("overrides", nargs="*")
+    s = sub.add_parser("speed")
+    s.add_argument("-c", "--config", type=Path, required=True)
+    s.add_argument("--rounds", type=int, default=3)
+    s.add_argument("--json-out")
+    s.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    quality(args) if args.mode == "quality" else speed(args)
+
+
+if __name__ == "__main__":
+    main()
