@@ -264,6 +264,26 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_query(args: argparse.Namespace) -> int:
+    """``fedkg query``: answer a typed query with a finished query-answering run."""
+    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
+
+    cfg, run = load_run_from(args.from_run)
+    if cfg.federated.task != "query_answering":
+        raise SystemExit(f"fedkg query: {args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")
+    try:
+        structure, answers = answer_query(cfg, run, args.query, top=args.top)
+    except QuerySyntaxError as err:
+        raise SystemExit(f"fedkg query: {err}") from None
+    finally:
+        run.close()
+    print(f"{structure} query, top {len(answers)} of the federation's entities by holder-averaged score:")
+    for rank, (name, score) in enumerate(answers, 1):
+        print(f"{rank:4d}  {score:10.4f}  {name}")
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedkg audit``: a server-side reconstruction attack on a finished run's payloads."""
     from lightning_fedkg.federated.audit import AuditSettings, format_audit_table, run_audit
@@ -379,6 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="which triples are known; the attacker's init")
     audit.add_argument("--epochs", type=int, default=300, help="the attacker's fitting epochs (default 300)")
     audit.set_defaults(func=cmd_audit)
+
+    query = sub.add_parser("query", help="answer a typed logical query with a finished query-answering run",
+                           description="Answer a query by distributed retrieval. Syntax: (e:NAME, (r:REL, r-:REL)) "
+                                       "for a chain (r- is the inverse), i(Q, Q, ...) and u(Q, Q, ...) for "
+                                       "intersections and unions; quote names with spaces or commas.")
+    query.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True, help="a finished run folder")
+    query.add_argument("query", help='e.g. "(e:aspirin, (r:treats, r:causes))"')
+    query.add_argument("--top", type=int, default=10, help="how many answers to print (default 10)")
+    query.set_defaults(func=cmd_query)
 
     data = sub.add_parser("data", help="dataset utilities")
     data_sub = data.add_subparsers(dest="data_command", required=True)

@@ -147,3 +147,50 @@ def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     # no plaintext float of training ever reaches the server
     upward = (tmp_path / "run" / "payloads").glob("r*_client_*_to_server_upload.safetensors")
     assert {str(t.dtype) for p in upward for t in decode(p.read_bytes()).arrays.values()} == {"torch.int32"}
+
+
+# ---------------------------------------------------------------- fedkg query
+def test_parse_query_knows_every_structure_and_says_where_a_query_breaks():
+    from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, parse_query
+
+    b = "(e:a, (r:x))"
+    typed = {"1p": b, "2p": "(e:a, (r:x, r-:y))", "3p": "(e:a, (r:x, r:y, r:z))", "2i": f"i({b}, {b})",
+             "3i": f"i({b},{b},{b})", "ip": f"(i({b}, {b}), (r:z))", "pi": f"i((e:a, (r:x, r:y)), {b})",
+             "2u": f"u({b}, {b})", "up": f"(u({b}, {b}), (r:z))"}
+    for name, text in typed.items():
+        structure, slots = parse_query(text)
+        assert structure == name and len(slots) == num_slots(STRUCTURES[name])
+    assert parse_query('(e:"New York, NY", (r-:born_in))')[1] == [("e", "New York, NY"), ("r-", "born_in")]
+    with pytest.raises(QuerySyntaxError, match="character 12"):
+        parse_query("(e:a, (r:x)")
+    with pytest.raises(QuerySyntaxError, match="not one the encoders answer"):
+        parse_query("i((e:a, (r:x, r:y, r:z)), (e:b, (r:y)))")
+
+
+def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
+    from lightning_fedkg.data.queries import anchors_and_relations
+    from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
+
+    cfg = cqa_config(tmp_path, federated__strategy="entire", federated__rounds=1)
+    run = FederatedRun(cfg, None)
+    run.train_round(1)
+    run.load_evaluation_state(1)
+    qs = cross_query_sets(run.fkg, query_settings(cfg.task), tmp_path / "queries")["pi"]
+    row = qs.queries[0]
+    ent, rel = run.fkg.entity_names, run.fkg.relation_names
+    (a1, a2), (r1, r2, r3) = [[int(row[i]) for i in s] for s in anchors_and_relations(STRUCTURES["pi"])]
+
+    def r(x):
+        return f"{'r-' if x % 2 else 'r'}:{rel[x // 2]}"
+
+    text = f"i((e:{ent[a1]}, ({r(r1)}, {r(r2)})), (e:{ent[a2]}, ({r(r3)})))"
+    structure, answers = answer_query(cfg, run, text, top=5)
+    central = run.server.central.module.encoder.eval()
+    with torch.no_grad():
+        expected = central.score(central.embed("pi", row[None])).squeeze(0).topk(5)
+    assert structure == "pi"
+    assert [name for name, _ in answers] == [ent[int(i)] for i in expected.indices]
+    assert [s for _, s in answers] == pytest.approx(expected.values.tolist(), abs=1e-4)
+    with pytest.raises(QuerySyntaxError, match="did you mean"):
+        answer_query(cfg, run, f"(e:{ent[a1]}x, ({r(r1)}))")
+    run.close()

@@ -289,6 +289,26 @@ class RetrievalServer:
         self.directory = {"entity_keys": union, "entity_index": index,
                           "relation_keys": relation[order], "relation_owner": owner[order]}
 
+    def retrieve(self, exchange, queries: CrossQueries, round: int = 0) -> tuple[Tensor, Tensor]:
+        """Answer ``queries`` (one structure, answers not needed) outside an evaluation, with
+        ``exchange(round, stage, messages, split=)`` the runner's
+        (:meth:`~lightning_fedkg.federated.orchestrator.FederatedRun.exchange`):
+        ``(holder-mean scores [B, N] over the union, the union's entity keys [N])``."""
+        saved = self.cross, self.steps, self.cursor, self.results
+        self.cross = {queries.structure: queries}
+        self.steps, self.cursor = self._schedule(), 0
+        self.results = {"by_type": {}, "unanswered": 0, "seconds": {}}
+        tables = []
+        try:
+            for step in self.steps:
+                replies, failures = exchange(round, STEP, self.configure_cq_step(round, "test"), split="test")
+                self.aggregate_cq_step(round, "test", replies, failures)
+                if step[0] == "score":
+                    tables.append(self.last_scores)
+        finally:
+            self.cross, self.steps, self.cursor, self.results = saved
+        return torch.cat(tables), self.directory["entity_keys"]
+
     def _rank(self, name: str, start: int, stop: int, replies: dict[str, Message]) -> None:
         """Holder-mean of the clients' score tables (Eq. 6), then filtered ranks of the hard answers."""
         d = self.directory
@@ -300,7 +320,10 @@ class RetrievalServer:
             sums[:, idx] += reply.arrays["scores"].double()
             counts[idx] += 1
         scores = torch.where(counts > 0, sums / counts.clamp(min=1), torch.tensor(float("-inf"), dtype=torch.float64))
+        self.last_scores = scores
         cq = self.cross[name]
+        if cq.hard_keys.numel() == 0:  # a query to answer, not to evaluate
+            return
         hard_rows, hard_cols = self._answers(cq.hard_offsets, cq.hard_keys, start, stop)
         easy_rows, easy_cols = self._answers(cq.easy_offsets, cq.easy_keys, start, stop)
         answered = ~self._failed & ~torch.isnan(scores).any(1)
