@@ -181,7 +181,7 @@ def test_resume_metadata_uses_one_spelling():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["federated.strategy=fedx"], "federated.strategy: unknown federated strategy 'fedx'; valid: entire, fede, fedec, fedlu, fedprox, fedr, fkge, single"),
+    (["federated.strategy=fedx"], "federated.strategy: unknown federated strategy 'fedx'; valid: entire, fedcqa, fedcqa_fede, fedcqa_fedr, fede, fedec, fedlu, fedprox, fedr, fkge, single "),
     (["federated.strategy=fede", "federated.task=nope"], "federated.task: unknown task 'nope'; valid: link_prediction"),
     (["federated.strategy=fede", "federated.parties.client_1.model.name=transx"],
      "federated.parties.client_1: model.name: unknown KGE model 'transx'"),

@@ -13,7 +13,7 @@ from lightning_fedkg.data.query_sets import cross_query_sets
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
 from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
-from lightning_fedkg.methods.fedcqa.task import query_settings
+from lightning_fedkg.methods.fedcqa.config import query_settings
 from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM, run_plan
 
 pytest.importorskip("cryptography")

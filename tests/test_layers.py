@@ -163,9 +163,13 @@ def test_every_method_package_is_an_entry_point_and_back():
 
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
     strategies = project["entry-points"]["lightning_fedkg.strategies"]
-    assert set(strategies) == method_names()
+    # Each package registers the strategy named after it; a package may add variants of it
+    # (fedcqa's baselines) named with its name as prefix, and every target lives in one.
+    assert method_names() <= set(strategies)
     for name, target in strategies.items():
-        assert target.startswith(f"lightning_fedkg.methods.{name}:"), target
+        package = next((p for p in method_names() if name == p or name.startswith(f"{p}_")), None)
+        assert package, f"strategy {name!r} is not named after a method package"
+        assert target.startswith(f"lightning_fedkg.methods.{package}:"), target
     from lightning_fedkg.methods import BUILTIN_PACKAGES
 
     assert set(BUILTIN_PACKAGES) == method_names()

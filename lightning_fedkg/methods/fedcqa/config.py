@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal
 
-from lightning_fedkg.config import Range
+from pathlib import Path
 
-__all__ = ["QueryTaskConfig"]
+from lightning_fedkg.config import ConfigError, Range
+from lightning_fedkg.data.queries import STRUCTURES
+from lightning_fedkg.data.query_sets import QuerySettings
+
+__all__ = ["QueryTaskConfig", "query_settings", "cache_dir", "default_cache_dir"]
 
 
 @dataclass
@@ -45,3 +49,24 @@ class QueryTaskConfig:
     cross_per_type: int = field(default=5_000, metadata={"range": Range(min=0)})
     query_seed: int = 0
     cache_dir: str = ""
+
+
+def default_cache_dir() -> Path:
+    """Where query sets are cached unless ``task.cache_dir`` says otherwise."""
+    return Path.home() / ".cache" / "lightning_fedkg" / "queries"
+
+
+def query_settings(tc: QueryTaskConfig) -> QuerySettings:
+    """The sampler settings of the ``task:`` section."""
+    unknown = [t for t in (*tc.types, *tc.train_types) if t not in STRUCTURES]
+    if unknown:
+        raise ConfigError(f"task.types / task.train_types: unknown query types {unknown}; "
+                          f"valid: {', '.join(STRUCTURES)}")
+    return QuerySettings(types=tuple(tc.types), train_types=tuple(tc.train_types),
+                         train_per_type=tc.train_per_type, eval_per_type=tc.eval_per_type,
+                         cross_per_type=tc.cross_per_type, seed=tc.query_seed)
+
+
+def cache_dir(tc: QueryTaskConfig) -> Path:
+    """The query-set cache folder of the ``task:`` section."""
+    return Path(tc.cache_dir).expanduser() if tc.cache_dir else default_cache_dir()

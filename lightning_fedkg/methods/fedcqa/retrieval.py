@@ -44,7 +44,8 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.models.query_encoders import run_plan
 from lightning_fedkg.models.query_module import ENCODERS
 
-from .task import QUERY_METRICS, by_type, cache_dir, query_settings
+from .config import cache_dir, query_settings
+from .entries import QUERY_METRICS, by_type
 
 __all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "RetrievalServer", "RetrievalClient"]
 

@@ -16,47 +16,19 @@ whatever strategy runs it (:meth:`QueryAnswering.halves`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_fedkg.data.queries import STRUCTURES
-from lightning_fedkg.data.query_sets import QuerySettings, graph_query_sets
-from lightning_fedkg.evaluation.query_ranking import HITS
+from lightning_fedkg.data.query_sets import graph_query_sets
 from lightning_fedkg.federated.tasks import Task
 from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
 from lightning_fedkg.seeding import derive_seed
 
-from .config import QueryTaskConfig
+from .config import QueryTaskConfig, cache_dir, query_settings
+from .entries import QUERY_METRICS, query_entry
 
-__all__ = ["QueryAnswering", "QueryDataModule", "QUERY_METRICS", "query_settings", "default_cache_dir"]
-
-#: The metric keys of a query-answering entry (means over structures).
-QUERY_METRICS = ("mrr", "hits@1", "hits@3", "hits@10")
-assert QUERY_METRICS[1:] == tuple(f"hits@{k}" for k in HITS)
-
-
-def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "lightning_fedkg" / "queries"
-
-
-def query_settings(tc: QueryTaskConfig) -> QuerySettings:
-    """The sampler settings of the ``task:`` section."""
-    unknown = [t for t in (*tc.types, *tc.train_types) if t not in STRUCTURES]
-    if unknown:
-        from lightning_fedkg.config import ConfigError
-
-        raise ConfigError(f"task.types / task.train_types: unknown query types {unknown}; "
-                          f"valid: {', '.join(STRUCTURES)}")
-    return QuerySettings(types=tuple(tc.types), train_types=tuple(tc.train_types),
-                         train_per_type=tc.train_per_type, eval_per_type=tc.eval_per_type,
-                         cross_per_type=tc.cross_per_type, seed=tc.query_seed)
-
-
-def cache_dir(tc: QueryTaskConfig) -> Path:
-    return Path(tc.cache_dir).expanduser() if tc.cache_dir else default_cache_dir()
+__all__ = ["QueryAnswering", "QueryDataModule"]
 
 
 class QueryDataModule(L.LightningDataModule):
@@ -133,27 +105,3 @@ class QueryAnswering(Task):
 
         return (type(f"Retrieval{server.__name__}", (RetrievalServer, server), {}),
                 type(f"Retrieval{client.__name__}", (RetrievalClient, client), {}))
-
-
-def query_entry(result: dict) -> dict:
-    """A party's entry from :meth:`QueryAnsweringModule.evaluate`: the means over types,
-    ``<type>/<metric>`` per type, ``count`` (queries) and ``triples`` (its weight: the
-    number of queries, so the federation's mean is over queries)."""
-    entry = {k: float(result[k]) for k in QUERY_METRICS}
-    for name, m in result["by_type"].items():
-        entry.update({f"{name}/{k}": float(m[k]) for k in QUERY_METRICS})
-        entry[f"{name}/queries"] = int(m["queries"])
-    queries = sum(int(m["queries"]) for m in result["by_type"].values())
-    entry["count"] = queries
-    entry["triples"] = queries
-    return entry
-
-
-def by_type(entry: dict) -> dict:
-    """``{type: {metric: value, "queries": n}}`` from an entry's ``<type>/<metric>`` keys."""
-    out: dict = {}
-    for key, value in entry.items():
-        if "/" in key:
-            name, metric = key.split("/", 1)
-            out.setdefault(name, {})[metric] = value
-    return out
