@@ -269,6 +269,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     from lightning_fedkg.federated.orchestrator import load_run_from
     from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
 
+    # Loading a run rebuilds its parties (query sets from the cache): not news to a person asking.
+    logging.getLogger("lightning_fedkg").setLevel(logging.WARNING)
     cfg, run = load_run_from(args.from_run)
     if cfg.federated.task != "query_answering":
         raise SystemExit(f"fedkg query: {args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")

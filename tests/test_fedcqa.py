@@ -161,8 +161,11 @@ def test_parse_query_knows_every_structure_and_says_where_a_query_breaks():
         structure, slots = parse_query(text)
         assert structure == name and len(slots) == num_slots(STRUCTURES[name])
     assert parse_query('(e:"New York, NY", (r-:born_in))')[1] == [("e", "New York, NY"), ("r-", "born_in")]
+    assert parse_query("(e:a, (r:x,))") == parse_query(b)  # Python's one-tuple comma is fine
     with pytest.raises(QuerySyntaxError, match="character 12"):
         parse_query("(e:a, (r:x)")
+    with pytest.raises(QuerySyntaxError, match="character 10"):
+        parse_query("(e:a, (r:,))")
     with pytest.raises(QuerySyntaxError, match="not one the encoders answer"):
         parse_query("i((e:a, (r:x, r:y, r:z)), (e:b, (r:y)))")
 

@@ -7,6 +7,7 @@ Syntax (KGReasoning's grammar with names; whitespace is free)::
             | "u(" query "," query { "," query } ")"         a union
     source := "e:" name | query
     rel    := "r:" name | "r-:" name                         forward / inverse
+    (a comma may follow the last relation, as in Python's ``(r:x,)``)
     name   := characters other than ``,()"`` and spaces, or a "double-quoted string"
 
 ``(e:aspirin, (r:treats, r:causes))`` is a 2p query, ``i((e:a, (r:x)), (e:b, (r:y)))`` a
@@ -103,6 +104,8 @@ class _Parser:
             if not self.peek(","):
                 break
             self.pos += 1
+            if self.peek(")"):  # a trailing comma, as in Python's one-tuple (r:x,)
+                break
         self.expect(")")
         self.expect(")")
         return (source, tuple("r" for _ in rels)), slots + rels
