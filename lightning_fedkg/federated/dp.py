@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import num_selected
@@ -108,24 +109,23 @@ class DPServer:
         self._shared: list[str] = []
 
     def _row_counts(self, tensor: str, among: list[str]) -> Tensor:
-        idx = {n: self.client_index(tensor, n) for n in among if n in self.holders_of[tensor]}
-        rows = 1 if all(i is None for i in idx.values()) else int(self.table[tensor].shape[0])
-        counts = torch.zeros(rows, dtype=torch.long)
-        for i in idx.values():
-            counts[torch.zeros(1, dtype=torch.long) if i is None else i] += 1
-        return counts
+        """How many of ``among`` hold each row of ``tensor`` (one count for a whole tensor)."""
+        idx = [self.client_index(tensor, n) for n in among if n in self.holders_of[tensor]]
+        if all(i is None for i in idx):
+            return torch.tensor([len(idx)], dtype=torch.long)
+        return holder_counts(int(self.table[tensor].shape[0]), idx)
 
     def _with_dp(self, messages: dict[str, Message]) -> dict[str, Message]:
         self._shared = sorted(messages)
         config = {"sigma": self.sigma, "q": self.q}
+        counts = {t: self._row_counts(t, self._shared) for t in self.table} \
+            if self.dp.placement == "distributed" else {}
         for name, message in messages.items():
             message.config["dp"] = dict(config)
-            if self.dp.placement == "distributed":
-                for t in self.table:
-                    if name in self.holders_of[t]:
-                        idx = self.client_index(t, name)
-                        counts = self._row_counts(t, self._shared)
-                        message.arrays[f"{PREFIX}k.{t}"] = (counts if idx is None else counts[idx]).to(torch.int32)
+            for t, k in counts.items():
+                if name in self.holders_of[t]:
+                    idx = self.client_index(t, name)
+                    message.arrays[f"{PREFIX}k.{t}"] = (k if idx is None else k[idx]).to(torch.int32)
         return messages
 
     def configure_train(self, round, selected):
@@ -152,11 +152,11 @@ class DPServer:
         messages = super().configure_sa_unmask(round, selected)
         if self.dp.placement == "distributed":
             survivors = sorted(messages)
+            counts = {t: (self._row_counts(t, self._shared), self._row_counts(t, survivors)) for t in self.table}
             for name, message in messages.items():
                 ratio = 1.0
-                for t in self.table:
+                for t, (k2, k3) in counts.items():
                     if name in self.holders_of[t]:
-                        k2, k3 = self._row_counts(t, self._shared), self._row_counts(t, survivors)
                         idx = self.client_index(t, name)
                         mine = (k3.double() / k2.double().clamp(min=1)) if idx is None else \
                             (k3[idx].double() / k2[idx].double().clamp(min=1))
@@ -254,8 +254,9 @@ class DPClient:
         for k, u in update.items():
             std = dp["sigma"] * self.dp.clip
             if self.dp.placement == "distributed":
+                # one count per row (a tensor shared whole has one), broadcast over the row's values
                 k_rows = counts[k].to(torch.float64).clamp(min=1)
-                std = std / k_rows.sqrt().view(-1, *([1] * (u.dim() - 1))) if u.dim() > 1 else std / float(k_rows[0].sqrt())
+                std = std / (k_rows.view(-1, *([1] * (u.dim() - 1))) if u.dim() else k_rows[0]).sqrt()
             noise = torch.randn(u.shape, generator=self.generator, dtype=torch.float64)
             noisy[k] = (self._reference[k].double() + u.double() + noise * std).to(u.dtype)
         # what a user tunes ``clip`` by (the client's own TensorBoard, not the wire)

@@ -49,12 +49,13 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import RetryRound, num_selected
 from lightning_fedkg.privacy import secagg
 
-__all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold", "SA_STAGES"]
+__all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold"]
 
 SA_KEYS, SA_SHARES, SA_UNMASK = "sa_keys", "sa_shares", "sa_unmask"
 #: The stages whose replies are masked (a training round's and a phase's upload).
@@ -324,9 +325,7 @@ class SecureServer:
                 counts = secagg.signed(total[:, -1])
                 total = total[:, :-1]
             else:
-                counts = torch.zeros(rows, dtype=torch.long)
-                for u in holders:
-                    counts.index_add_(0, self._index(t, u), torch.ones(self._index(t, u).numel(), dtype=torch.long))
+                counts = holder_counts(rows, [self._index(t, u) for u in holders])
             table = self.table[t]
             shape = (1, *table.shape) if t in self._whole() else tuple(table.shape)
             if self.sa.hide_aggregate:
