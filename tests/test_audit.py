@@ -46,6 +46,10 @@ def test_attack_scores_by_hand():
     s = attack_scores(guesses, targets)
     assert (s["precision"], s["recall"]) == (0.5, 2 / 3)
     assert s["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+    # a repeated target counts once; the same ids in other positions or relations are other triples
+    s = attack_scores(torch.tensor([[0, 1, 2], [2, 1, 0], [0, 2, 1], [1, 0, 2]]),
+                      torch.tensor([[0, 1, 2], [0, 1, 2], [1, 2, 0]]))
+    assert (s["precision"], s["recall"], s["targets"]) == (0.25, 0.5, 2)
 
 
 def snapshot(folder: Path) -> dict:

@@ -96,17 +96,21 @@ def _as_rows(arrays: dict[str, Tensor], bits: int) -> dict[str, Tensor]:
 
 def observed_views(payload_dir: Path, victim: str, bits: int) -> dict[str, dict[str, Tensor]]:
     """``{"uploads": rows, "aggregate": rows}`` from the newest such payloads of ``victim``
-    (a view is absent when nothing of it was recorded)."""
-    views: dict[str, dict[str, Tensor]] = {}
+    (a view is absent when nothing of it was recorded). Only the newest payload of each view
+    with rows in it is decoded: the older ones are the same tables, less trained."""
+    paths: dict[str, list[Path]] = {"uploads": [], "aggregate": []}
     for _round, _seq, sender, receiver, name, path in _payloads(payload_dir):
         if sender == victim and receiver == "server" and name == "upload":
-            rows = _as_rows(decode(path.read_bytes()).arrays, bits)
-            if rows:
-                views["uploads"] = rows
+            paths["uploads"].append(path)
         elif sender == "server" and receiver == victim and name in DOWNLOADS:
+            paths["aggregate"].append(path)
+    views: dict[str, dict[str, Tensor]] = {}
+    for view, found in paths.items():
+        for path in reversed(found):
             rows = _as_rows(decode(path.read_bytes()).arrays, bits)
             if rows:
-                views["aggregate"] = rows
+                views[view] = rows
+                break
     return views
 
 
@@ -125,8 +129,10 @@ def fit_attacker(cfg, num_entities: int, num_relations: int, known: Tensor, obse
     known triples (log-sigmoid loss against uniformly corrupted tails and heads)."""
     m = cfg.model
     generator = torch.Generator().manual_seed(settings.seed)
-    torch.manual_seed(settings.seed)
-    model = build_model(m.name, num_entities, num_relations, m.dim, gamma=m.gamma, epsilon=m.epsilon, **m.options())
+    with torch.random.fork_rng(devices=[]):  # the initialisation is seeded; the caller's RNG is left alone
+        torch.manual_seed(settings.seed)
+        model = build_model(m.name, num_entities, num_relations, m.dim, gamma=m.gamma, epsilon=m.epsilon,
+                            **m.options())
     frozen = set()
     for tensor, rows in observed.items():
         table = _table_of(tensor)
@@ -180,14 +186,21 @@ def top_candidates(model, num_entities: int, known: Tensor, k: int, chunk: int =
 
 
 def attack_scores(guesses: Tensor, targets: Tensor) -> dict:
-    """Precision, recall and F1 of the guesses against the target triples."""
-    target_set = {tuple(x) for x in targets.tolist()}
-    hits = sum(tuple(x) in target_set for x in guesses.tolist())
+    """Precision, recall and F1 of the guesses against the (distinct) target triples."""
+    both = torch.cat([guesses.reshape(-1, 3), targets.reshape(-1, 3)]).long()
+    size = both.max(dim=0).values + 1 if both.numel() else torch.ones(3, dtype=torch.long)
+
+    def keys(triples: Tensor) -> Tensor:
+        triples = triples.reshape(-1, 3).long()
+        return (triples[:, 0] * size[1] + triples[:, 1]) * size[2] + triples[:, 2]
+
+    target_keys = torch.unique(keys(targets))
+    hits = int(torch.isin(keys(guesses), target_keys).sum())
     precision = hits / max(len(guesses), 1)
-    recall = hits / max(len(target_set), 1)
+    recall = hits / max(len(target_keys), 1)
     f1 = 0.0 if hits == 0 else 2 * precision * recall / (precision + recall)
     return {"precision": precision, "recall": recall, "f1": f1, "guesses": int(len(guesses)),
-            "targets": len(target_set)}
+            "targets": int(len(target_keys))}
 
 
 def run_audit(run_dir: str | Path, out_dir: str | Path, settings: AuditSettings | None = None,
