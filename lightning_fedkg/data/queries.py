@@ -21,6 +21,7 @@ relation out of that member (a binary search in the sorted edge list), an inters
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -151,7 +152,12 @@ class QueryGraph:
     def incoming(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Backward-walk index: edges sorted by (tail, relation); per node the range of its
         distinct incoming relations; per (tail, relation) pair the range of its heads.
-        Returns ``(pair_rel, pair_start, pair_count, node_start, node_count, heads_sorted)``."""
+        Returns ``(pair_rel, pair_start, pair_count, node_start, node_count, heads_sorted)``;
+        built once per graph (every structure's sampler walks the same index)."""
+        return self._incoming
+
+    @cached_property
+    def _incoming(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         n = self.num_entities
         order = torch.argsort(self.tails * self.num_relations + self.rels, stable=True)
         tails, rels, heads = self.tails[order], self.rels[order], self.heads[order]
