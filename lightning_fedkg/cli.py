@@ -3,6 +3,7 @@
     fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg data stats NAME_OR_PATH                        print dataset statistics
+    fedkg data stats -c CONFIG [key=value ...]           statistics of a query-answering config's query sets
     fedkg --version                                      print the installed version
 
 Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``); a
@@ -300,11 +301,43 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _query_stats(config: str, overrides: list[str]) -> int:
+    """The query sets of a query-answering config (FedCQA's Tables 1–2): per client its
+    graph, per set and split the queries of each type and their mean number of hard answers."""
+    from lightning_fedkg.data.query_sets import federated_query_sets, query_stats
+    from lightning_fedkg.federated.party import load_federated_kg
+    from lightning_fedkg.methods.fedcqa.config import cache_dir, query_settings
+
+    cfg = load_config(config, overrides)
+    if cfg.federated.task != "query_answering":
+        raise SystemExit(f"fedkg data stats: {config} is a {cfg.federated.task!r} config, not a query_answering one")
+    fkg = load_federated_kg(cfg)
+    rows = fkg.stats()
+    print(f"{fkg.name}: {fkg.num_clients} clients, {fkg.num_entities} entities, {fkg.num_relations} relations")
+    keys = ["entities", "relations", "train", "valid", "test"]
+    print(f"{'client':<8}" + "".join(f"{k:>11}" for k in keys))
+    for r in rows:
+        print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
+    stats = query_stats(federated_query_sets(fkg, query_settings(cfg.task), cache_dir(cfg.task)))
+    types = [t for t in cfg.task.types if any(t in r for r in stats)]
+    print("\nqueries per type (mean hard answers per query in parentheses)")
+    print(f"{'set':<12}{'split':<6}" + "".join(f"{t:>15}" for t in types))
+    for r in stats:
+        cells = [f"{r[t]} ({r[f'{t}/hard']:.1f})" if t in r else "-" for t in types]
+        print(f"{r['set']:<12}{r['split']:<6}" + "".join(f"{c:>15}" for c in cells))
+    return 0
+
+
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    """``fedkg data stats``: sizes of a KG, or of every client of a federated folder."""
+    """``fedkg data stats``: sizes of a KG, or of every client of a federated folder, or a
+    query-answering config's query sets (``-c``)."""
     from lightning_fedkg.data import load_federated, load_kg
 
-    target = args.target
+    if args.config:
+        return _query_stats(args.config, args.target)
+    if len(args.target) != 1:
+        raise SystemExit("fedkg data stats: give one dataset (a bundled name or a folder), or -c CONFIG for query sets")
+    target = args.target[0]
     path = Path(target)
     if path.is_dir() and ((path / "client_0").is_dir() or (path / "0").is_dir()):
         fkg = load_federated(target)
@@ -414,7 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="dataset utilities")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     stats = data_sub.add_parser("stats", help="print statistics of a dataset")
-    stats.add_argument("target", help="bundled name (umls, nations, kinship) or folder")
+    stats.add_argument("target", nargs="*", help="bundled name (umls, nations, kinship) or folder; "
+                       "with -c, key=value overrides of the config")
+    stats.add_argument("-c", "--config", help="a query-answering config: statistics of its query sets "
+                       "(sampled, or loaded from task.cache_dir)")
     stats.set_defaults(func=cmd_data_stats)
     return parser
 

@@ -4,6 +4,8 @@ and end-to-end learning on UMLS."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,9 +14,11 @@ from lightning_fedkg.data.queries import STRUCTURES, num_slots
 from lightning_fedkg.data.query_sets import cross_query_sets
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
-from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
 from lightning_fedkg.methods.fedcqa.config import query_settings
+from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
 from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM, run_plan
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "fedcqa"
 
 pytest.importorskip("cryptography")
 
@@ -197,3 +201,25 @@ def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
     with pytest.raises(QuerySyntaxError, match="did you mean"):
         answer_query(cfg, run, f"(e:{ent[a1]}x, ({r(r1)}))")
     run.close()
+
+
+def test_data_stats_of_a_query_config_counts_each_set(tmp_path, capsys):
+    from lightning_fedkg.cli import main
+    from lightning_fedkg.data.query_sets import federated_query_sets, query_stats
+    from lightning_fedkg.federated.party import load_federated_kg
+
+    overrides = [f"task.cache_dir={tmp_path}", "task.train_per_type=60", "task.eval_per_type=30",
+                 "task.cross_per_type=20", "task.types=[1p,2p,2i,up]", "task.train_types=[1p,2p]"]
+    assert main(["data", "stats", "-c", str(CONFIGS / "umls_fedcqa_gqe.yaml"), *overrides]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cfg = load_config(CONFIGS / "umls_fedcqa_gqe.yaml", overrides)
+    sets = federated_query_sets(load_federated_kg(cfg), query_settings(cfg.task), tmp_path)
+    rows = query_stats(sets)
+    assert [r["set"] for r in rows] == ["client_0"] * 3 + ["client_1"] * 3 + ["client_2"] * 3 + ["cross-graph"]
+    assert rows[-1]["2p"] == len(sets["cross"]["2p"]) == 20 and "1p" not in rows[-1]
+    assert rows[0]["2p"] == 60 // 3 and rows[1]["up"] == 30 // 3
+    hard = sets["clients"][1]["test"]["2i"].hard_offsets.diff().double().mean()
+    assert rows[5]["2i/hard"] == pytest.approx(float(hard))
+    cross = next(line for line in lines if line.startswith("cross-graph"))
+    assert cross.split()[2:] == ["-", "20", f"({rows[-1]['2p/hard']:.1f})", "20", f"({rows[-1]['2i/hard']:.1f})",
+                                 "20", f"({rows[-1]['up/hard']:.1f})"]
