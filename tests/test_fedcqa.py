@@ -151,6 +151,14 @@ def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     # no plaintext float of training ever reaches the server
     upward = (tmp_path / "run" / "payloads").glob("r*_client_*_to_server_upload.safetensors")
     assert {str(t.dtype) for p in upward for t in decode(p.read_bytes()).arrays.values()} == {"torch.int32"}
+    # the server's TensorBoard has the cross-graph test, per type, at the best round
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tb" / "server"))
+    acc.Reload()
+    (event,) = acc.Scalars("test/cross_graph/2i/mrr")
+    assert event.step == metrics["best_round"]
+    assert event.value == pytest.approx(metrics["cross_graph"]["by_type"]["2i"]["mrr"])
 
 
 # ---------------------------------------------------------------- fedkg query

@@ -558,7 +558,7 @@ class RoundEngine(Engine):
         }
         metrics.update(run.server.report())
         # The federation's test belongs to the state it tested: the best round's step.
-        run.log_server({f"test/{k}": v for k, v in avg.items()}, self.stopper.best_round)
+        run.log_server({f"test/{k}": v for k, v in {**avg, **run.server.test_scalars()}.items()}, self.stopper.best_round)
         run.log_server({"comm/bytes_total": float(metrics["bytes_sent"])}, self.last_round)
         run.last_round = self.last_round
         metrics.update(run_phases(run.strategy.phases(self.cfg), PhaseContext(self.cfg, run, run_dir, run.writer)))

@@ -159,6 +159,11 @@ class ServerHalf:
         """Extra ``metrics.json`` blocks of the method, read after the final test (default none)."""
         return {}
 
+    def test_scalars(self) -> dict[str, float]:
+        """Scalars of the final test the server's TensorBoard logs under ``test/`` at the best
+        round, beside the federation's average (default none; retrieval's cross-graph metrics)."""
+        return {}
+
     def round_scalars(self, round: int) -> dict[str, float]:
         """Scalars the server's TensorBoard logs after round ``round`` (default none; DP's ε)."""
         return {}

@@ -360,6 +360,15 @@ class RetrievalServer:
         return {**block, "by_type": per_type, "unanswered": self.results["unanswered"],
                 "seconds": {k: round(v, 4) for k, v in self.results["seconds"].items()}}
 
+    def test_scalars(self) -> dict[str, float]:
+        """``cross_graph/<metric>`` and ``cross_graph/<type>/<metric>`` for the server's TensorBoard."""
+        out = dict(super().test_scalars())
+        cross = self.cross_graph()
+        if cross is not None:
+            out.update({f"cross_graph/{k}": cross[k] for k in QUERY_METRICS})
+            out.update({f"cross_graph/{name}/{k}": m[k] for name, m in cross["by_type"].items() for k in QUERY_METRICS})
+        return out
+
     def report(self) -> dict:
         out = dict(super().report())
         if self.in_graph is not None:
