@@ -301,6 +301,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_clients(fkg) -> None:
+    """One line for the federation, one row per client: its graph's sizes and splits."""
+    rows = fkg.stats()
+    print(f"{fkg.name}: {fkg.num_clients} clients, {fkg.num_entities} entities, {fkg.num_relations} relations")
+    keys = ["entities", "relations", "train", "valid", "test"]
+    # Further integer columns are extra splits (FedLU's unlearn); "client" is the row label.
+    keys += sorted({k for r in rows for k in r if k not in keys and k != "client" and isinstance(r[k], int)})
+    print(f"{'client':<8}" + "".join(f"{k:>11}" for k in keys))
+    for r in rows:
+        print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
+
+
 def _query_stats(config: str, overrides: list[str]) -> int:
     """The query sets of a query-answering config (FedCQA's Tables 1–2): per client its
     graph, per set and split the queries of each type and their mean number of hard answers."""
@@ -312,12 +324,7 @@ def _query_stats(config: str, overrides: list[str]) -> int:
     if cfg.federated.task != "query_answering":
         raise SystemExit(f"fedkg data stats: {config} is a {cfg.federated.task!r} config, not a query_answering one")
     fkg = load_federated_kg(cfg)
-    rows = fkg.stats()
-    print(f"{fkg.name}: {fkg.num_clients} clients, {fkg.num_entities} entities, {fkg.num_relations} relations")
-    keys = ["entities", "relations", "train", "valid", "test"]
-    print(f"{'client':<8}" + "".join(f"{k:>11}" for k in keys))
-    for r in rows:
-        print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
+    _print_clients(fkg)
     stats = query_stats(federated_query_sets(fkg, query_settings(cfg.task), cache_dir(cfg.task)))
     types = [t for t in cfg.task.types if any(t in r for r in stats)]
     print("\nqueries per type (mean hard answers per query in parentheses)")
@@ -340,16 +347,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     target = args.target[0]
     path = Path(target)
     if path.is_dir() and ((path / "client_0").is_dir() or (path / "0").is_dir()):
-        fkg = load_federated(target)
-        rows = fkg.stats()
-        print(f"{fkg.name}: {fkg.num_clients} clients, {fkg.num_entities} entities, {fkg.num_relations} relations")
-        keys = ["entities", "relations", "train", "valid", "test"]
-        # Further integer columns are extra splits (FedLU's unlearn); "client" is the row label.
-        extra = sorted({k for r in rows for k in r if k not in keys and k != "client" and isinstance(r[k], int)})
-        keys += extra
-        print(f"{'client':<8}" + "".join(f"{k:>11}" for k in keys))
-        for r in rows:
-            print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
+        _print_clients(load_federated(target))
         return 0
     kg = load_kg(target)
     stats = kg.stats()
