@@ -2,7 +2,8 @@
 """FedCQA side by side: the authors' FedNGDB code, unmodified, against ours, on one set of queries.
 
 The reference is HKUST-KnowComp/FedNGDB (the code of Hu et al.'s FedCQA / "federated neural
-graph databases"; figures below for commit 234e674). Its FedCQA is ``model/train_fed.py
+graph databases"; run at commit 234e674 for ``docs/fedcqa/reference_fedngdb_umls.json`` and
+``..._umls_e30.json``). Its FedCQA is ``model/train_fed.py
 --server_model fedC`` with ``--partial_update`` (without that flag its ``fedC`` client update
 overwrites no entity row, so entity rows are never shared). That repository carries no
 licence, so none of its code or text is here: ``--original`` names a checkout of it, and
@@ -90,7 +91,9 @@ Not matched (differences of the two implementations, not of the settings):
     holder here, so they stay local as ours do); ours once per round (S steps) under
     secure aggregation with the aggregate hidden;
   * batches: theirs one query type per global step for all clients, drawn uniformly, one
-    random answer per query; ours as ``QueryBatches`` draws them;
+    random answer per query (with ``--their-local-epochs S`` one type for a whole round:
+    over 5 rounds some types are never trained, which shows in its MRR); ours as
+    ``QueryBatches`` draws them;
   * in-graph evaluation: theirs on each client's model right after its own local step,
     before aggregation, ranking over all global entities with the entities absent from the
     client's training triples filtered; ours after aggregation, ranking over the client's
@@ -102,6 +105,7 @@ Not matched (differences of the two implementations, not of the settings):
     by our distributed retrieval protocol;
   * no seed is set by the original (its runs vary); their valid evaluations during training
     are excluded from the training time, and ours runs none;
+  * timings are wall-clock on whatever else the machine is doing: run it on a quiet one;
   * peak memory includes each side's imports (theirs: torch, pandas, tensorboardX; ours:
     torch, Lightning, PyG).
 """
@@ -539,6 +543,9 @@ def table(theirs: dict | None, ours: dict | None) -> str:
             a = get(theirs, ("cross_graph", "by_type", t, "mrr"))
             b = get(ours, ("cross_graph", "by_type", t, "mrr"))
             lines.append(f"  {t:36s}{fmt(a, '.4f'):>20s}{fmt(b, '.4f'):>18s}")
+    if get(theirs, ("cross_graph", "after_round_1")):
+        lines.append("(the original's cross-graph figures are after its first round: with --local_epochs > 1 it "
+                     "evaluates cross-graph only then)")
     return "\n".join(lines)
 
 
