@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pytest
 import torch
 
@@ -131,3 +132,47 @@ def test_tree_lstm_nodes_by_hand():
     assert not torch.allclose(both, either)
     # the forget gates are per child: swapping the children changes nothing (a sum)
     assert torch.allclose(model.combine([(h2, c2), (h, c)], 0)[0], both, atol=1e-6)
+
+
+def test_a_persistent_optimizer_outlives_fits_and_resumes_exactly():
+    """``reset_optimizer=False``: AdamW's moments carry over ``fit()`` calls (a client's
+    rounds), and a module restored from the weights and :meth:`optimizer_state_dict` trains on
+    exactly as the original; with the default every fit starts a fresh AdamW."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from lightning_fedkg.data import load_kg
+    from lightning_fedkg.data.queries import build_query_set, split_graphs
+    from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
+
+    kg = load_kg("umls")
+    graphs = split_graphs({s: kg.triples(s) for s in ("train", "valid", "test")}, kg.num_entities, kg.num_relations)
+    train = {t: build_query_set(t, graphs, "train", 200, torch.Generator().manual_seed(0)) for t in ("1p", "2p")}
+
+    def fit(module, seed):
+        L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False).fit(module, DataLoader(QueryBatches(train, 32, seed), batch_size=None))
+
+    def build(reset):
+        torch.manual_seed(0)
+        return QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, dim=16, lr=0.01, loss="softmax",
+                                    reset_optimizer=reset)
+
+    fresh, kept = build(True), build(False)
+    fit(fresh, 1), fit(kept, 1)
+    first = kept._optimizer
+    # the optimizer's state dict holds its live tensors, as a checkpoint writes them at once
+    saved = {"module": {k: v.clone() for k, v in kept.state_dict().items()},
+             "optimizer": copy.deepcopy(kept.optimizer_state_dict())}
+    assert fresh.optimizer_state_dict() is None and saved["optimizer"]["state"]
+    fit(fresh, 2), fit(kept, 2)
+    assert kept._optimizer is first and int(first.state_dict()["state"][0]["step"]) == 10
+    assert int(fresh._optimizer.state_dict()["state"][0]["step"]) == 5
+    # a round trip through the saved state continues as if nothing happened
+    restored = build(False)
+    restored.load_state_dict(saved["module"])
+    restored.load_optimizer_state_dict(saved["optimizer"])
+    fit(restored, 2)
+    for (name, a), b in zip(kept.state_dict().items(), restored.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(fresh.state_dict()["encoder.entity_emb"], kept.state_dict()["encoder.entity_emb"])

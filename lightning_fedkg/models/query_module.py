@@ -68,7 +68,7 @@ class QueryAnsweringModule(L.LightningModule):
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
                  lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
                  loss: str = "negative_sampling", label_smoothing: float = 0.1, weight_decay: float = 0.0,
-                 **encoder_options) -> None:
+                 reset_optimizer: bool = True, **encoder_options) -> None:
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"unknown query encoder {encoder!r}; valid: {', '.join(ENCODERS)}")
@@ -86,10 +86,29 @@ class QueryAnsweringModule(L.LightningModule):
             twin = ENCODERS[encoder](2, 2, dim, **encoder_options)
         self._init = {name: init_like(p) for name, p in twin.named_parameters()} | self.encoder.table_inits
         self.regularizers: list = []  # extra loss terms a federated method adds (FedProx-like)
+        self._optimizer: torch.optim.Optimizer | None = None
 
     def configure_optimizers(self):
-        """AdamW, as the FedCQA and Q2P code train (``weight_decay`` 0 is Adam)."""
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        """AdamW, as the FedCQA and Q2P code train (``weight_decay`` 0 is Adam): a fresh one
+        at every ``fit()`` with ``reset_optimizer``, else one that outlives the fits (a
+        client's moments carry over rounds; checkpointed with the party)."""
+        if self.hparams.reset_optimizer or self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
+                                                weight_decay=self.hparams.weight_decay)
+        return self._optimizer
+
+    def optimizer_state_dict(self) -> dict | None:
+        """The state of an optimizer that outlives a ``fit()``; None with ``reset_optimizer``."""
+        if self.hparams.reset_optimizer or self._optimizer is None:
+            return None
+        return self._optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, state: dict | None) -> None:
+        """Restore the state :meth:`optimizer_state_dict` gave (None clears it)."""
+        if state is None:
+            self._optimizer = None
+            return
+        self.configure_optimizers().load_state_dict(state)
 
     def shareable_groups(self) -> dict[str, SharedGroup]:
         """``"entity"`` (the entity table, and Q2P's entity bias), ``"relation"`` (the

@@ -74,6 +74,7 @@ class QueryAnswering(Task):
         return QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, encoder=tc.encoder, dim=cfg.model.dim,
                                     lr=cfg.train.lr, negatives=tc.negatives, eval_batch_size=cfg.train.eval_batch_size,
                                     loss=tc.loss, label_smoothing=tc.label_smoothing, weight_decay=tc.weight_decay,
+                                    reset_optimizer=cfg.train.reset_optimizer,
                                     **options)
 
     def build_datamodule(self, cfg, kg, seed, party=None):
