@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Literal
-
 from pathlib import Path
+from typing import List, Literal
 
 from lightning_fedkg.config import ConfigError, Range
 from lightning_fedkg.data.queries import STRUCTURES
 from lightning_fedkg.data.query_sets import QuerySettings
 
-__all__ = ["QueryTaskConfig", "query_settings", "cache_dir", "default_cache_dir"]
+__all__ = ["QueryTaskConfig", "FedCQAConfig", "query_settings", "cache_dir", "default_cache_dir"]
+
+
+@dataclass
+class FedCQAConfig:
+    """``federated.fedcqa``: how FedCQA keeps the entity rows from the server.
+
+    ``secret: secure`` (default): Bonawitz-style secure aggregation with the aggregate
+    hidden (``federated.secure_aggregation: {enabled: true, hide_aggregate: true}``): the
+    server sees neither an upload nor the mean. ``secret: paper``: the paper's own scheme
+    (Hu et al., FedCQA §4.1, Eq. 2–4, appendix A), kept for comparison: each client adds
+    one static mask to its entity rows, every client can compute every other client's mask,
+    and the server holder-averages the masked rows in clear; one client colluding with the
+    server unmasks everyone (:mod:`~lightning_fedkg.methods.fedcqa.paper_secret`).
+    """
+
+    secret: Literal["secure", "paper"] = "secure"
 
 
 @dataclass

@@ -5,11 +5,12 @@ Federated Learning" (§4.1, Eq. 2–4; REFERENCE §6.4): each round the selected
 their query encoder on their own training queries; the server averages the operator
 networks over them (FedAvg, unweighted) and each entity row over the clients that hold it
 (holder-mean, Eq. 2), while relation rows stay with their owners. The paper's point is
-that the server learns neither a client's entity rows nor their aggregate: :class:`FedCQA`
-therefore requires secure aggregation with the aggregate hidden from the server
-(``federated.secure_aggregation: {enabled: true, hide_aggregate: true}``, a
-``federated.federation_key``), where the paper's own scheme lets one client colluding with
-the server unmask everyone.
+that the server learns neither a client's entity rows nor their aggregate: by default
+(``federated.fedcqa.secret: secure``) :class:`FedCQA` therefore requires secure aggregation
+with the aggregate hidden from the server (``federated.secure_aggregation: {enabled: true,
+hide_aggregate: true}``, a ``federated.federation_key``), where the paper's own scheme lets
+one client colluding with the server unmask everyone. ``secret: paper`` runs the paper's
+scheme itself (static masks, Eq. 2–4; :mod:`.paper_secret`) for comparison.
 
 The baselines as the paper adapts them (§5.1.3): :class:`CQAFedE` shares everything in
 clear (entity, relation and operator parameters), :class:`CQAFedR` relations and
@@ -23,29 +24,58 @@ from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 
-__all__ = ["FedCQA", "CQAFedE", "CQAFedR", "FedCQAServer"]
+from .config import FedCQAConfig
+from .paper_secret import PaperSecretClient, PaperSecretServer, check_paper_config
+
+__all__ = ["FedCQA", "CQAFedE", "CQAFedR", "FedCQAServer", "FedCQAClient"]
 
 
-class FedCQAServer(HolderMeanServer):
-    """The holder-mean engine; refuses to run without the hidden secure aggregate."""
+def _secret(cfg) -> str:
+    # The section exists whenever federated.strategy names FedCQA; "secure" is its default.
+    section = getattr(cfg.federated, "fedcqa", None)
+    return "secure" if section is None else str(section.secret)
+
+
+class FedCQAServer(PaperSecretServer):
+    """The holder-mean engine (Eq. 2). ``secret: secure``: refuses to run without the hidden
+    secure aggregate, which then masks everything (the paper's masking stays off);
+    ``secret: paper``: refuses secure aggregation and holds the paper's masked table."""
 
     def __init__(self, ctx, strategy) -> None:
-        sa = ctx.cfg.federated.secure_aggregation
-        if not (sa.enabled and sa.hide_aggregate):
-            raise ConfigError(
-                "federated.strategy=fedcqa aggregates entity rows so that the server sees neither the uploads nor "
-                "their mean: set federated.secure_aggregation.enabled=true, hide_aggregate=true and a "
-                "federated.federation_key (fedcqa_fede is the same training in clear)")
+        secret = _secret(ctx.cfg)
+        if secret == "paper":
+            check_paper_config(ctx.cfg)
+        else:
+            sa = ctx.cfg.federated.secure_aggregation
+            if not (sa.enabled and sa.hide_aggregate):
+                raise ConfigError(
+                    "federated.strategy=fedcqa aggregates entity rows so that the server sees neither the uploads "
+                    "nor their mean: set federated.secure_aggregation.enabled=true, hide_aggregate=true and a "
+                    "federated.federation_key (fedcqa_fede is the same training in clear; "
+                    "federated.fedcqa.secret=paper is the paper's own, weaker, masking)")
+        # Set before the base builds anything: aggregate_align reads it.
+        self.paper_secret = secret == "paper"
         super().__init__(ctx, strategy)
 
 
+class FedCQAClient(PaperSecretClient):
+    """A plain client half under ``secret: secure`` (secure aggregation wraps it); the
+    paper's masking client (Eq. 3–4) under ``secret: paper``."""
+
+    def __init__(self, party, strategy) -> None:
+        super().__init__(party, strategy)
+        self.paper_secret = _secret(party.cfg) == "paper"
+
+
 class FedCQA(Strategy):
-    """FedCQA: operators FedAvg'd, entity rows holder-averaged under the hidden secure aggregate."""
+    """FedCQA: operators FedAvg'd, entity rows holder-averaged without the server seeing them
+    (``federated.fedcqa.secret``: the hidden secure aggregate, or the paper's masks, Eq. 2–4)."""
 
     name = "fedcqa"
     Server = FedCQAServer
-    Client = ClientHalf
+    Client = FedCQAClient
     groups = ("entity", "operators")
+    config_class = FedCQAConfig
 
 
 class CQAFedE(Strategy):
