@@ -14,7 +14,7 @@ runs in ``--out`` are reused.
 per type (a fresh cache), training rounds (seconds per round, training queries per
 second), one test evaluation (in-graph evaluation and cross-graph retrieval latency per
 query type, per query), bytes per round and per retrieved query, and peak memory, with
-secure aggregation on and off when the config allows both.
+secure aggregation on and off, and the paper's static masks (``secret: paper``), for ``fedcqa``.
 
     python scripts/bench_fedcqa.py speed -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 3
 """
@@ -143,6 +143,9 @@ def speed(args) -> None:
         plain = load_config(args.config, [*args.overrides, "federated.secure_aggregation.enabled=false",
                                           "federated.strategy=__main__:PlainFedCQA"])
         report["secure_off"] = speed_once(plain, args.rounds)
+        paper = load_config(args.config, [*args.overrides, "federated.secure_aggregation.enabled=false",
+                                          "federated.fedcqa.secret=paper"])
+        report["paper_masks"] = speed_once(paper, args.rounds)
     print(json.dumps(report, indent=1))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
