@@ -38,6 +38,7 @@ if str(REPO) not in sys.path:
 from lightning_fedkg.config import load_config  # noqa: E402
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated  # noqa: E402
 from lightning_fedkg.methods.fedcqa import CQAFedE  # noqa: E402
+from lightning_fedkg.runtime import config_table_elements, configure_torch  # noqa: E402
 
 CONFIGS = REPO / "configs" / "fedcqa"
 DEFAULT_VARIANTS = ["umls_local_gqe", "umls_central_gqe", "umls_fede_gqe", "umls_fedr_gqe", "umls_fedcqa_gqe"]
@@ -58,6 +59,7 @@ def quality(args) -> None:
             metrics_path = run_dir / "metrics.json"
             if not metrics_path.is_file():
                 cfg = load_config(CONFIGS / f"{variant}.yaml", [f"seed={seed}", *args.overrides])
+                configure_torch(cfg.trainer, config_table_elements(cfg))  # trainer.threads, as fedkg fit
                 run_federated(cfg, run_dir)
             runs.append(json.loads(metrics_path.read_text()))
         row = {"seeds": list(args.seeds)}
@@ -127,7 +129,8 @@ def speed(args) -> None:
     from lightning_fedkg.methods.fedcqa.config import query_settings
 
     cfg = load_config(args.config, args.overrides)
-    report = {"config": str(args.config), "overrides": args.overrides}
+    report = {"config": str(args.config), "overrides": args.overrides,
+              "threads": configure_torch(cfg.trainer, config_table_elements(cfg))}
     # sampling per type on client 0 (train, valid and test sets of the type), fresh caches
     fkg = load_federated_kg(cfg)
     settings = query_settings(cfg.task)
