@@ -53,8 +53,8 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import ClientHalf
 from lightning_fedkg.seeding import key_from_digest, keyed_uniform
 
-__all__ = ["PaperSecretServer", "PaperSecretClient", "paper_mask", "check_paper_config",
-           "CONTRIBUTORS", "CLIENTS"]
+__all__ = ["PaperSecretServer", "PaperSecretClient", "paper_mask", "mask_seeds", "mask_from_seeds",
+           "check_paper_config", "CONTRIBUTORS", "CLIENTS"]
 
 #: Suffix of a download's per-row contributor sets (``bool [n_c, K]``) of a masked tensor.
 CONTRIBUTORS = "@contributors"
@@ -64,6 +64,27 @@ CLIENTS = "fedcqa@clients"
 _DOMAIN = b"lightning_fedkg/fedcqa-paper-mask\x00"
 
 
+def mask_seeds(key: bytes, client: str, tensor: str, digests: Tensor) -> Tensor:
+    """``uint8 [n, 8]``: the per-row seeds of client ``client``'s mask of ``tensor`` on the
+    rows whose alignment digests are ``digests`` (one keyed hash per row: the only part of a
+    mask that is not tensor code, so callers keep the seeds and redraw masks from them)."""
+    prefix = _DOMAIN + client.encode() + b"\x00" + tensor.encode() + b"\x00"
+    seeds = bytearray()
+    for row in digests.to(torch.uint8).cpu().numpy():
+        seeds += hmac.new(key, prefix + row.tobytes(), hashlib.sha256).digest()[:8]
+    return torch.frombuffer(seeds, dtype=torch.uint8).reshape(-1, 8) if seeds else torch.zeros(0, 8, dtype=torch.uint8)
+
+
+def mask_from_seeds(seeds: Tensor, width: int) -> Tensor:
+    """``float64 [n, width]`` standard-normal mask rows from :func:`mask_seeds`."""
+    if seeds.shape[0] == 0:
+        return torch.zeros(0, width, dtype=torch.float64)
+    u = keyed_uniform(key_from_digest(seeds), 2 * width)
+    # Box–Muller; 1 - u lies in (0, 1], so the logarithm is finite.
+    radius = torch.sqrt(-2.0 * torch.log1p(-u[:, :width]))
+    return radius * torch.cos(2.0 * math.pi * u[:, width:])
+
+
 def paper_mask(key: bytes, client: str, tensor: str, digests: Tensor, width: int) -> Tensor:
     """``float64 [n, width]``: client ``client``'s static mask ``E_r`` of tensor ``tensor`` on
     the rows whose alignment digests are ``digests`` (``uint8 [n, 32]``), standard normal.
@@ -71,17 +92,7 @@ def paper_mask(key: bytes, client: str, tensor: str, digests: Tensor, width: int
     Row ``r`` depends only on the federation key, the client's name, the tensor and
     ``digests[r]``, so every holder of the key computes the same mask for any client's
     rows, in any order."""
-    n = int(digests.shape[0])
-    if n == 0:
-        return torch.zeros(0, width, dtype=torch.float64)
-    prefix = _DOMAIN + client.encode() + b"\x00" + tensor.encode() + b"\x00"
-    seeds = bytearray()
-    for row in digests.to(torch.uint8).cpu().numpy():
-        seeds += hmac.new(key, prefix + row.tobytes(), hashlib.sha256).digest()[:8]
-    u = keyed_uniform(key_from_digest(torch.frombuffer(seeds, dtype=torch.uint8).reshape(n, 8)), 2 * width)
-    # Box–Muller; 1 - u lies in (0, 1], so the logarithm is finite.
-    radius = torch.sqrt(-2.0 * torch.log1p(-u[:, :width]))
-    return radius * torch.cos(2.0 * math.pi * u[:, width:])
+    return mask_from_seeds(mask_seeds(key, client, tensor, digests), width)
 
 
 def check_paper_config(cfg) -> None:
@@ -197,6 +208,7 @@ class PaperSecretClient(ClientHalf):
         super().__init__(party, strategy)
         self._digests: dict[str, Tensor] = {}
         self._own_masks: dict[str, Tensor] = {}  # static: drawn once per tensor
+        self._seeds: dict[tuple[str, str], Tensor] = {}  # (peer, tensor): its mask seeds on my rows
 
     def _row_indexed(self) -> dict[str, str]:
         """``{tensor: index kind}`` of the shared tensors with a row index."""
@@ -216,8 +228,10 @@ class PaperSecretClient(ClientHalf):
             if own is None or own.shape[1] != width:
                 own = self._own_masks[tensor] = paper_mask(self._key, client, tensor, self._digests_of(index), width)
             return own if rows is None else own[rows]
-        digests = self._digests_of(index)
-        return paper_mask(self._key, client, tensor, digests if rows is None else digests[rows], width)
+        if (client, tensor) not in self._seeds:
+            self._seeds[client, tensor] = mask_seeds(self._key, client, tensor, self._digests_of(index))
+        seeds = self._seeds[client, tensor]
+        return mask_from_seeds(seeds if rows is None else seeds[rows], width)
 
     def _masked(self, reply: Message) -> Message:
         if not self.paper_secret:
