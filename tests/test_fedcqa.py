@@ -141,9 +141,9 @@ def test_fedcqa_hidden_aggregate_equals_plain_averaging(tmp_path, monkeypatch):
 
 
 def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
-    metrics = run_federated(fedcqa(tmp_path, federated__rounds=4, federated__eval_every=2, task__steps_per_epoch=30,
-                                   model__dim=128, train__lr=0.005, train__batch_size=128,
-                                   federated__record_payloads="true"), tmp_path / "run")
+    cfg = fedcqa(tmp_path, federated__rounds=4, federated__eval_every=2, task__steps_per_epoch=30,
+                 model__dim=128, train__lr=0.005, train__batch_size=128, federated__record_payloads="true")
+    metrics = run_federated(cfg, tmp_path / "run")
     # a random ranking of UMLS's 135 entities has an MRR near .04
     assert metrics["in_graph"]["mrr"] > 0.3, metrics["in_graph"]
     assert metrics["cross_graph"]["mrr"] > 0.25 and metrics["cross_graph"]["unanswered"] == 0
@@ -159,6 +159,12 @@ def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     (event,) = acc.Scalars("test/cross_graph/2i/mrr")
     assert event.step == metrics["best_round"]
     assert event.value == pytest.approx(metrics["cross_graph"]["by_type"]["2i"]["mrr"])
+    # fedkg test --from answers the cross-graph queries again from the best state, as the run did
+    from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
+
+    again = evaluate_federated_checkpoint(cfg, tmp_path / "run")
+    assert again["cross_graph"]["mrr"] == pytest.approx(metrics["cross_graph"]["mrr"])
+    assert again["in_graph"]["mrr"] == pytest.approx(metrics["in_graph"]["mrr"])
 
 
 # ---------------------------------------------------------------- fedkg query

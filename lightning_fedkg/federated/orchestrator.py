@@ -638,8 +638,10 @@ def load_run_from(run_dir: str | Path, sections=()) -> tuple[ExperimentConfig, F
 def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) -> dict:
     """Test every client with a committed checkpoint of a run of ``cfg``.
 
-    Returns ``{"test", "clients", "strategy", "round"}`` as in ``metrics.json`` (nothing is written);
-    a peer-to-peer run's: :func:`~.peer.evaluate_peer_checkpoint`.
+    Returns ``{"test", "clients", "strategy", "round"}`` as in ``metrics.json``, with the
+    blocks the server half reports after a test (:meth:`~.strategy.ServerHalf.report`: the
+    query task's ``in_graph`` and ``cross_graph``, DP's ``privacy``); nothing is written.
+    A peer-to-peer run's: :func:`~.peer.evaluate_peer_checkpoint`.
     """
     from lightning_fedkg.federated.peer import evaluate_peer_checkpoint, is_peer_strategy
 
@@ -649,7 +651,7 @@ def evaluate_federated_checkpoint(cfg: ExperimentConfig, ckpt_path: str | Path) 
     run, round_ = restore_finished_run(cfg, ckpt_path)
     avg, per_client = run.evaluate("test", round_)
     return {"test": with_count(avg, per_client), "clients": per_client, "strategy": cfg.federated.strategy,
-            "round": round_}
+            "round": round_, **run.server.report()}
 
 
 def format_table(metrics: dict, sections=(), columns=()) -> str:
