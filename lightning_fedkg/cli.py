@@ -77,7 +77,10 @@ def format_metrics_table(metrics: dict, cfg: ExperimentConfig | None = None) -> 
         if cfg is not None and cfg.federated.strategy != "none":
             from lightning_fedkg.registry import TASKS
 
-            columns = TASKS.get(cfg.federated.task).table_columns
+            task = TASKS.get(cfg.federated.task)
+            columns = task.table_columns
+            # A task's own blocks (query answering's cross-graph test) add rows too.
+            sections += [rows for rows in [task().table_rows(metrics)] if rows]
         # format_table writes its own summary line, None included, when it sees "strategy".
         table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS}, sections, columns)
         return f"{summary}\n{table}" if summary else table

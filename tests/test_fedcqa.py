@@ -165,6 +165,14 @@ def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     again = evaluate_federated_checkpoint(cfg, tmp_path / "run")
     assert again["cross_graph"]["mrr"] == pytest.approx(metrics["cross_graph"]["mrr"])
     assert again["in_graph"]["mrr"] == pytest.approx(metrics["in_graph"]["mrr"])
+    # the printed table has the cross-graph test below the clients
+    from lightning_fedkg.cli import format_metrics_table
+
+    table = format_metrics_table(metrics, cfg).splitlines()
+    mean = next(line for line in table if line.startswith("cross mean")).split()
+    queries = sum(m["queries"] for m in metrics["cross_graph"]["by_type"].values())
+    assert mean[2:4] == [str(queries), f"{metrics['cross_graph']['mrr']:.4f}"]
+    assert sum(line.startswith("cross ") for line in table) == 9
 
 
 # ---------------------------------------------------------------- fedkg query

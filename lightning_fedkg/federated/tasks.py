@@ -48,6 +48,11 @@ class Task:
     def build_module(self, cfg: "ExperimentConfig", kg: Any):
         raise NotImplementedError
 
+    def table_rows(self, metrics: dict) -> tuple[str, list[tuple[str, int, dict]]] | None:
+        """``(title, [(label, #test, metrics)])`` that the results table shows below the
+        clients for the task's own ``metrics.json`` blocks, or None (the default: nothing)."""
+        return None
+
     def build_datamodule(self, cfg: "ExperimentConfig", kg: Any, seed: int, party: str | None = None):
         """The party's datamodule; ``party`` is its name (``client_<k>``, ``central``), for
         a task whose data depends on the party's role (query counts per client)."""

@@ -101,6 +101,15 @@ class QueryAnswering(Task):
 
         return issue_cross_queries(cfg, fkg)
 
+    def table_rows(self, metrics):
+        """The cross-graph test below the clients: one row per type and their mean."""
+        cross = metrics.get("cross_graph")
+        if not cross:
+            return None
+        rows = [(f"cross {name}", int(m["queries"]), m) for name, m in sorted(cross["by_type"].items())]
+        rows.append(("cross mean", sum(n for _, n, _ in rows), cross))
+        return "cross-graph queries (distributed retrieval, ranked among all entities)", rows
+
     def halves(self, server, client):
         from .retrieval import RetrievalClient, RetrievalServer
 
