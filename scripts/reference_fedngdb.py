@@ -9,8 +9,7 @@ overwrites no entity row, so entity rows are never shared). That repository carr
 licence, so none of its code or text is here: ``--original`` names a checkout of it, and
 its ``model/train_fed.py`` is started as a subprocess with its own interpreter (``--python``;
 it needs torch, numpy, pandas, tqdm and tensorboardX, which our venv lacks: a separate venv,
-e.g. ``python -m venv /tmp/fedngdb_venv && /tmp/fedngdb_venv/bin/pip install torch==2.13.0
-numpy pandas tqdm tensorboardX``). It runs on the CPU as it is (it picks ``cuda`` only when
+which ``bash scripts/fedngdb_env.sh runs/fedngdb_venv`` makes). It runs on the CPU as it is (it picks ``cuda`` only when
 one is available): no shim, no patch, nothing written into ``--original``.
 
 What the harness does
@@ -69,9 +68,9 @@ types, then the mean over clients weighted by their numbers of test queries (our
 ``metrics.json`` convention); cross-graph MRR = the mean over types. The original's own
 pooled per-client figure (``x-test-<i>-inf_mrr``, a mean over all queries) is in the JSON.
 
-    .venv/bin/python scripts/reference_fedngdb.py --original /tmp/fedngdb \\
-        --python /tmp/fedngdb_venv/bin/python -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 5 \\
-        --work /tmp/fedngdb_work --json-out docs/fedcqa/reference_fedngdb_umls.json
+    .venv/bin/python scripts/reference_fedngdb.py --original /path/to/FedNGDB \\
+        --python runs/fedngdb_venv/bin/python -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 5 \\
+        --work runs/fedngdb_work --json-out docs/fedcqa/reference_fedngdb_umls.json
 
 Matched: the clients (our partition of ``data.name`` into ``data.num_clients``), every
 query and answer set, the query types trained on and evaluated, dim, batch size, learning
