@@ -245,3 +245,12 @@ def test_data_stats_of_a_query_config_counts_each_set(tmp_path, capsys):
     cross = next(line for line in lines if line.startswith("cross-graph"))
     assert cross.split()[2:] == ["-", "20", f"({rows[-1]['2p/hard']:.1f})", "20", f"({rows[-1]['2i/hard']:.1f})",
                                  "20", f"({rows[-1]['up/hard']:.1f})"]
+
+
+def test_data_stats_refuses_what_is_not_a_query_config(capsys):
+    from lightning_fedkg.cli import main
+
+    assert main(["data", "stats", "-c", str(CONFIGS.parent / "fede" / "umls_fede.yaml")]) == 2
+    assert "is a 'link_prediction' config, not a query_answering one" in capsys.readouterr().err
+    assert main(["data", "stats"]) == 2
+    assert "give one dataset" in capsys.readouterr().err
