@@ -277,11 +277,11 @@ def cmd_query(args: argparse.Namespace) -> int:
     logging.getLogger("lightning_fedkg").setLevel(logging.WARNING)
     cfg, run = load_run_from(args.from_run)
     if cfg.federated.task != "query_answering":
-        raise ConfigError(f"fedkg query: {args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")
+        raise ConfigError(f"{args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")
     try:
         structure, answers = answer_query(cfg, run, args.query, top=args.top)
     except QuerySyntaxError as err:
-        raise ConfigError(f"fedkg query: {err}") from None
+        raise ConfigError(str(err)) from None
     finally:
         run.close()
     print(f"{structure} query, top {len(answers)} of the federation's entities by holder-averaged score:")
@@ -325,7 +325,7 @@ def _query_stats(config: str, overrides: list[str]) -> int:
 
     cfg = load_config(config, overrides)
     if cfg.federated.task != "query_answering":
-        raise ConfigError(f"fedkg data stats: {config} is a {cfg.federated.task!r} config, not a query_answering one")
+        raise ConfigError(f"{config} is a {cfg.federated.task!r} config, not a query_answering one")
     fkg = load_federated_kg(cfg)
     _print_clients(fkg)
     stats = query_stats(federated_query_sets(fkg, query_settings(cfg.task), cache_dir(cfg.task)))
@@ -346,7 +346,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     if args.config:
         return _query_stats(args.config, args.target)
     if len(args.target) != 1:
-        raise ConfigError("fedkg data stats: give one dataset (a bundled name or a folder), or -c CONFIG for query sets")
+        raise ConfigError("data stats: give one dataset (a bundled name or a folder), or -c CONFIG for query sets")
     target = args.target[0]
     path = Path(target)
     if path.is_dir() and ((path / "client_0").is_dir() or (path / "0").is_dir()):
