@@ -39,6 +39,7 @@ from torch import Tensor
 
 from lightning_fedkg.data.queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
 from lightning_fedkg.evaluation.query_ranking import filtered_ranks, per_query_metrics
+from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.models.query_encoders import run_plan
@@ -314,13 +315,12 @@ class RetrievalServer:
         """Holder-mean of the clients' score tables (Eq. 6), then filtered ranks of the hard answers."""
         d = self.directory
         n, b = d["entity_keys"].shape[0], stop - start
-        sums = torch.zeros(b, n, dtype=torch.float64)
-        counts = torch.zeros(n, dtype=torch.float64)
-        for client, reply in replies.items():
-            idx = d["entity_index"][client]
-            sums[:, idx] += reply.arrays["scores"].double()
-            counts[idx] += 1
-        scores = torch.where(counts > 0, sums / counts.clamp(min=1), torch.tensor(float("-inf"), dtype=torch.float64))
+        # the union's rows are entities: each client's table [b, n_c] is its rows transposed;
+        # an entity no answering client holds keeps -inf (never ranked above a held one)
+        clients = list(replies)
+        scores = holder_mean(torch.full((n, b), float("-inf"), dtype=torch.float64),
+                             [d["entity_index"][c] for c in clients],
+                             [replies[c].arrays["scores"].double().T for c in clients]).T
         self.last_scores = scores
         cq = self.cross[name]
         if cq.hard_keys.numel() == 0:  # a query to answer, not to evaluate
