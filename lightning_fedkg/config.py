@@ -238,6 +238,30 @@ class TrainerConfig:
 
 
 @dataclass
+class FlowerConfig:
+    """``federated.flower``: how ``federated.engine=flower`` runs (:mod:`lightning_fedkg.flower`).
+
+    ``mode``: ``simulation`` (every ClientApp on this machine, Flower's simulation engine on
+    Ray) or ``deployment`` (the ServerApp of a run submitted to a SuperLink, as ``fedkg
+    flower up`` does; the clients are SuperNodes of other processes or machines).
+    ``join_timeout``: seconds the server waits for every client to register before the run
+    stops with the list of who joined. ``poll_interval``: seconds between the server's pulls
+    of replies. ``reply_timeout``: the longest a stage waits for a client that is still
+    connected (``federated.client_timeout`` wins when set; ``None``: no limit, a client that
+    disconnects is a failure as soon as Flower reports it).
+    ``keep_states``: how many of its latest states each client keeps on its own disk (what
+    the server's checkpoints point to; states of a ``best`` set are kept apart).
+    """
+
+    mode: Literal["simulation", "deployment"] = field(default="simulation", metadata={"resume": "free"})
+    join_timeout: float = field(default=300.0, metadata={"range": Range(min=0, min_exclusive=True), "resume": "free"})
+    poll_interval: float = field(default=0.05, metadata={"range": Range(min=0, min_exclusive=True), "resume": "free"})
+    reply_timeout: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
+                                                                   "resume": "free"})
+    keep_states: int = field(default=12, metadata={"range": Range(min=2), "resume": "free"})
+
+
+@dataclass
 class SecureAggregationConfig:
     """``federated.secure_aggregation``: masked uploads for every holder-mean strategy
     (FedE, FedR, FedProx, FedEC, FedLU's avatars), after Bonawitz et al. (CCS 2017);
@@ -326,6 +350,8 @@ class FederatedConfig:
     ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
     ``engine`` runs a peer-to-peer method (FKGE) in one process with a deterministic FIFO
     scheduler (``local``) or with one Ray actor process per party (``ray``; the ``ray`` extra).
+    A server-client method runs in this process (``local``) or on Flower (``flower``, the
+    ``flower`` extra; its settings in ``federated.flower``, :class:`FlowerConfig`).
     A method's own settings live in its section, ``federated.<strategy name>``, whose
     fields are its strategy's ``config_class`` (added when a config names the strategy; see
     :func:`experiment_class`).
@@ -347,7 +373,8 @@ class FederatedConfig:
                                                                     "resume": "free"})
     record_payloads: bool = field(default=False, metadata={"resume": "free"})
     federation_key: str = ""
-    engine: Literal["local", "ray"] = field(default="local", metadata={"resume": "free"})
+    engine: Literal["local", "ray", "flower"] = field(default="local", metadata={"resume": "free"})
+    flower: FlowerConfig = field(default_factory=FlowerConfig)
     parties: Dict[str, Any] = field(default_factory=dict)
     secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
     dp: DPConfig = field(default_factory=DPConfig)

@@ -22,7 +22,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, TypeVar
 
-__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES"]
+__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES", "ENGINES"]
 
 T = TypeVar("T")
 
@@ -184,3 +184,6 @@ STRATEGIES: Registry = Registry("federated strategy", base="lightning_fedkg.fede
 TASKS: Registry = Registry("task", base="lightning_fedkg.federated.tasks:Task", group="lightning_fedkg.tasks")
 #: Phase name → :class:`~lightning_fedkg.federated.phases.Phase` subclass.
 PHASES: Registry = Registry("phase", base="lightning_fedkg.federated.phases:Phase", group="lightning_fedkg.phases")
+#: ``federated.engine`` → an engine that runs a round-based run elsewhere than this process
+#: (Flower): a class with ``run(cfg, run_dir, resume) -> metrics`` (``local`` and ``ray`` are the core's own).
+ENGINES: Registry = Registry("federated engine", group="lightning_fedkg.engines")

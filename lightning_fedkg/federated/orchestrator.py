@@ -34,7 +34,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 
@@ -44,6 +44,7 @@ from lightning_fedkg.config import (
     show_progress_bar,
 )
 from lightning_fedkg.federated.channel import Channel
+from lightning_fedkg.federated.clients import ClientPool, LocalClients
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
     capture_rng,
@@ -64,7 +65,7 @@ from lightning_fedkg.federated.phases import PhaseContext, run_phases
 from lightning_fedkg.federated.runner import Commit, Engine, run_engine
 from lightning_fedkg.federated.protections import protected_halves
 from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, RetryRound, ServerContext
-from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, with_count
+from lightning_fedkg.federated.tasks import METRIC_KEYS, TASKS, Task, with_count
 
 __all__ = [
     "METRIC_KEYS",
@@ -136,7 +137,7 @@ class FederatedRun:
     """
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None, purge_step: int | None = None,
-                 transport: Channel | None = None) -> None:
+                 transport: Channel | None = None, clients: Callable[["FederatedRun"], ClientPool] | None = None) -> None:
         fc = cfg.federated
         if fc.strategy == "none":
             raise ValueError("federated.strategy is 'none': use lightning_fedkg.training.run_kge")
@@ -144,27 +145,37 @@ class FederatedRun:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.strategy = STRATEGIES.get(fc.strategy)
         self.task = TASKS.get(fc.task)()
-        self.fkg = load_federated_kg(cfg)
+        in_process = self.strategy.in_process_only
+        if clients is not None and in_process:
+            raise ConfigError(f"{fc.strategy!r} is a centralised reference that runs in one process only "
+                              f"(federated.engine=local)")
+        # A server whose clients live elsewhere reads no client data; only a trusted evaluator's
+        # data (the task's evaluation_data, e.g. FedCQA's cross-graph test queries) needs it.
+        own_evaluation_data = type(self.task).evaluation_data is not Task.evaluation_data
+        self.fkg = load_federated_kg(cfg) if clients is None or own_evaluation_data else None
         # The transport: the in-process Channel unless another one (same interface) is given.
         self.channel = transport if transport is not None else Channel()
         self._purge = purge_step
-        self.clients: list[Party] = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
-        unknown = set(fc.parties or {}) - {p.name for p in self.clients}
-        if unknown:
-            raise ConfigError(f"federated.parties names {sorted(unknown)}, which are not clients of this "
-                              f"federation ({', '.join(p.name for p in self.clients)})")
         if fc.evaluate == "before_aggregation" and not self.strategy.clients_train:
             raise ConfigError(f"federated.evaluate=before_aggregation evaluates the model each client trained, "
                               f"but the clients of {fc.strategy!r} train none (they evaluate what the server "
                               f"sends); use federated.evaluate=aggregated")
-        server_half, client_half = self.task.halves(*protected_halves(self.strategy, cfg))
-        self.client_halves = {p.name: client_half(p, self.strategy) for p in self.clients}
-        in_process = self.strategy.in_process_only
+        server_half, self.client_half_class = self.task.halves(*protected_halves(self.strategy, cfg))
+        if clients is None:
+            parties = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
+            self.pool: ClientPool = LocalClients(
+                parties, {p.name: self.client_half_class(p, self.strategy) for p in parties})
+        else:
+            self.pool = clients(self)
+        unknown = set(fc.parties or {}) - set(self.pool.names)
+        if unknown:
+            raise ConfigError(f"federated.parties names {sorted(unknown)}, which are not clients of this "
+                              f"federation ({', '.join(self.pool.names)})")
         ctx = ServerContext(
-            cfg, [p.name for p in self.clients], self.task,
+            cfg, list(self.pool.names), self.task,
             fkg=self.fkg if in_process else None,
             make_party=(lambda name, kg: self._make_party(name, kg, {})) if in_process else None,
-            evaluation_data=self.task.evaluation_data(cfg, self.fkg),
+            evaluation_data=self.task.evaluation_data(cfg, self.fkg) if self.fkg is not None else None,
         )
         self.server = server_half(ctx, self.strategy)
         self.writer = RoundWriter(self.run_dir, SERVER, purge_step) if self.run_dir is not None else None
@@ -175,6 +186,18 @@ class FederatedRun:
         # of training, after which the federation's state is the server's again.
         self.own_states = False
         self.aligned = False
+
+    @property
+    def clients(self) -> list[Party]:
+        """The clients' parties (in this process only: :class:`~.clients.LocalClients`)."""
+        return self.pool.parties
+
+    @property
+    def client_halves(self) -> dict:
+        """``{client: client half}`` (in this process only)."""
+        if not isinstance(self.pool, LocalClients):
+            raise RuntimeError(f"the client halves of this run live outside this process ({type(self.pool).__name__})")
+        return self.pool.halves
 
     def _make_party(self, name: str, kg, names) -> Party:
         return build_party(self.cfg, self.task, name, kg, names, run_dir=self.run_dir, purge_step=self._purge)
@@ -217,26 +240,9 @@ class FederatedRun:
         ``{client: reason}`` of those that raised or timed out. Empty messages are handed
         over without touching the transport (nothing crosses).
         """
-        down, up = WIRE_NAMES.get((stage, split) if split else stage, (f"{stage}_request", stage))
-        timeout = self.cfg.federated.client_timeout
-        replies, failures = {}, {}
-        for name, message in messages.items():
-            received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
-            start = time.perf_counter()
-            try:
-                reply = self.client_halves[name].handle(stage, received, round)
-            except Exception as err:  # a failing client must not take the federation down
-                failures[name] = f"{type(err).__name__}: {err}"
-                log.warning("round %d, %s: %s failed: %s", round, stage, name, failures[name])
-                continue
-            elapsed = time.perf_counter() - start
-            if timeout is not None and elapsed > timeout:
-                # In-process calls cannot be interrupted: a late answer is discarded.
-                failures[name] = f"timeout after {elapsed:.3f} s (federated.client_timeout={timeout})"
-                log.warning("round %d, %s: %s %s", round, stage, name, failures[name])
-                continue
-            reply = reply if reply is not None else Message()
-            replies[name] = reply if reply.is_empty() else self.channel.send(name, SERVER, up, reply, round)
+        wire = WIRE_NAMES.get((stage, split) if split else stage, (f"{stage}_request", stage))
+        replies, failures = self.pool.exchange(round, stage, messages, wire, self.channel,
+                                               self.cfg.federated.client_timeout)
         for name, reason in failures.items():
             self.failures.append({"round": int(round), "stage": stage, "party": name, "error": reason})
         return replies, failures
@@ -309,8 +315,7 @@ class FederatedRun:
         first = self.server.eval_stages[0]
         down = WIRE_NAMES.get((first, split), (f"{first}_request", first))[0]
         for name, message in getattr(self.server, f"configure_{first}")(round, split).items():
-            received = message if message.is_empty() else self.channel.send(SERVER, name, down, message, round)
-            self.client_halves[name].receive(received.arrays)
+            self.pool.deliver(round, name, message, down, self.channel)
 
     def evaluate(self, split: str, round: int, download: bool | None = None) -> tuple[dict, list[dict]]:
         """Every client evaluates ``split`` through the server's evaluation stages
@@ -347,11 +352,7 @@ class FederatedRun:
         fit), and a ``best`` state is continued from (``fedkg unlearn --from``), so it
         needs the state of the same round as the weights.
         """
-        clients = {}
-        for p in self.clients:
-            state = {"module": p.state_dict()["module"]} if weights_only else p.state_dict()
-            state["half"] = self.client_halves[p.name].state_dict()
-            clients[p.name] = state
+        clients = self.pool.states(weights_only)
         return {SERVER: self.server.state_dict(), **clients}
 
     def load_party_states(self, load, weights_only: bool = False) -> None:
@@ -361,11 +362,7 @@ class FederatedRun:
         leaves its half as built.
         """
         self.server.load_state_dict(load(SERVER))
-        for p in self.clients:
-            state = load(p.name)
-            p.load_state_dict(state, weights_only=weights_only)
-            if "half" in state:
-                self.client_halves[p.name].load_state_dict(state["half"])
+        self.pool.load_states(load, weights_only)
         self.aligned = True
 
     def log_server(self, scalars: dict, round: int) -> None:
@@ -374,16 +371,20 @@ class FederatedRun:
 
     def mute_writers(self) -> None:
         """Log nothing more to TensorBoard (a finished run tested again has logged it all)."""
-        for holder in [self, *self.parties.values()]:
+        central = getattr(self.server, "central", None)
+        for holder in [self, *([central] if central is not None else [])]:
             if holder.writer is not None:
                 holder.writer.close()
                 holder.writer = None
+        self.pool.mute()
 
     def close(self) -> None:
         self.channel.close()
-        for w in [self.writer, *(p.writer for p in self.parties.values())]:
+        central = getattr(self.server, "central", None)
+        for w in [self.writer, central.writer if central is not None else None]:
             if w is not None:
                 w.close()
+        self.pool.close()
 
 
 def round_bytes(channel: Channel) -> int:
@@ -402,9 +403,10 @@ class RoundEngine(Engine):
     version = CHECKPOINT_VERSION
     unit = "round"
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None,
+                 clients: Callable[[FederatedRun], ClientPool] | None = None) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.federation = FederatedRun(cfg, run_dir, purge_step=purge_step)
+        self.federation = FederatedRun(cfg, run_dir, purge_step=purge_step, clients=clients)
         self.channel = self.federation.channel
         self.stopper = EarlyStopping(patience=cfg.federated.patience)
         self.history: list[dict] = []
@@ -573,7 +575,10 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
 
     A peer-to-peer strategy runs on :class:`~.peer.EventEngine` (or, with
     ``federated.engine=ray``, :class:`~.peer_ray.RayEngine`); any other in rounds
-    (:class:`RoundEngine`), all through the one skeleton :func:`~.runner.run_engine`.
+    (:class:`RoundEngine`), all through the one skeleton :func:`~.runner.run_engine`. Another
+    ``federated.engine`` (``flower``) is an engine registered under that name
+    (:data:`~lightning_fedkg.registry.ENGINES`), which runs the same :class:`RoundEngine`
+    with its clients elsewhere (a :class:`~.clients.ClientPool` of its own).
 
     Writes per-party checkpoints every round (``checkpoints/``), the best validation state,
     TensorBoard sub-runs ``tb/<party>`` with the round as step, ``channel_log.jsonl`` as
@@ -599,10 +604,18 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
             from lightning_fedkg.federated.peer_ray import RayEngine
 
             return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)
+        if fc.engine != "local":
+            raise ConfigError(f"federated.engine={fc.engine} runs server-client strategies; the peer-to-peer "
+                              f"{fc.strategy!r} runs on federated.engine=local or ray")
         return run_engine(cfg, run_dir, EventEngine, EventEngine.version, resume)
+    if fc.engine == "ray":
+        raise ConfigError(f"federated.engine=ray runs peer-to-peer strategies only; "
+                          f"{fc.strategy!r} runs in rounds (federated.engine=local or flower)")
     if fc.engine != "local":
-        raise ConfigError(f"federated.engine={fc.engine} runs peer-to-peer strategies only; "
-                          f"{fc.strategy!r} runs in rounds (federated.engine=local)")
+        # An engine of its own package (Flower: lightning_fedkg.flower), found by entry point.
+        from lightning_fedkg.registry import ENGINES
+
+        return ENGINES.get(fc.engine).run(cfg, run_dir, resume)
     return run_engine(cfg, run_dir, RoundEngine, RoundEngine.version, resume)
 
 
