@@ -114,22 +114,25 @@ class Channel:
         delivered = self._log_transfer(sender, receiver, name, data, round)
         return delivered.arrays if plain else delivered
 
-    def relay(self, sender: str, receiver: str, name: str, data: bytes, round: int) -> bytes:
+    def relay(self, sender: str, receiver: str, name: str, data: bytes, round: int,
+              wire_bytes: int | None = None) -> bytes:
         """Log a message that another process already serialized (:func:`~.message.encode`'s
         bytes) and return the same bytes, to forward unchanged.
 
         The record is built from the decoded bytes exactly as :meth:`send` builds it, so a
         router between processes (the Ray engine, :mod:`.peer_ray`) writes the same log
         without encoding twice; bytes that are not a valid message raise here, before they
-        are forwarded.
+        are forwarded. ``wire_bytes``: what the transport really sent for it, when it wraps
+        the bytes in framing of its own (Flower's records); default ``len(data)``.
         """
         if sender == receiver:
             raise ValueError(f"a party cannot send to itself ({sender!r})")
         data = bytes(data)
-        self._log_transfer(sender, receiver, name, data, round)
+        self._log_transfer(sender, receiver, name, data, round, wire_bytes)
         return data
 
-    def _log_transfer(self, sender: str, receiver: str, name: str, data: bytes, round: int) -> Message:
+    def _log_transfer(self, sender: str, receiver: str, name: str, data: bytes, round: int,
+                      wire_bytes: int | None = None) -> Message:
         """Decode ``data``, record the transfer (log file, payload file) and return the message."""
         delivered = decode(data)
         record = Record(
@@ -140,7 +143,7 @@ class Channel:
             shapes={k: list(v.shape) for k, v in delivered.arrays.items()},
             dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in delivered.arrays.items()},
             bytes=tensor_bytes(delivered.arrays),
-            wire_bytes=len(data),
+            wire_bytes=len(data) if wire_bytes is None else int(wire_bytes),
             metrics=tuple(sorted(delivered.metrics)),
             config=tuple(sorted(delivered.config)),
         )

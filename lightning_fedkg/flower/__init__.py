@@ -1,0 +1,17 @@
+"""Flower (``flwr``) as the engine of server-client methods: ``federated.engine=flower``.
+
+The optional ``flower`` extra (``pip install "lightning-fedkg[flower]"``). The server half
+runs in a Flower ``ServerApp`` (:mod:`.engine`, :mod:`.server`), each client half in a
+``ClientApp`` that reads only its own organisation's data folder (:mod:`.client`,
+:mod:`.data`); every stage crosses as Flower messages carrying our safetensors bytes
+(:mod:`.wire`). Two modes: Flower's simulation engine on this machine (``fedkg fit ...
+federated.engine=flower``) and a deployment with a SuperLink and one SuperNode per
+organisation (``fedkg flower up``, :mod:`.deploy`).
+
+This package imports Flower only where it uses it, so ``import lightning_fedkg.flower``
+works without the extra (and says how to install it when a run needs it).
+"""
+
+from lightning_fedkg.flower.engine import FlowerEngine, FlowerNotInstalledError, require
+
+__all__ = ["FlowerEngine", "FlowerNotInstalledError", "require"]

@@ -1,0 +1,241 @@
+"""The client side: one organisation's ClientApp, with only its own data folder.
+
+A SuperNode is started with three paths in its node config (``data-path``: the client's
+folder, :mod:`.data`; ``key-file``: the federation secret; ``work-dir``: where the client
+keeps its states) and runs :data:`client_app`. Every Flower message it receives is one
+request of the server's (:mod:`.wire`):
+
+* ``hello``: the experiment config (not secret: the settings everyone agreed on) and the
+  run's id; the client answers its name and :func:`~.data.data_digest` of its folder. A
+  ``reject`` follows when the digest is not the one the client registered with.
+* ``stage``: ``half.handle(stage, message, round)``, exactly the call an in-process run
+  makes, and the reply; ``deliver``: ``half.receive(arrays)``, no reply.
+* ``restore``: go back to one of the client's own saved states (a resumed or tested run).
+
+Flower starts a fresh ClientApp process for every message (deployment; a simulation reuses
+its Ray workers), so the client's state lives on its own disk: after each message it saves
+its party, half and RNG as state number ``n`` (``<work-dir>/<run id>/<client>/states/``) and answers
+``n``; the server's checkpoints point to those numbers (the weights never reach the
+server). A process that already holds state ``n`` in memory skips the reload. The newest
+``federated.flower.keep_states`` states are kept, plus those the server pins for its
+``best`` set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from lightning_fedkg.flower.data import data_digest, load_client_folder, read_key_file
+from lightning_fedkg.flower.wire import pack, unpack
+
+__all__ = ["ClientRuntime", "DataMismatchError", "handle", "make_client_app", "client_app"]
+
+log = logging.getLogger("lightning_fedkg")
+
+#: ClientApp runtimes of this process, by (work folder, run id, data folder): a Ray worker of a
+#: simulation serves many messages and keeps its party between them.
+_RUNTIMES: dict[tuple[str, str], "ClientRuntime"] = {}
+
+
+class DataMismatchError(RuntimeError):
+    """The client's data is not the data it registered with."""
+
+
+class ClientRuntime:
+    """One client of one run: its config, its party and half, and its saved states."""
+
+    def __init__(self, data_path: str | Path, key_file: str | Path, work_dir: str | Path, run_id: str) -> None:
+        self.data_path, self.run_id = Path(data_path), run_id
+        self.secret = read_key_file(key_file)
+        self.name, self.kg, self.names = load_client_folder(self.data_path)
+        self.dir = Path(work_dir) / run_id / self.name
+        self.state_dir = self.dir / "states"
+        self.half = None
+        self.counter = -1  # the state number the party in memory is at
+
+    # ------------------------------------------------------------------ identity
+    def digest(self) -> str:
+        from lightning_fedkg.federated.alignment import federation_key
+
+        return data_digest(self.data_path, federation_key(self.secret, 0))
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "config.yaml"
+
+    def store_config(self, text: str) -> None:
+        from lightning_fedkg.atomic import write_atomic
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.config_path, lambda f: f.write(text.encode("utf-8")))
+
+    # ------------------------------------------------------------------ the party
+    def build(self) -> None:
+        """The party and half the in-process run builds for this client (same seeds)."""
+        import lightning as L
+
+        from lightning_fedkg.config import config_from_yaml_text
+        from lightning_fedkg.federated.party import build_party
+        from lightning_fedkg.federated.protections import protected_halves
+        from lightning_fedkg.federated.strategy import STRATEGIES
+        from lightning_fedkg.federated.tasks import TASKS
+        from lightning_fedkg.runtime import config_table_elements, configure_torch
+
+        if not self.config_path.is_file():
+            raise RuntimeError(f"{self.name} has no config for run {self.run_id} in {self.dir}: it missed the "
+                               f"registration (restart the run's server)")
+        cfg = config_from_yaml_text(self.config_path.read_text(), source=str(self.config_path))
+        cfg.federated.federation_key = self.secret  # the clients' secret, from the key file only
+        configure_torch(cfg.trainer, config_table_elements(cfg))
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        self.cfg = cfg
+        strategy = STRATEGIES.get(cfg.federated.strategy)
+        task = TASKS.get(cfg.federated.task)()
+        _, client_half = task.halves(*protected_halves(strategy, cfg))
+        party = build_party(cfg, task, self.name, self.kg, self.names, run_dir=self.dir)
+        self.half = client_half(party, strategy)
+        self.counter = -1
+
+    def latest(self) -> int:
+        """The newest saved state number, or -1."""
+        numbers = [int(p.stem) for p in self.state_dir.glob("*.pt")] if self.state_dir.is_dir() else []
+        return max(numbers, default=-1)
+
+    def state_path(self, number: int) -> Path:
+        pinned = self.dir / "pinned" / f"{number:08d}.pt"
+        return pinned if pinned.is_file() else self.state_dir / f"{number:08d}.pt"
+
+    def ready(self) -> None:
+        """Bring the party to the newest saved state (nothing to do when memory holds it)."""
+        latest = self.latest()
+        if self.half is None:
+            self.build()
+        if latest >= 0 and latest != self.counter:
+            self.load(latest, weights_only=False)
+        self.counter = latest
+
+    def load(self, number: int, weights_only: bool) -> None:
+        from lightning_fedkg.federated.checkpoint import load_checkpoint, restore_rng
+
+        state = load_checkpoint(self.state_path(number))
+        self.half.party.load_state_dict(state["party"], weights_only=weights_only)
+        self.half.load_state_dict(state["half"])
+        if not weights_only:
+            restore_rng(state["rng"])
+
+    def save(self) -> int:
+        """Save the party as the next state number; drop the oldest beyond ``keep_states``."""
+        from lightning_fedkg.federated.checkpoint import capture_rng, save_atomic
+
+        number = max(self.latest(), self.counter) + 1
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        save_atomic({"party": self.half.party.state_dict(), "half": self.half.state_dict(), "rng": capture_rng()},
+                    self.state_dir / f"{number:08d}.pt")
+        self.counter = number
+        keep = self.cfg.federated.flower.keep_states
+        for old in sorted(self.state_dir.glob("*.pt"))[:-keep]:
+            old.unlink(missing_ok=True)
+        return number
+
+    def pin(self, numbers: list[int]) -> None:
+        """Keep these states for good (the server's ``best`` set points to them)."""
+        pinned = self.dir / "pinned"
+        pinned.mkdir(parents=True, exist_ok=True)
+        for n in numbers:
+            source = self.state_dir / f"{int(n):08d}.pt"
+            if source.is_file() and not (pinned / source.name).is_file():
+                shutil.copyfile(source, pinned / source.name)
+
+    # ------------------------------------------------------------------ requests
+    def handle(self, head: dict, payload: bytes) -> tuple[dict, bytes]:
+        from lightning_fedkg.federated.message import Message, decode, encode
+
+        kind = head["kind"]
+        if kind == "hello":
+            self.store_config(head["config"])
+            return {"name": self.name, "digest": self.digest()}, b""
+        if kind == "reject":
+            raise DataMismatchError(head["reason"])
+        if head.get("digest") != self.digest():
+            raise DataMismatchError(
+                f"{self.name}: the data in {self.data_path} is not the data this client registered with "
+                f"(digest {self.digest()[:16]}..., registered {str(head.get('digest'))[:16]}...); restart the "
+                f"SuperNode with its original data folder or start a new run")
+        self.ready()
+        self.pin(head.get("pin", []))
+        if kind == "restore":
+            self.load(int(head["state"]), weights_only=bool(head["weights_only"]))
+            return {"state": self.save()}, b""
+        message = decode(payload) if payload else Message()
+        if kind == "deliver":
+            self.half.receive(message.arrays)
+            return {"state": self.save()}, b""
+        if kind != "stage":
+            raise ValueError(f"unknown request kind {kind!r}")
+        reply = self.half.handle(head["stage"], message, int(head["round"]))
+        reply = reply if reply is not None else Message()
+        number = self.save()
+        return {"state": number}, (b"" if reply.is_empty() else encode(reply))
+
+
+def runtime(data_path: str, key_file: str, work_dir: str, run_id: str) -> ClientRuntime:
+    """The process's runtime for this client folder and run (built on first use)."""
+    key = (str(Path(work_dir).resolve()), run_id, str(Path(data_path).resolve()))
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = ClientRuntime(data_path, key_file, work_dir, run_id)
+    return _RUNTIMES[key]
+
+
+def handle(message, paths: dict[str, str]):
+    """Answer one Flower ``message`` for the client whose ``data-path``, ``key-file`` and
+    ``work-dir`` are ``paths``."""
+    from flwr.app import Message
+
+    head, payload = unpack(message.content)
+    client = runtime(paths["data-path"], paths["key-file"], paths["work-dir"], head["run"])
+    if head["kind"] == "hello":
+        client.half = None  # a (re)registration: rebuild from the config it brings
+    answer, reply = client.handle(head, payload)
+    return Message(content=pack(answer, reply), reply_to=message)
+
+
+def node_paths(context: Any) -> dict[str, str]:
+    """The three paths of a SuperNode's ``--node-config``, checked."""
+    cfg = dict(context.node_config)
+    missing = [k for k in ("data-path", "key-file", "work-dir") if not cfg.get(k)]
+    if missing:
+        raise ValueError(f"this SuperNode's --node-config lacks {missing}: start it with "
+                         f"--node-config \"data-path='…' key-file='…' work-dir='…'\"")
+    return {k: str(cfg[k]) for k in ("data-path", "key-file", "work-dir")}
+
+
+def make_client_app(paths_of=node_paths):
+    """A ``ClientApp`` answering every message type with :func:`handle`; ``paths_of(context)``
+    gives the client's paths (default: the node config; a simulation maps partition ids)."""
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    def answer(message, context):
+        return handle(message, paths_of(context))
+
+    app.train()(answer)
+    app.evaluate()(answer)
+    app.query()(answer)
+    return app
+
+
+def _default_app():
+    try:
+        return make_client_app()
+    except ImportError:  # without flwr this module still imports (docs, tests of the runtime)
+        return None
+
+
+#: The ClientApp of a deployment (``lightning_fedkg.flower.client:client_app``).
+client_app = _default_app()

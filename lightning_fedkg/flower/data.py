@@ -1,0 +1,124 @@
+"""One organisation's data folder: what a SuperNode is given, and nothing of the others'.
+
+A client folder holds one client's KG with its own ids::
+
+    client.json                 {"name": "client_1"}
+    entities.dict, relations.dict   local id<TAB>name, in local id order
+    train.txt, valid.txt, test.txt  head<TAB>relation<TAB>tail names (and any extra split)
+
+Written in the local id order the in-process run uses (:func:`write_client_folders`), the
+client builds exactly the party it would build in-process, so a Flower run can match an
+in-process run number for number. An organisation preparing its own folder writes the same
+files (any id order).
+
+:func:`data_digest` is the folder's registration: a keyed hash (HMAC-SHA256 with the
+federation key, which the server never has) of every file, so the server can tell that a
+client came back with other data without learning anything about it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+import torch
+
+from lightning_fedkg.data.federated import write_named_splits
+from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph, read_named_triples
+
+__all__ = ["CLIENT_FILE", "write_client_folders", "load_client_folder", "data_digest", "read_key_file"]
+
+CLIENT_FILE = "client.json"
+
+
+def write_client_folders(cfg, root: str | Path) -> list[Path]:
+    """One folder per client of the federation ``cfg.data`` describes, ``root/client_<k>``.
+
+    Reused when complete (a ``COMPLETE`` marker with the data settings it was written for).
+    """
+    from lightning_fedkg.federated.party import _item_names, load_federated_kg
+    from lightning_fedkg.federated.strategy import client_name
+
+    root = Path(root)
+    stamp = json.dumps({"name": cfg.data.name, "format": cfg.data.format, "num_clients": cfg.data.num_clients,
+                        "partition": cfg.data.partition, "partition_seed": cfg.data.partition_seed}, sort_keys=True)
+    done = root / "COMPLETE"
+    if done.is_file() and done.read_text() == stamp:
+        return sorted((d for d in root.iterdir() if (d / CLIENT_FILE).is_file()), key=lambda d: int(d.name.split("_")[-1]))
+    fkg = load_federated_kg(cfg)
+    folders = []
+    for k, kg in enumerate(fkg.clients):
+        folder = root / client_name(k)
+        names = _item_names(kg, fkg, k)
+        folder.mkdir(parents=True, exist_ok=True)
+        for fname, items in (("entities.dict", names["entity"]), ("relations.dict", names["relation"])):
+            (folder / fname).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(items)), encoding="utf-8")
+        write_named_splits(folder, names["entity"], names["relation"], {s: kg.triples(s) for s in kg.split_names})
+        (folder / CLIENT_FILE).write_text(json.dumps({"name": client_name(k)}))
+        folders.append(folder)
+    done.write_text(stamp)
+    return folders
+
+
+def _read_dict(path: Path) -> list[str]:
+    names = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0].strip().isdigit() or int(fields[0]) != len(names):
+            raise KGFormatError(f"{path}:{line_no}: expected '<id><TAB><name>' with ids 0, 1, 2, ... in order, "
+                                f"got {line[:120]!r}")
+        names.append(fields[1])
+    return names
+
+
+def load_client_folder(folder: str | Path) -> tuple[str, KnowledgeGraph, dict[str, list[str]]]:
+    """``(client name, KG, {"entity": names, "relation": names})`` of a client folder.
+
+    Ids follow ``entities.dict`` / ``relations.dict``; a triple naming something they lack is
+    an error with its file and line.
+    """
+    folder = Path(folder)
+    if not (folder / CLIENT_FILE).is_file():
+        raise FileNotFoundError(f"{folder} is not a client data folder (no {CLIENT_FILE}); "
+                                f"write one with `fedkg flower split`")
+    name = json.loads((folder / CLIENT_FILE).read_text())["name"]
+    entities, relations = _read_dict(folder / "entities.dict"), _read_dict(folder / "relations.dict")
+    e2i = {n: i for i, n in enumerate(entities)}
+    r2i = {n: i for i, n in enumerate(relations)}
+    splits = {}
+    for path in sorted(folder.glob("*.txt")):
+        heads, rels, tails, lines = read_named_triples(path)
+        for column, vocab, kind in ((heads, e2i, "entity"), (rels, r2i, "relation"), (tails, e2i, "entity")):
+            missing = next((k for k, n in enumerate(column) if n not in vocab), None)
+            if missing is not None:
+                raise KGFormatError(f"{path}:{lines[missing]}: {kind} {column[missing]!r} is not in "
+                                    f"{'entities' if kind == 'entity' else 'relations'}.dict")
+        splits[path.stem] = torch.tensor([[e2i[h] for h in heads], [r2i[r] for r in rels], [e2i[t] for t in tails]],
+                                         dtype=torch.long).t().reshape(-1, 3).contiguous()
+    kg = KnowledgeGraph(splits, len(entities), len(relations), entities, relations, name=name)
+    return name, kg, {"entity": entities, "relation": relations}
+
+
+def data_digest(folder: str | Path, key: bytes) -> str:
+    """Keyed hash (hex) of every file of a client folder, names and contents, in name order."""
+    mac = hmac.new(key, b"lightning_fedkg-client-data", hashlib.sha256)
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_file():
+            mac.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return mac.hexdigest()
+
+
+def read_key_file(path: str | Path) -> str:
+    """The federation secret in ``path`` (one line; never passed on a command line, where
+    ``ps`` shows it). Raises ``ValueError`` for a missing or empty file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"federation key file {path} does not exist")
+    secret = path.read_text().strip()
+    if not secret:
+        raise ValueError(f"federation key file {path} is empty")
+    return secret

@@ -1,0 +1,148 @@
+"""``federated.engine=flower``: the server's side of a run, in simulation or deployment.
+
+:func:`serve` is what a ServerApp runs: the core's one run skeleton
+(:func:`~lightning_fedkg.federated.runner.run_engine`) with :class:`FlowerRoundEngine`, the
+in-process :class:`~lightning_fedkg.federated.orchestrator.RoundEngine` whose clients are a
+:class:`~.server.FlowerClients` pool. Resuming, checkpoints, ``metrics.json``,
+TensorBoard and the wire log are the core's; a restarted ServerApp resumes from the last
+committed round and the clients go back to the states that round points to.
+
+:class:`FlowerEngine` is the engine ``fedkg fit`` finds for ``federated.engine=flower``:
+with ``federated.flower.mode=simulation`` it starts Flower's simulation engine (Ray) with
+one SuperNode per client on this machine; ``deployment`` is a run submitted to a SuperLink
+(``fedkg flower up``, :mod:`.deploy`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_fingerprint
+from lightning_fedkg.federated.orchestrator import RoundEngine
+from lightning_fedkg.federated.runner import run_engine
+
+__all__ = ["FlowerEngine", "FlowerRoundEngine", "FlowerNotInstalledError", "require", "serve", "run_identity",
+           "client_config_text", "write_key_file", "simulate"]
+
+
+class FlowerNotInstalledError(ConfigError, ImportError):
+    """``federated.engine=flower`` without Flower installed."""
+
+
+def require() -> None:
+    """Raise :class:`FlowerNotInstalledError` (saying how to install it) without flwr."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError as err:
+        raise FlowerNotInstalledError(f'federated.engine=flower needs Flower, which is not installed ({err}): '
+                                      f'pip install "lightning-fedkg[flower]"') from None
+
+
+def run_identity(cfg: ExperimentConfig, run_dir: str | Path) -> str:
+    """The run's id at the clients: its settings (those a resume must keep) and folder name."""
+    text = json.dumps({"settings": resume_fingerprint(cfg), "run": Path(run_dir).resolve().name}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def client_config_text(cfg: ExperimentConfig) -> str:
+    """The config the clients are sent: the run's, without the federation secret (each
+    client reads it from its own key file)."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    container["federated"]["federation_key"] = ""
+    return OmegaConf.to_yaml(OmegaConf.create(container))
+
+
+class FlowerRoundEngine(RoundEngine):
+    """The round loop with Flower clients; ``metrics.json`` gains a ``flower`` block
+    (the engine's mode, the registered clients, the nodes turned away)."""
+
+    def results(self) -> dict:
+        metrics = super().results()
+        pool = self.federation.pool
+        metrics["flower"] = {"mode": self.cfg.federated.flower.mode, "clients": list(pool.names),
+                             "rejected": list(pool.rejections)}
+        return metrics
+
+
+def serve(grid, cfg: ExperimentConfig, run_dir: str | Path, num_clients: int, resume: bool = True) -> dict:
+    """Run ``cfg`` in ``run_dir`` with the ``num_clients`` clients of ``grid`` (a ServerApp's main)."""
+    from lightning_fedkg.flower.server import FlowerClients
+
+    run_id, text = run_identity(cfg, run_dir), client_config_text(cfg)
+    pool = functools.partial(FlowerClients, grid=grid, num_clients=num_clients, run_id=run_id, config_text=text)
+    build = functools.partial(FlowerRoundEngine, clients=pool)
+    return run_engine(cfg, run_dir, build, RoundEngine.version, resume)
+
+
+def write_key_file(secret: str, path: str | Path) -> Path:
+    """Write the federation secret readable by its owner only (``0600``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return path
+
+
+def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
+    """Run ``cfg`` on Flower's simulation engine: a ServerApp in this process and one
+    SuperNode per client (Ray workers), each ClientApp reading only its own folder."""
+    from flwr.clientapp import ClientApp  # noqa: F401  (flwr present: checked by require)
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from lightning_fedkg.federated.alignment import federation_key  # noqa: F401
+    from lightning_fedkg.flower.client import make_client_app
+    from lightning_fedkg.flower.data import write_client_folders
+
+    run_dir = Path(run_dir)
+    folder = run_dir / "flower"
+    data = [str(p) for p in write_client_folders(cfg, folder / "data")]
+    # In simulation the secret comes from the config (or the seed, as in-process); the
+    # clients still read it from a file only they are given.
+    secret = cfg.federated.federation_key or f"lightning_fedkg-federation-{int(cfg.seed)}"
+    key_file = str(write_key_file(secret, folder / "federation.key"))
+    work = str(folder / "clients")
+    outcome: dict = {}
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid, context) -> None:
+        try:
+            outcome["metrics"] = serve(grid, cfg, run_dir, len(data), resume)
+        except BaseException as err:  # handed to the caller below, not lost in Flower's thread
+            outcome["error"] = err
+
+    def paths_of(context) -> dict[str, str]:
+        k = int(context.node_config["partition-id"])
+        return {"data-path": data[k], "key-file": key_file, "work-dir": work}
+
+    # Each worker sets its torch threads from trainer.threads when it builds its client.
+    run_simulation(server_app=server_app, client_app=make_client_app(paths_of), num_supernodes=len(data),
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": max(len(data), 1), "include_dashboard": False}})
+    if "error" in outcome:
+        raise outcome["error"]
+    if "metrics" not in outcome:
+        raise RuntimeError("the Flower simulation ended without the server's result (see the log above)")
+    return outcome["metrics"]
+
+
+class FlowerEngine:
+    """The ``flower`` entry of :data:`~lightning_fedkg.registry.ENGINES`."""
+
+    @staticmethod
+    def run(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
+        require()
+        if cfg.federated.flower.mode == "deployment":
+            raise ConfigError("federated.flower.mode=deployment runs on a SuperLink and SuperNodes: start them and "
+                              "the run with `fedkg flower up -c CONFIG` (README, 'Running across organisations')")
+        return simulate(cfg, run_dir, resume)
