@@ -393,8 +393,36 @@ def fit_epilog() -> str:
     ])
 
 
+def cmd_flower_up(args: argparse.Namespace) -> int:
+    """``fedkg flower up``: a Flower deployment on this machine (a SuperLink and one SuperNode
+    per client, separate processes) runs the config; prints its table."""
+    core = load_config(args.config, args.overrides, core_only=True)
+    check_data_name(core)
+    run_dir = resolve_run_dir(core, args.out)
+    check_unlocked(run_dir)
+    cfg = load_config(args.config, [*args.overrides, "federated.engine=flower", "federated.flower.mode=deployment"])
+    from lightning_fedkg.flower.deploy import up
+
+    print(f"run directory: {run_dir} (Flower logs in {run_dir / 'flower' / 'logs'})")
+    metrics = up(resolve_auto_settings(cfg), run_dir, key_file=args.key_file, port=args.port)
+    print(format_metrics_table(metrics, cfg))
+    print(f"metrics written to {run_dir / 'metrics.json'}")
+    return 0
+
+
+def cmd_flower_split(args: argparse.Namespace) -> int:
+    """``fedkg flower split``: one data folder per client of the config's federation."""
+    cfg = load_config(args.config, args.overrides)
+    from lightning_fedkg.flower.data import write_client_folders
+
+    for folder in write_client_folders(cfg, args.out):
+        print(folder)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, audit, data stats)."""
+    """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, audit, query, data stats,
+    flower up/split)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
@@ -453,6 +481,22 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("-c", "--config", help="a query-answering config: statistics of its query sets "
                        "(sampled, or loaded from task.cache_dir)")
     stats.set_defaults(func=cmd_data_stats)
+
+    flower = sub.add_parser("flower", help="run on Flower across processes (the flower extra)")
+    flower_sub = flower.add_subparsers(dest="flower_command", required=True)
+    up = flower_sub.add_parser("up", help="a SuperLink and one SuperNode per client on this machine run the config")
+    up.add_argument("-c", "--config", required=True, help="YAML config file")
+    up.add_argument("--out", help="run directory (default: <out_dir>/<name>); a committed run resumes")
+    up.add_argument("--key-file", help="federation-key file the SuperNodes read (default: <run>/flower/federation.key, "
+                                       "written once with a random secret)")
+    up.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
+    up.add_argument("overrides", nargs="*", help="key=value overrides")
+    up.set_defaults(func=cmd_flower_up)
+    split = flower_sub.add_parser("split", help="write one data folder per client (what each SuperNode is given)")
+    split.add_argument("-c", "--config", required=True, help="YAML config file (its data section)")
+    split.add_argument("--out", required=True, help="folder for client_<k>/")
+    split.add_argument("overrides", nargs="*", help="key=value overrides")
+    split.set_defaults(func=cmd_flower_split)
     return parser
 
 

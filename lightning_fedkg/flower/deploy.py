@@ -1,0 +1,207 @@
+"""A Flower deployment on this machine: a SuperLink and one SuperNode per client, as
+separate OS processes started with Flower's own commands (``fedkg flower up``).
+
+Each SuperNode is given its client's data folder, the path of the federation-key file
+(never the key itself: a command line shows in ``ps``) and a work folder, in its
+``--node-config``; the run is submitted with ``flwr run`` from an app project written
+under the run folder (components :mod:`.apps`, runtime dependency installation off, the
+SuperLink connection in its own ``FLWR_HOME``). Logs go to ``<run>/flower/logs/``.
+
+This is also what an organisation runs on its own machine, with TLS instead of
+``--insecure`` (README, "Running across organisations").
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lightning_fedkg.config import ExperimentConfig
+
+__all__ = ["Deployment", "free_port", "write_app_project", "up", "key_for"]
+
+APP_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedkg-run"
+version = "1.0.0"
+description = "A lightning_fedkg run on Flower (written by fedkg flower up)"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "lightning-fedkg"
+
+[tool.flwr.app.components]
+serverapp = "lightning_fedkg.flower.apps:server_app"
+clientapp = "lightning_fedkg.flower.apps:client_app"
+
+[tool.flwr.app.config]
+fedkg-config = ""
+run-dir = ""
+num-clients = 0
+resume = true
+"""
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_app_project(folder: str | Path) -> Path:
+    """The Flower app project ``flwr run`` submits (a pyproject naming :mod:`.apps`)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(APP_PYPROJECT)
+    return folder
+
+
+def _flower_command(name: str) -> list[str]:
+    """A Flower console script of this environment (beside this Python)."""
+    exe = Path(sys.executable).with_name(name)
+    return [str(exe)] if exe.is_file() else [name]
+
+
+class Deployment:
+    """Flower's processes for one run folder; a context manager that stops them all."""
+
+    def __init__(self, folder: str | Path, port: int | None = None) -> None:
+        self.folder = Path(folder)
+        self.port = port or free_port()
+        self.logs = self.folder / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        home = self.folder / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "fedkg"\n\n[superlink.fedkg]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    "PYTHONUNBUFFERED": "1"}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")
+        # A process group of its own: stopping it stops the ClientApp/ServerApp processes it started.
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.folder,
+                                start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_superlink(self, timeout: float = 120.0) -> None:
+        """``flower-superlink`` on :attr:`port`, its state in ``state.db``; waits until it listens."""
+        self._start("superlink", [*_flower_command("flower-superlink"), "--insecure",
+                                  "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                                  "--port", str(self.port), "--database", str(self.folder / "state.db")])
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.procs["superlink"].poll() is not None:
+                raise RuntimeError(f"flower-superlink exited; see {self.logs / 'superlink.log'}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"flower-superlink did not listen on port {self.port} within {timeout} s")
+
+    def start_supernode(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path) -> None:
+        """``flower-supernode`` of one client, with its three paths as node config."""
+        config = f"data-path='{Path(data_path).resolve()}' key-file='{Path(key_file).resolve()}' " \
+                 f"work-dir='{Path(work_dir).resolve()}'"
+        self._start(name, [*_flower_command("flower-supernode"), "--insecure", "--superlink",
+                           f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", config])
+
+    def run(self, app: str | Path, run_config: dict, timeout: float | None = None) -> int:
+        """``flwr run APP --stream`` with ``run_config`` (a TOML file); the exit status."""
+        import tomli_w
+
+        path = self.folder / "run_config.toml"
+        path.write_text(tomli_w.dumps(run_config))
+        proc = self._start("run", [*_flower_command("flwr"), "run", str(app), "--run-config", str(path), "--stream"])
+        try:
+            return proc.wait(timeout=timeout)
+        finally:
+            self.procs.pop("run", None)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a process and the processes it started."""
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+
+    def __enter__(self) -> "Deployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def key_for(cfg: ExperimentConfig, folder: Path, key_file: str | Path | None = None) -> Path:
+    """The federation-key file of a deployment: ``key_file`` when given, else
+    ``<folder>/federation.key``, written once (``0600``) with the config's secret or a random one."""
+    from lightning_fedkg.flower.engine import write_key_file
+
+    if key_file is not None:
+        return Path(key_file)
+    path = folder / "federation.key"
+    if not path.is_file():
+        write_key_file(cfg.federated.federation_key or secrets.token_hex(32), path)
+    return path
+
+
+def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file: str | Path | None = None,
+       port: int | None = None, timeout: float | None = None) -> dict:
+    """Run ``cfg`` as a deployment on this machine and return its ``metrics.json``.
+
+    Writes each client's data folder (``<run>/flower/data/client_<k>``), starts the
+    SuperLink and one SuperNode per client, submits the run and waits for it; all
+    processes are stopped at the end. A run folder that holds a committed round resumes.
+    """
+    import json
+
+    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.flower.engine import client_config_text, require
+
+    require()
+    run_dir = Path(run_dir).resolve()
+    folder = run_dir / "flower"
+    data = write_client_folders(cfg, folder / "data")
+    key = key_for(cfg, folder, key_file)
+    app = write_app_project(folder / "app")
+    (run_dir / "metrics.json").unlink(missing_ok=True)
+    with Deployment(folder, port) as d:
+        d.start_superlink()
+        for path in data:
+            d.start_supernode(path.name, path, key, folder / "clients")
+        status = d.run(app, {"fedkg-config": client_config_text(cfg), "run-dir": str(run_dir),
+                             "num-clients": len(data), "resume": bool(resume)}, timeout=timeout)
+    metrics = run_dir / "metrics.json"
+    if not metrics.is_file():
+        tail = (folder / "logs" / "run.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the Flower run ended (flwr run exit status {status}) without {metrics}; "
+                           f"the end of its log:\n{tail}")
+    return json.loads(metrics.read_text())
+
+
+def remove_states(run_dir: str | Path) -> None:
+    """Delete the clients' work folders of a local deployment (their saved states)."""
+    shutil.rmtree(Path(run_dir) / "flower" / "clients", ignore_errors=True)
