@@ -1,0 +1,197 @@
+"""federated.engine=flower: client folders, the client runtime, and Flower runs that must
+equal the in-process run.
+
+The fast tests check the pieces without Flower's processes. One simulation test (Flower's
+simulation engine on Ray, about a minute) runs FedE on UMLS for 2 rounds, resumes it to 4
+(a new ServerApp that restores the clients to the states its checkpoint points to) and
+compares every number with the in-process run of 4 rounds. The deployment tests (real
+SuperLink and SuperNode processes, minutes each) are marked ``deployment`` and run by
+``.ci/run`` after the suite: ``pytest -m deployment``.
+"""
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.federated.party import load_federated_kg
+from lightning_fedkg.flower.data import data_digest, load_client_folder, write_client_folders
+from lightning_fedkg.data.kg import KGFormatError
+
+ROOT = Path(__file__).resolve().parents[1]
+UMLS_FEDE = str(ROOT / "configs" / "fede" / "umls_fede.yaml")
+SMALL = ["model.dim=16", "train.num_negatives=16", "trainer.threads=1", "trainer.progress_bar=false",
+         "federated.eval_every=2", "trainer.accelerator=cpu"]
+
+
+def umls(*extra):
+    return load_config(UMLS_FEDE, [*SMALL, *extra])
+
+
+# ---------------------------------------------------------------------- client folders
+def test_client_folders_load_back_the_in_process_clients_exactly(tmp_path):
+    cfg = umls()
+    fkg = load_federated_kg(cfg)
+    folders = write_client_folders(cfg, tmp_path)
+    assert [f.name for f in folders] == ["client_0", "client_1", "client_2"]
+    for k, folder in enumerate(folders):
+        name, kg, names = load_client_folder(folder)
+        ref = fkg.clients[k]
+        assert name == f"client_{k}" and kg.num_entities == ref.num_entities and kg.num_relations == ref.num_relations
+        for split in ref.split_names:
+            assert torch.equal(kg.triples(split), ref.triples(split)), split
+        assert names["entity"] == [fkg.entity_names[int(g)] for g in fkg.entity_index[k]]
+    # Written once: a second call reuses the folders (same files, untouched).
+    stamp = (folders[0] / "train.txt").stat().st_mtime_ns
+    assert write_client_folders(cfg, tmp_path) == folders
+    assert (folders[0] / "train.txt").stat().st_mtime_ns == stamp
+
+
+def test_client_folder_errors_name_the_file_and_line(tmp_path):
+    folder = write_client_folders(umls(), tmp_path)[0]
+    lines = (folder / "valid.txt").read_text().splitlines()
+    head, rel, _ = lines[1].split("\t")
+    lines[1] = f"{head}\t{rel}\tno-such-entity"
+    (folder / "valid.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(KGFormatError, match=r"valid\.txt:2: entity 'no-such-entity' is not in entities\.dict"):
+        load_client_folder(folder)
+    (folder / "entities.dict").write_text("0\ta\n2\tb\n")
+    with pytest.raises(KGFormatError, match=r"entities\.dict:2"):
+        load_client_folder(folder)
+    with pytest.raises(FileNotFoundError, match="not a client data folder"):
+        load_client_folder(tmp_path)
+
+
+def test_data_digest_is_keyed_and_follows_every_file(tmp_path):
+    folder = write_client_folders(umls(), tmp_path)[1]
+    a = data_digest(folder, b"k" * 32)
+    assert a == data_digest(folder, b"k" * 32) and a != data_digest(folder, b"j" * 32)
+    with open(folder / "test.txt", "a") as f:
+        f.write("x\ty\tz\n")
+    assert data_digest(folder, b"k" * 32) != a
+
+
+# ---------------------------------------------------------------------- the client runtime
+def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
+    from lightning_fedkg.flower.client import ClientRuntime, DataMismatchError
+    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+
+    cfg = umls("federated.rounds=1")
+    folder = write_client_folders(cfg, tmp_path / "data")[0]
+    key = write_key_file("secret", tmp_path / "key")
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    client = ClientRuntime(folder, key, tmp_path / "work", "run1")
+    answer, _ = client.handle({"kind": "hello", "config": client_config_text(cfg)}, b"")
+    assert answer["name"] == "client_0"
+    # The config the clients are sent carries no secret.
+    assert load_config(tmp_path / "work" / "run1" / "client_0" / "config.yaml").federated.federation_key == ""
+    wrong = {"kind": "stage", "stage": "align", "round": 0, "digest": "0" * 64}
+    with pytest.raises(DataMismatchError, match="not the data this client registered with"):
+        client.handle(wrong, b"")
+    answer, payload = client.handle({**wrong, "digest": answer["digest"]}, b"")
+    assert answer["state"] == 0 and payload  # the alignment digests, as safetensors bytes
+    with pytest.raises(DataMismatchError, match="told"):
+        client.handle({"kind": "reject", "reason": "told"}, b"")
+
+
+def test_flower_engine_is_for_server_client_methods():
+    with pytest.raises(ConfigError, match="runs server-client strategies"):
+        run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.engine=flower"]),
+                      "/nonexistent")
+    with pytest.raises(ConfigError, match="mode=deployment runs on a SuperLink"):
+        run_federated(umls("federated.engine=flower", "federated.flower.mode=deployment"), "/nonexistent/run")
+
+
+# ---------------------------------------------------------------------- simulation
+def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
+    pytest.importorskip("flwr")
+    local = run_federated(umls("federated.rounds=4"), tmp_path / "local")
+    flower_cfg = ["federated.engine=flower"]
+    first = run_federated(umls("federated.rounds=2", *flower_cfg), tmp_path / "flower")
+    assert first["rounds"] == 2 and first["flower"]["clients"] == ["client_0", "client_1", "client_2"]
+    # A second ServerApp resumes after round 2: the clients go back to the states the
+    # checkpoint of round 2 points to (they have since answered the test of round 2).
+    resumed = run_federated(umls("federated.rounds=4", *flower_cfg), tmp_path / "flower")
+    assert resumed["rounds"] == 4
+    for key in ("test", "clients", "validation", "bytes_sent", "alignment_bytes", "failures"):
+        assert resumed[key] == local[key], key
+    # Flower's framing makes the wire a little heavier than our bytes alone, never lighter.
+    assert resumed["wire_bytes"] > local["wire_bytes"]
+    registration = json.loads((tmp_path / "flower" / "flower" / "registration.json").read_text())
+    assert sorted(registration) == ["client_0", "client_1", "client_2"]
+    # Nothing of a client's weights is on the server's side: its checkpoints point to states.
+    manifest = json.loads(sorted((tmp_path / "flower" / "checkpoints").glob("round_*.json"))[-1].read_text())
+    from lightning_fedkg.federated.checkpoint import load_party
+
+    state = load_party(sorted((tmp_path / "flower" / "checkpoints").glob("round_*.json"))[-1], manifest, "client_1")
+    assert set(state) == {"remote"} and isinstance(state["remote"], int)
+
+
+# ---------------------------------------------------------------------- deployment
+def _deployed(tmp_path, *extra):
+    from lightning_fedkg.flower.deploy import up
+
+    return up(umls("federated.engine=flower", "federated.flower.mode=deployment", *extra), tmp_path / "run",
+              timeout=900)
+
+
+@pytest.mark.deployment
+def test_deployment_equals_in_process(tmp_path):
+    pytest.importorskip("flwr")
+    secret = "deployment-test-secret"
+    local = run_federated(umls("federated.rounds=2", f"federated.federation_key={secret}"), tmp_path / "local")
+    deployed = _deployed(tmp_path, "federated.rounds=2", f"federated.federation_key={secret}")
+    for key in ("test", "clients", "validation", "bytes_sent", "failures"):
+        assert deployed[key] == local[key], key
+    assert deployed["flower"]["mode"] == "deployment"
+
+
+@pytest.mark.deployment
+def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path):
+    """client_2's SuperNode is killed during the run: the rounds go on with the two others
+    (federated.min_clients=2) and metrics.json names the failure. A SuperNode started for
+    client_2 again, with changed data, is turned away at registration."""
+    pytest.importorskip("flwr")
+    import threading
+
+    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
+    from lightning_fedkg.flower.engine import client_config_text
+
+    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", "federated.rounds=4",
+               "federated.min_clients=2", "federated.client_timeout=120")
+    run_dir = (tmp_path / "run").resolve()
+    folder = run_dir / "flower"
+    data = write_client_folders(cfg, folder / "data")
+    key = key_for(cfg, folder)
+    other = tmp_path / "other" / "client_2"
+    other.mkdir(parents=True)
+    for f in data[2].iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    (other / "train.txt").write_text("\n".join((other / "train.txt").read_text().splitlines()[:-5]) + "\n")
+    with Deployment(folder) as d:
+        d.start_superlink()
+        for path in data:
+            d.start_supernode(path.name, path, key, folder / "clients")
+
+        def kill_and_replace():
+            # After round 1 is committed, kill client_2's node; start one with other data.
+            while not list((run_dir / "checkpoints").glob("round_0001.json")):
+                time.sleep(0.5)
+            d.kill("client_2", signal.SIGKILL)
+            d.start_supernode("client_2_other", other, key, tmp_path / "other_work")
+
+        threading.Thread(target=kill_and_replace, daemon=True).start()
+        d.run(write_app_project(folder / "app"), {"fedkg-config": client_config_text(cfg), "run-dir": str(run_dir),
+                                                  "num-clients": 3, "resume": True}, timeout=1200)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["rounds"] == 4
+    assert {f["party"] for f in metrics["failures"]} == {"client_2"}
+    assert metrics["clients"][2].get("failed") and metrics["test"]["mrr"] > 0.1
+    rejected = metrics["flower"]["rejected"]
+    assert rejected and rejected[0]["party"] == "client_2" and "differs from its registration" in rejected[0]["error"]
