@@ -21,6 +21,7 @@ LAYERS = [
     ("builders", ("builders",)),
     ("federated core", ("federated",)),
     ("methods", ("methods",)),
+    ("engines", ("flower",)),
     ("runs", ("training", "run")),
     ("command line", ("cli", "__init__")),
 ]

@@ -179,9 +179,10 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     import json
 
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, require
+    from lightning_fedkg.flower.engine import check_flower_config, client_config_text, require
 
     require()
+    check_flower_config(cfg)
     run_dir = Path(run_dir).resolve()
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")

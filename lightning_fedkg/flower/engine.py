@@ -136,12 +136,24 @@ def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) ->
     return outcome["metrics"]
 
 
+def check_flower_config(cfg: ExperimentConfig) -> None:
+    """Refuse what needs the clients' parties in the server's process: a strategy's phases
+    after training (FedE's fusion, FedLU's unlearning) work on them directly."""
+    from lightning_fedkg.federated.strategy import STRATEGIES
+
+    phases = STRATEGIES.get(cfg.federated.strategy).phases(cfg)
+    if phases:
+        raise ConfigError(f"federated.engine=flower cannot run the phases {phases}: they work on every client's "
+                          f"party in one process (federated.engine=local)")
+
+
 class FlowerEngine:
     """The ``flower`` entry of :data:`~lightning_fedkg.registry.ENGINES`."""
 
     @staticmethod
     def run(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
         require()
+        check_flower_config(cfg)
         if cfg.federated.flower.mode == "deployment":
             raise ConfigError("federated.flower.mode=deployment runs on a SuperLink and SuperNodes: start them and "
                               "the run with `fedkg flower up -c CONFIG` (README, 'Running across organisations')")
