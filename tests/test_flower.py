@@ -2,9 +2,9 @@
 equal the in-process run.
 
 The fast tests check the pieces without Flower's processes. One simulation test (Flower's
-simulation engine on Ray, about a minute) runs FedE on UMLS for 2 rounds, resumes it to 4
+simulation engine on Ray, about a minute) runs FedE on UMLS for 2 rounds, resumes it to 3
 (a new ServerApp that restores the clients to the states its checkpoint points to) and
-compares every number with the in-process run of 4 rounds. The deployment tests (real
+compares every number with the in-process run of 3 rounds. The deployment tests (real
 SuperLink and SuperNode processes, minutes each) are marked ``deployment`` and run by
 ``.ci/run`` after the suite: ``pytest -m deployment``.
 """
@@ -110,14 +110,14 @@ def test_flower_engine_is_for_server_client_methods():
 # ---------------------------------------------------------------------- simulation
 def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
     pytest.importorskip("flwr")
-    local = run_federated(umls("federated.rounds=4"), tmp_path / "local")
+    local = run_federated(umls("federated.rounds=3"), tmp_path / "local")
     flower_cfg = ["federated.engine=flower"]
     first = run_federated(umls("federated.rounds=2", *flower_cfg), tmp_path / "flower")
     assert first["rounds"] == 2 and first["flower"]["clients"] == ["client_0", "client_1", "client_2"]
     # A second ServerApp resumes after round 2: the clients go back to the states the
     # checkpoint of round 2 points to (they have since answered the test of round 2).
-    resumed = run_federated(umls("federated.rounds=4", *flower_cfg), tmp_path / "flower")
-    assert resumed["rounds"] == 4
+    resumed = run_federated(umls("federated.rounds=3", *flower_cfg), tmp_path / "flower")
+    assert resumed["rounds"] == 3
     for key in ("test", "clients", "validation", "bytes_sent", "alignment_bytes", "failures"):
         assert resumed[key] == local[key], key
     # Flower's framing makes the wire a little heavier than our bytes alone, never lighter.
