@@ -132,6 +132,21 @@ def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_pa
     assert set(state) == {"remote"} and isinstance(state["remote"], int)
 
 
+def test_secure_aggregation_on_flower_equals_in_process(tmp_path):
+    """Every secure-aggregation stage crosses as a Flower message, and a client's round
+    secrets (kept on its own disk between messages: any Ray worker may serve the next
+    one) survive from the key stage to the unmasking: the masks cancel, the numbers are
+    the in-process ones."""
+    pytest.importorskip("flwr")
+    settings = ["federated.rounds=2", "federated.secure_aggregation.enabled=true"]
+    local = run_federated(umls(*settings), tmp_path / "local")
+    flower = run_federated(umls(*settings, "federated.engine=flower"), tmp_path / "flower")
+    for key in ("test", "clients", "validation", "bytes_sent", "failures"):
+        assert flower[key] == local[key], key
+    stages = {json.loads(line)["name"] for line in (tmp_path / "flower" / "channel_log.jsonl").read_text().splitlines()}
+    assert {"sa_keys", "sa_shares", "sa_unmask"} <= stages
+
+
 # ---------------------------------------------------------------------- deployment
 def _deployed(tmp_path, *extra):
     from lightning_fedkg.flower.deploy import up
@@ -141,13 +156,43 @@ def _deployed(tmp_path, *extra):
 
 
 @pytest.mark.deployment
-def test_deployment_equals_in_process(tmp_path):
+def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
+    """Three SuperNode processes run FedE on UMLS. After round 1 is committed the server
+    side (the SuperLink and the ServerApp it started) is SIGKILLed; ``up`` on the same run
+    folder starts it again, resumes after round 1, and ends with the in-process numbers."""
     pytest.importorskip("flwr")
+    import threading
+
+    from lightning_fedkg.flower.deploy import Deployment, key_for, up, write_app_project
+    from lightning_fedkg.flower.engine import client_config_text
+
     secret = "deployment-test-secret"
-    local = run_federated(umls("federated.rounds=2", f"federated.federation_key={secret}"), tmp_path / "local")
-    deployed = _deployed(tmp_path, "federated.rounds=2", f"federated.federation_key={secret}")
-    for key in ("test", "clients", "validation", "bytes_sent", "failures"):
-        assert deployed[key] == local[key], key
+    settings = ["federated.rounds=3", f"federated.federation_key={secret}"]
+    local = run_federated(umls(*settings), tmp_path / "local")
+    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", *settings)
+    run_dir = (tmp_path / "run").resolve()
+    folder = run_dir / "flower"
+    data = write_client_folders(cfg, folder / "data")
+    key = key_for(cfg, folder)
+    with Deployment(folder) as d:
+        d.start_superlink()
+        for path in data:
+            d.start_supernode(path.name, path, key, folder / "clients")
+
+        def kill_server():
+            while not list((run_dir / "checkpoints").glob("round_0001.json")):
+                time.sleep(0.2)
+            d.kill("superlink", signal.SIGKILL)
+
+        threading.Thread(target=kill_server, daemon=True).start()
+        d.run(write_app_project(folder / "app"), {"fedkg-config": client_config_text(cfg), "run-dir": str(run_dir),
+                                                  "num-clients": 3, "resume": True}, timeout=900)
+    assert not (run_dir / "metrics.json").is_file()
+    committed = sorted(p.name for p in (run_dir / "checkpoints").glob("round_*.json"))
+    assert committed and committed[-1] in ("round_0001.json", "round_0002.json")
+    deployed = up(cfg, run_dir, timeout=900)
+    for key_ in ("test", "clients", "validation", "bytes_sent", "failures"):
+        assert deployed[key_] == local[key_], key_
     assert deployed["flower"]["mode"] == "deployment"
 
 
@@ -159,7 +204,6 @@ def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path)
     pytest.importorskip("flwr")
     import threading
 
-    from lightning_fedkg.flower.data import write_client_folders
     from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
     from lightning_fedkg.flower.engine import client_config_text
 

@@ -43,7 +43,7 @@ nothing from the shares; t of them with the server can rebuild any peer's masks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import Tensor
@@ -410,6 +410,23 @@ class SecureClient:
         self.sa = party.cfg.federated.secure_aggregation
         self._round: _ClientRound | None = None
         self._gidx: dict[str, Tensor] = {}
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        # Between the key stage and the unmasking, the round's secrets: a client whose
+        # process ends between two messages (a Flower ClientApp) needs them back, from its
+        # own disk. A finished round has none (on_sa_unmask drops them), so the checkpoint
+        # of a committed round holds no key material.
+        state = super().state_dict()
+        state["secure_client"] = {"round": None if self._round is None else asdict(self._round),
+                                  "gidx": {k: v.clone() for k, v in self._gidx.items()}}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        saved = state.get("secure_client") or {}
+        self._round = None if saved.get("round") is None else _ClientRound(**saved["round"])
+        self._gidx = {k: v.long() for k, v in saved.get("gidx", {}).items()}
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, stage, message, round):
