@@ -40,6 +40,7 @@ def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
         eval_batch_size=t.eval_batch_size,
         eval_sides=t.eval_sides,
         valid_filter=t.valid_filter,
+        batches_per_step=t.batches_per_step,
     )
 
 

@@ -181,6 +181,9 @@ class TrainConfig:
     ``eval_batch_size`` batch). ``valid_filter: without_unlearn`` leaves a KG's ``unlearn``
     triples (FedLU's forgetting sets) out of the validation filter, as the official FedLU
     code does; for parity only (``all``, the default, filters validation like the test).
+    ``batches_per_step`` hands the module that many batches per Lightning step, each its
+    own optimizer step: the same updates in the same order, with Lightning's per-step
+    work (hooks, batch transfer, loop bookkeeping) paid once per group.
     """
 
     lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
@@ -207,6 +210,7 @@ class TrainConfig:
     valid_filter: Literal["all", "without_unlearn"] = "all"
     ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
     eval_chunk_size: Optional[int] = None
+    batches_per_step: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
 
 
 @dataclass

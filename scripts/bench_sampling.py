@@ -3,13 +3,17 @@
 
 Loads a config's federated data (default: ``configs/fedlu/fb15k237_r10_fedlu.yaml``, shared
 negatives filtered against the train triples), builds client ``--client``'s DataModule and
-times one full epoch of its train loader, once per mask implementation of filtered shared
-negatives: ``sorted`` (binary search in sorted (row, entity) keys) and ``dense`` (a
-``[batch, entities]`` table of known answers and one gather; the default below
-``DENSE_MASK_ELEMENTS``), under ``--threads`` torch threads. Nothing is trained.
+times one full epoch of its train loader (``--batches`` at most) once per way of finding
+the train triples among the negatives (``train.filter_method``-like constructor argument
+``filter_method``): ``index`` (the batch's few known answers from the train CSR index,
+the CPU default) and ``search`` (every candidate looked up in the sorted train keys with
+fixed shapes, what an accelerator runs: no host synchronisation), under ``--threads``
+torch threads and on ``--device``. Nothing is trained.
 
     python scripts/bench_sampling.py --threads 1
-    python scripts/bench_sampling.py --threads 2 --client 4 data.name=/path/to/FB15k-237-R10
+    python scripts/bench_sampling.py --threads 1 -c configs/fede/fb15k237_fed3_fede.yaml --client 0
+    python scripts/bench_sampling.py --threads 1 train.negative_mode=per_triple
+    python scripts/bench_sampling.py --device cuda
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import logging
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +35,8 @@ def main() -> int:
     parser.add_argument("-c", "--config", default=str(REPO / "configs" / "fedlu" / "fb15k237_r10_fedlu.yaml"))
     parser.add_argument("--client", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -37,22 +44,26 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
-    import lightning_fedkg.data.datamodule as datamodule
+    from lightning_fedkg.builders import build_datamodule
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated.party import load_federated_kg
-    from lightning_fedkg.builders import build_datamodule
 
     cfg = load_config(args.config, args.overrides)
     kg = load_federated_kg(cfg).clients[args.client]
-    for label, limit in (("sorted", 0), ("dense", 2**26)):
-        datamodule.DENSE_MASK_ELEMENTS = limit
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    for method in ("index", "search"):
         dm = build_datamodule(kg, cfg, seed=0)
-        list(dm.train_dataloader())  # builds the indexes
+        dm.filter_method = method
+        dm.to_device(args.device)
+        list(islice(dm.train_dataloader(), 2))  # builds the indexes and the device copies
+        sync()
         start = time.perf_counter()
-        batches = sum(1 for _ in dm.train_dataloader())
+        batches = sum(1 for _ in islice(dm.train_dataloader(), args.batches))
+        sync()
         ms = (time.perf_counter() - start) / batches * 1000
-        print(f"client {args.client} ({kg.num_entities} entities), {args.threads} thread(s), {label:>6}: "
-              f"{ms:.2f} ms per batch ({batches} batches of {cfg.train.batch_size} x {cfg.train.num_negatives})")
+        print(f"client {args.client} ({kg.num_entities} entities), {args.threads} thread(s), {args.device}, "
+              f"{cfg.train.negative_mode}, {method:>6}: {ms:.3f} ms per batch "
+              f"({batches} batches of {cfg.train.batch_size} x {cfg.train.num_negatives})")
     return 0
 
 

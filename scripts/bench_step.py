@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Milliseconds per FedLU training batch of one client: where a round's time goes.
+"""Milliseconds per training batch of one client: where a round's time goes.
 
 Builds client ``--client`` of a config's federated data exactly as a run does (its
 :class:`~lightning_fedkg.federated.party.Party`: module, data module, Lightning Trainer),
-then times ``--batches`` training batches (one local and one avatar step each) four ways:
+then times ``--batches`` training batches (FedE and the other KGE strategies: one Adam
+step; FedLU: one local and one avatar step) four ways:
 
 * ``loader``: only iterating the train loader (negative sampling, masks, weights);
 * ``lightning``: ``Party.fit``, i.e. the party's Trainer, as in a federated round;
@@ -17,10 +18,10 @@ Run it once with ``train.fixed_negatives=true`` to see the official code's sampl
 epoch drawn once, replayed). A small ``model.dim`` shows the per-batch overhead that a GPU
 does not hide; on a GPU every timing ends with a device synchronisation.
 
-    python scripts/bench_fedlu_step.py --threads 1 --batches 200
-    python scripts/bench_fedlu_step.py --threads 1 --batches 200 train.fixed_negatives=true
-    python scripts/bench_fedlu_step.py --threads 1 --batches 200 model.dim=8
-    python scripts/bench_fedlu_step.py --threads 1 --batches 500 trainer.accelerator=gpu
+    python scripts/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --threads 1 model.dim=8
+    python scripts/bench_step.py -c configs/fedlu/fb15k237_r10_fedlu.yaml --client 4 --threads 1 model.dim=8
+    python scripts/bench_step.py --threads 1 --batches 200 train.fixed_negatives=true
+    python scripts/bench_step.py --threads 1 --batches 500 trainer.accelerator=gpu
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def main() -> int:
     kg = load_federated_kg(cfg).clients[args.client]
     party = build_party(cfg, LinkPrediction(), f"client_{args.client}", kg, names={})
     module, dm = party.module, party.datamodule
-    n = min(args.batches, dm.num_train_batches)
-    party.trainer.limit_train_batches = n
+    k = dm.batches_per_step
+    n = min(args.batches, dm.num_train_batches) // k * k  # whole groups of train.batches_per_step
+    party.trainer.limit_train_batches = n // k
     party.fit(1)  # warm-up: indexes, the fixed epoch if any, the device copy of the module
     device = module.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -75,8 +77,9 @@ def main() -> int:
         sync()
         return (time.perf_counter() - start) / n * 1000
 
-    local_opt = torch.optim.Adam(module.local_parameters(), lr=cfg.train.lr)
-    global_opt = torch.optim.Adam(module.avatar_parameters(), lr=cfg.train.lr)
+    two_sided = hasattr(module, "global_loss")  # FedLU: a local and an avatar step per batch
+    local_opt = torch.optim.Adam(module.local_parameters() if two_sided else module.parameters(), lr=cfg.train.lr)
+    global_opt = torch.optim.Adam(module.avatar_parameters(), lr=cfg.train.lr) if two_sided else None
     precision = party.trainer.precision_plugin
 
     def step(batch):
@@ -85,6 +88,8 @@ def main() -> int:
         local_opt.zero_grad()
         loss.backward()
         local_opt.step()
+        if global_opt is None:
+            return
         with precision.forward_context():
             global_loss = module.global_loss(batch)
         global_opt.zero_grad()
@@ -94,26 +99,30 @@ def main() -> int:
     def to_device(batch):
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
+    def batches():
+        for item in dm.train_dataloader():
+            yield from (item if isinstance(item, list) else [item])
+
     def bare():
-        for batch in islice(dm.train_dataloader(), n):
+        for batch in islice(batches(), n):
             step(to_device(batch))
 
-    cached = [to_device(b) for b in islice(dm.train_dataloader(), n)]
+    cached = [to_device(b) for b in islice(batches(), n)]
 
     def bare_cached():
         for batch in cached:
             step(batch)
 
     result = {
-        "loader": timed(lambda: sum(1 for _ in islice(dm.train_dataloader(), n))),
+        "loader": timed(lambda: sum(1 for _ in islice(batches(), n))),
         "lightning": timed(lambda: party.fit(1)),
         "bare": timed(bare),
         "bare_cached": timed(bare_cached),
     }
-    setting = {"client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
+    setting = {"config": Path(args.config).name, "client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
                "batches": n, "threads": args.threads, "device": str(device),
                "dim": cfg.model.dim, "batch_size": cfg.train.batch_size, "num_negatives": cfg.train.num_negatives,
-               "negative_mode": cfg.train.negative_mode, "fixed_negatives": cfg.train.fixed_negatives,
+               "negative_mode": cfg.train.negative_mode, "fixed_negatives": cfg.train.fixed_negatives, "batches_per_step": k,
                "precision": cfg.trainer.precision, "overrides": args.overrides}
     print(" ".join(f"{k}={v}" for k, v in setting.items() if k != "overrides"))
     for mode, ms in result.items():

@@ -141,7 +141,7 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
     everything = _leaf_keys(dataclasses.asdict(cfg))
     kept = _leaf_keys(resume_fingerprint(cfg))
     assert everything - kept == {
-        "name", "out_dir", "train.max_epochs",
+        "name", "out_dir", "train.max_epochs", "train.batches_per_step",
         "trainer.devices", "trainer.progress_bar", "trainer.threads", "trainer.keep_on_device",
         "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",

@@ -170,15 +170,17 @@ def test_filtered_negatives_hand_case():
     assert set(raw.flatten().tolist()) == {0, 1, 2}
 
 
-@pytest.mark.parametrize("sampler,corruption", [("uniform", "tail"), ("uniform", "both"),
-                                                ("bernoulli", "tail")])
-def test_filtered_negatives_are_never_train_triples(sampler, corruption):
+@pytest.mark.parametrize("sampler,corruption,method", [("uniform", "tail", "index"), ("uniform", "both", "index"),
+                                                       ("bernoulli", "tail", "index"), ("uniform", "both", "search"),
+                                                       ("bernoulli", "tail", "search")])
+def test_filtered_negatives_are_never_train_triples(sampler, corruption, method):
     # Nations has 14 entities: many draws collide with true triples, and some queries
     # have a single valid negative (e.g. 13 true heads), hence the generous retry bound
     kg = load_kg("nations")
     train = {tuple(x) for x in kg.triples("train").tolist()}
     dm = KGDataModule(kg, batch_size=64, num_negatives=16, corruption=corruption,
-                      negative_sampler=sampler, filter_negatives=True, max_filter_retries=1000)
+                      negative_sampler=sampler, filter_negatives=True, max_filter_retries=1000,
+                      filter_method=method)
     dm.setup("fit")
     collisions = 0
     for i, b in enumerate(dm.train_dataloader()):
@@ -217,15 +219,12 @@ def test_negative_pool_and_shared_mode():
     assert ((b["negatives"] >= 0) & (b["negatives"] < kg.num_entities)).all()
 
 
-@pytest.mark.parametrize("dense_limit", [0, 2**26])  # the sorted-key path and the dense table
+@pytest.mark.parametrize("method", ["index", "search"])  # the CPU path and the accelerators' path
 @pytest.mark.parametrize("corruption", ["tail", "head"])
-def test_filtered_shared_negatives_mask_equals_bruteforce(corruption, dense_limit, monkeypatch):
-    import lightning_fedkg.data.datamodule as datamodule
-
-    monkeypatch.setattr(datamodule, "DENSE_MASK_ELEMENTS", dense_limit)
+def test_filtered_shared_negatives_mask_equals_bruteforce(corruption, method):
     kg = small_kg(seed=3, num_entities=8, num_relations=2)
     dm = KGDataModule(kg, batch_size=16, num_negatives=8, negative_mode="shared",
-                      filter_negatives=True, corruption=corruption, seed=1)
+                      filter_negatives=True, corruption=corruption, seed=1, filter_method=method)
     train = {tuple(t) for t in kg.triples("train").tolist()}
     masked = 0
     for b in dm.train_dataloader():

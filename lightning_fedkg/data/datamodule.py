@@ -13,7 +13,14 @@ Evaluation batches: ``{"triples": [B, 3], "mode": "tail"|"head", "filter_row": [
 the OTHER true answers of that row's query in the filter set (the target itself is never
 listed). Tail batches come first, then head batches when ``eval_sides="both"``.
 
-All randomness is drawn from ``dm.generator`` (a seeded ``torch.Generator``) whose state
+Training batches are made on the data module's device (:meth:`KGDataModule.to_device`; a
+``Party`` moves it to its Trainer's device, a Trainer given the data module moves it on its
+first ``train_dataloader``): the train triples, the epoch's permutation, the filter keys
+and every negative live there, so a batch is slices of device tensors and the GPU path
+reads nothing back to the host per batch. The CPU is just another device: the same
+draws from the same generator, so CPU batches are what they always were.
+
+All randomness is drawn from ``dm.generator`` (a seeded ``torch.Generator`` on that device) whose state
 is saved by ``dm.state_dict()`` and restored by ``dm.load_state_dict()``: a run resumed from
 an end-of-epoch checkpoint draws the same batches as an uninterrupted run. The loaders
 must run in the main process (``num_workers=0``, the default here) for that to hold.
@@ -39,11 +46,9 @@ from .kg import KnowledgeGraph, triple_keys
 CORRUPTIONS = ("tail", "head", "both")
 SAMPLERS = ("uniform", "bernoulli")
 NEGATIVE_MODES = ("per_triple", "shared")
+FILTER_METHODS = ("auto", "index", "search")
 EVAL_SIDES = ("tail", "both")
 VALID_FILTERS = ("all", "without_unlearn")
-#: Largest batch x entities table of known answers built for filtered shared negatives
-#: (64 MiB of bools); beyond it the mask is found by binary search in sorted keys.
-DENSE_MASK_ELEMENTS = 2**26
 
 
 def searchsorted(sorted_keys: Tensor, query: Tensor) -> Tensor:
@@ -99,11 +104,11 @@ class FilterIndex:
         found = keys[pos] == query
         start = offsets[pos]
         count = torch.where(found, offsets[pos + 1] - start, torch.zeros_like(start))
-        row = torch.repeat_interleave(torch.arange(query.numel()), count)
-        # position of each answer inside its group = global position - group's first position
-        first = torch.cumsum(count, 0) - count
-        within = torch.arange(row.numel()) - first[row]
-        return row, values[start[row] + within]
+        total = int(count.sum())
+        row = torch.repeat_interleave(torch.arange(query.numel()), count, output_size=total)
+        # answer k of the output is values[start[row] + (k - first output of its row)]
+        shift = torch.repeat_interleave(start - (torch.cumsum(count, 0) - count), count, output_size=total)
+        return row, values[shift + torch.arange(total)]
 
     def tail_answers(self, heads: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
         """All true tails of the queries ``(heads[i], relations[i], ?)`` as (row, entity) pairs."""
@@ -169,10 +174,24 @@ class _TrainBatches(IterableDataset):
         self.dm = dm
 
     def __len__(self) -> int:
-        return self.dm.num_train_batches
+        return math.ceil(self.dm.num_train_batches / self.dm.batches_per_step)
 
-    def __iter__(self) -> Iterator[dict]:
-        return self.dm._train_epoch()
+    def __iter__(self) -> Iterator[dict | list[dict]]:
+        k = self.dm.batches_per_step
+        if k == 1:
+            return self.dm._train_epoch()
+        return _groups(self.dm._train_epoch(), k)
+
+
+def _groups(batches: Iterator[dict], k: int) -> Iterator[list[dict]]:
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == k:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 class _EvalBatches(IterableDataset):
@@ -253,6 +272,16 @@ class KGDataModule(LightningDataModule):
             validation filter, as the official FedLU client does (its validation loaders
             use train ∪ valid ∪ test minus unlearn; the test keeps the full filter). For
             parity only: validation then ranks some queries against known true triples.
+        filter_method: how ``filter_negatives`` finds the train triples among negatives:
+            ``"index"`` gathers each batch's few known answers from the train CSR index
+            (data-dependent sizes: cheap on a CPU, a host synchronisation on a GPU);
+            ``"search"`` looks every candidate up in the sorted train keys with fixed
+            shapes (nothing read back; more work on a CPU); ``"auto"`` (default): index
+            on the CPU, search elsewhere (``scripts/bench_sampling.py``). Both reject the
+            same negatives; per-triple redraws differ in which draws they use.
+        batches_per_step: the train loader yields lists of this many batches (the last
+            one shorter), one Lightning step each; :class:`~lightning_fedkg.models.KGEModule`
+            takes one optimizer step per batch of a list. 1 (default): plain batches.
     """
 
     def __init__(
@@ -274,20 +303,23 @@ class KGDataModule(LightningDataModule):
         subsampling: bool = False,
         fixed_negatives: bool = False,
         valid_filter: str = "all",
+        filter_method: str = "auto",
+        batches_per_step: int = 1,
     ) -> None:
         super().__init__()
         for label, value, allowed in (("corruption", corruption, CORRUPTIONS),
                                       ("negative_sampler", negative_sampler, SAMPLERS),
                                       ("negative_mode", negative_mode, NEGATIVE_MODES),
                                       ("eval_sides", eval_sides, EVAL_SIDES),
-                                      ("valid_filter", valid_filter, VALID_FILTERS)):
+                                      ("valid_filter", valid_filter, VALID_FILTERS),
+                                      ("filter_method", filter_method, FILTER_METHODS)):
             if value not in allowed:
                 raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
         if negative_mode == "shared" and negative_sampler == "bernoulli":
             raise ValueError("negative_mode='shared' draws one set per batch; it cannot be "
                              "combined with the Bernoulli sampler")
-        if batch_size < 1 or eval_batch_size < 1 or num_negatives < 0:
-            raise ValueError("batch sizes must be >= 1 and num_negatives >= 0")
+        if batch_size < 1 or eval_batch_size < 1 or num_negatives < 0 or batches_per_step < 1:
+            raise ValueError("batch sizes and batches_per_step must be >= 1 and num_negatives >= 0")
         self.kg = kg
         self.batch_size = int(batch_size)
         self.num_negatives = int(num_negatives)
@@ -303,6 +335,8 @@ class KGDataModule(LightningDataModule):
         self.subsampling = bool(subsampling)
         self.fixed_negatives = bool(fixed_negatives)
         self.valid_filter = valid_filter
+        self.filter_method = filter_method
+        self.batches_per_step = int(batches_per_step)
         self._valid_filter_index: FilterIndex | None = None
         # (batches drawn so far, the iterator still drawing the rest of the fixed epoch)
         self._fixed_epoch: tuple[list[dict], Iterator[dict]] | None = None
@@ -313,7 +347,9 @@ class KGDataModule(LightningDataModule):
             if negative_pool.numel() == 0:
                 raise ValueError("negative_pool is empty")
         self.negative_pool = negative_pool
+        self.device = torch.device("cpu")
         self.generator = torch.Generator().manual_seed(self.seed)
+        self._resident: dict[str, Tensor] = {}  # device copies of what training batches are cut from
         self._filter_index: FilterIndex | None = None
         self._train_index: FilterIndex | None = None
         self._head_prob: Tensor | None = None
@@ -401,18 +437,73 @@ class KGDataModule(LightningDataModule):
         if stage in (None, "fit", "validate", "test"):
             _ = self.filter_index
 
+    # ---- the device training batches are made on ------------------------------------------
+
+    def to_device(self, device: torch.device | str) -> "KGDataModule":
+        """Make training batches on ``device`` from now on (returns ``self``).
+
+        The generator moves with them: a new one on ``device``, seeded from the old one's
+        next draw (deterministic), so call this before training, as ``Party`` does. Moving
+        to the device the module is already on changes nothing.
+        """
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device == self.device:
+            return self
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.device = device
+        self._resident.clear()
+        self._fixed_epoch = None
+        return self
+
+    def _resident_tensor(self, name: str) -> Tensor:
+        """``name`` (train triples, their weights, the Bernoulli probabilities, the sorted
+        train keys, the negative pool) on :attr:`device`, copied there once."""
+        if name not in self._resident:
+            source = {"train": lambda: self.kg.triples("train").long(),
+                      "weights": lambda: self.train_weights,
+                      "head_probability": lambda: self.head_probability,
+                      "train_keys": lambda: self.train_index.triple_keys,
+                      "pool": lambda: self.negative_pool}[name]()
+            self._resident[name] = source.to(self.device)
+        return self._resident[name]
+
     # ---- negative sampling ------------------------------------------------------------
+
+    @property
+    def _search_filter(self) -> bool:
+        return self.filter_method == "search" or (self.filter_method == "auto" and self.device.type != "cpu")
 
     def _draw(self, shape: tuple[int, ...], generator: torch.Generator | None = None) -> Tensor:
         generator = self.generator if generator is None else generator
         if self.negative_pool is None:
-            return torch.randint(0, self.num_entities, shape, generator=generator)
-        idx = torch.randint(0, self.negative_pool.numel(), shape, generator=generator)
-        return self.negative_pool[idx]
+            return torch.randint(0, self.num_entities, shape, generator=generator, device=self.device)
+        pool = self._resident_tensor("pool")
+        idx = torch.randint(0, pool.numel(), shape, generator=generator, device=self.device)
+        return pool[idx]
+
+    def is_train_triple(self, positive: Tensor, head_mask: Tensor, entities: Tensor) -> Tensor:
+        """``BoolTensor[B, n]``: whether putting ``entities`` (``[B, n]``, or ``[n]`` shared by
+        every row) in the corrupted side of each positive (its head where ``head_mask``)
+        gives a train triple. Fixed shapes and a binary search in the sorted train keys: no
+        value is read back to the host, on any device."""
+        h, r, t = (positive[:, i].unsqueeze(1) for i in range(3))
+        side = head_mask.unsqueeze(1)
+        entities = entities.expand(positive.shape[0], -1)
+        keys = pack_keys((torch.where(side, entities, h), r, torch.where(side, t, entities)),
+                         (self.num_entities, self.num_relations, self.num_entities), "triples")
+        return sorted_contains(self._resident_tensor("train_keys"), keys)
 
     def _forbidden_pairs(self, positive: Tensor, head_mask: Tensor) -> tuple[Tensor, Tensor]:
         """``(rows, entities)``: the entities that would turn a row's negative into a train
         triple (true heads of ``(?, r, t)`` / true tails of ``(h, r, ?)``)."""
+        # (the CPU's path: reading the mask back costs nothing here)
+        if not bool(head_mask.any()):
+            return self.train_index.tail_answers(positive[:, 0], positive[:, 1])
+        if bool(head_mask.all()):
+            return self.train_index.head_answers(positive[:, 1], positive[:, 2])
         rows_t = (~head_mask).nonzero().flatten()
         rows_h = head_mask.nonzero().flatten()
         rt, ct = self.train_index.tail_answers(positive[rows_t, 0], positive[rows_t, 1])
@@ -436,6 +527,13 @@ class KGDataModule(LightningDataModule):
         neg = self._draw((positive.shape[0], self.num_negatives), generator)
         if not (self.filter_negatives and neg.numel()):
             return neg
+        if self._search_filter:
+            # Redraw every position each time and keep the fresh draw where the old one was
+            # a train triple: a fixed shape, so no count of rejections goes to the host.
+            for _ in range(self.max_filter_retries):
+                bad = self.is_train_triple(positive, head_mask, neg)
+                neg = torch.where(bad, self._draw(neg.shape, generator), neg)
+            return neg
         forbidden = self._forbidden_keys(positive, head_mask)
         flat = neg.view(-1)
         rows = torch.arange(positive.shape[0]).repeat_interleave(self.num_negatives)
@@ -452,18 +550,21 @@ class KGDataModule(LightningDataModule):
         """``BoolTensor[B, n]``: False where shared negative ``j`` would turn row ``i`` into a
         train triple. One shared set cannot be redrawn per row, so known positives are
         masked out of that row's loss instead (``kge_loss(negative_mask=...)``)."""
-        batch = positive.shape[0]
-        if batch * self.num_entities <= DENSE_MASK_ELEMENTS:
-            # A [B, N] table of known answers, then one gather: no sort, no binary search
-            # (scripts/bench_sampling.py, R-10's largest client: 10.2 -> 4.0 ms per batch).
-            rows, cols = self._forbidden_pairs(positive, head_mask)
-            known = torch.zeros(batch, self.num_entities, dtype=torch.bool)
-            known[rows, cols] = True
-            return ~known[:, negatives]
-        forbidden = self._forbidden_keys(positive, head_mask)
-        rows = torch.arange(batch).unsqueeze(1)
-        keys = pack_keys((rows, negatives.unsqueeze(0)), (batch, self.num_entities))
-        return ~sorted_contains(forbidden, keys)
+        if self._search_filter:
+            return ~self.is_train_triple(positive, head_mask, negatives)
+        # The batch's known answers are few (the train CSR index gives them): mark them in
+        # a table through each entity's slot among the negatives (slot n: not a
+        # negative) instead of testing all B x n pairs. An entity drawn twice gets one slot,
+        # which slot[negatives] hands to each of its positions.
+        batch, n = positive.shape[0], negatives.numel()
+        rows, cols = self._forbidden_pairs(positive, head_mask)
+        slot = torch.full((self.num_entities,), n, dtype=torch.long)
+        slot[negatives] = torch.arange(n)
+        # Built transposed: gathering whole rows of it is several times faster than
+        # gathering columns of a [B, n + 1] table.
+        allowed = torch.ones(n + 1, batch, dtype=torch.bool)
+        allowed[slot[cols], rows] = False
+        return allowed[slot[negatives]].t().contiguous()
 
     def make_batch(self, positive: Tensor, mode: str, weight: Tensor | None = None,
                    generator: torch.Generator | None = None) -> dict:
@@ -476,10 +577,11 @@ class KGDataModule(LightningDataModule):
         if weight is not None:
             batch["weight"] = weight
         if mode == "mixed":
-            head_mask = torch.rand(b, generator=generator) < self.head_probability[positive[:, 1]]
+            probability = self._resident_tensor("head_probability")[positive[:, 1]]
+            head_mask = torch.rand(b, generator=generator, device=self.device) < probability
             batch["head_mask"] = head_mask
         else:
-            head_mask = torch.full((b,), mode == "head", dtype=torch.bool)
+            head_mask = torch.full((b,), mode == "head", dtype=torch.bool, device=self.device)
         if self.negative_mode == "shared":
             batch["negatives"] = self._draw((self.num_negatives,), generator)
             if self.filter_negatives:
@@ -489,13 +591,13 @@ class KGDataModule(LightningDataModule):
         return batch
 
     def _draw_epoch(self, generator: torch.Generator) -> Iterator[dict]:
-        train = self.kg.triples("train")
+        train = self._resident_tensor("train")
         n = train.shape[0]
         sides = self._train_sides
         # all permutations first, so the draw order does not depend on consumption
-        perms = [torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
-                 for _ in sides]
-        weights = self.train_weights if self.subsampling else None
+        perms = [torch.randperm(n, generator=generator, device=self.device) if self.shuffle
+                 else torch.arange(n, device=self.device) for _ in sides]
+        weights = self._resident_tensor("weights") if self.subsampling else None
         for start in range(0, n, self.batch_size):
             for mode, perm in zip(sides, perms):
                 rows = perm[start:start + self.batch_size]
@@ -506,7 +608,7 @@ class KGDataModule(LightningDataModule):
             yield from self._draw_epoch(self.generator)
             return
         if self._fixed_epoch is None:
-            self._fixed_epoch = ([], self._draw_epoch(torch.Generator().manual_seed(self.seed)))
+            self._fixed_epoch = ([], self._draw_epoch(torch.Generator(device=self.device).manual_seed(self.seed)))
         cache, source = self._fixed_epoch
         # Drawn on first use, so an epoch cut short (limit_train_batches) draws only what it trains.
         for i in range(self.num_train_batches):
@@ -517,6 +619,11 @@ class KGDataModule(LightningDataModule):
     # ---- loaders -----------------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
+        """Training batches, made on :attr:`device` (a Trainer this data module was given
+        moves it to the Trainer's device first)."""
+        trainer = self.trainer
+        if trainer is not None:
+            self.to_device(trainer.strategy.root_device)
         return DataLoader(_TrainBatches(self), batch_size=None)
 
     def eval_dataloader(self, split: str) -> DataLoader:
@@ -535,9 +642,16 @@ class KGDataModule(LightningDataModule):
     # ---- checkpointing -----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The generator state (saved into Lightning checkpoints)."""
-        return {"generator_state": self.generator.get_state(), "seed": self.seed}
+        """The generator state and its device (saved into checkpoints)."""
+        return {"generator_state": self.generator.get_state(), "seed": self.seed, "device": self.device.type}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the generator state saved by :meth:`state_dict`."""
+        """Restore the generator state saved by :meth:`state_dict`, moving to the kind of
+        device it was saved on (a CUDA generator's state means nothing to a CPU one)."""
+        saved = state_dict.get("device", "cpu")
+        if saved != self.device.type:
+            if saved == "cuda" and not torch.cuda.is_available():
+                raise ValueError("this sampler state was saved on a GPU and cannot be restored without "
+                                 "one: resume the run where CUDA is available")
+            self.to_device(saved)
         self.generator.set_state(state_dict["generator_state"])

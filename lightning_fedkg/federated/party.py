@@ -152,6 +152,9 @@ class Party:
                 num_sanity_val_steps=0,
                 **kwargs,
             )
+        move = getattr(self.datamodule, "to_device", None)
+        if move is not None:  # batches are made where the module trains
+            move(self.trainer.strategy.root_device)
 
     @property
     def model(self):
@@ -163,7 +166,7 @@ class Party:
         self.trainer.fit_loop.max_epochs = self.trainer.current_epoch + int(epochs)
         with quiet_lightning():
             self.trainer.fit(self.module, train_dataloaders=self.datamodule.train_dataloader())
-        loss = self.trainer.callback_metrics.get("train/loss_epoch")
+        loss = self.trainer.callback_metrics.get("train/loss")
         return {"loss": float(loss) if loss is not None else math.nan,
                 "examples": int(self.task.train_size(self.kg))}
 

@@ -23,6 +23,7 @@ from lightning_fedkg.evaluation.ranking import (
     filtered_ranks,
     metrics_to_floats,
 )
+from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.kge import KGEModel, build_model
 
 log = logging.getLogger("lightning_fedkg")
@@ -113,7 +114,7 @@ def negative_loss_term(
     return negative_term
 
 
-class KGEModule(L.LightningModule):
+class KGEModule(EpochMeanLogging, L.LightningModule):
     """Trains ``build_model(model, ...)`` with negative sampling; ranks entities for val/test.
 
     Args:
@@ -174,6 +175,7 @@ class KGEModule(L.LightningModule):
         if eval_chunk_size is not None and eval_chunk_size < 1:
             raise ValueError(f"eval_chunk_size must be positive or None, got {eval_chunk_size}")
         self.save_hyperparameters()
+        self.automatic_optimization = False  # several optimizer steps per step: training_step
         self.model: KGEModel = build_model(
             model, num_entities, num_relations, dim, gamma=gamma, epsilon=epsilon, **(model_kwargs or {})
         )
@@ -238,10 +240,21 @@ class KGEModule(L.LightningModule):
             loss = loss + term()
         return loss
 
-    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        loss = self.training_loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=batch["positive"].shape[0])
-        return loss
+    @staticmethod
+    def step_batches(batch: dict | list[dict]) -> list[dict]:
+        """The batches of one Lightning step: a batch, or a list of them (``batches_per_step``)."""
+        return batch if isinstance(batch, list) else [batch]
+
+    def training_step(self, batch: dict | list[dict], batch_idx: int) -> None:
+        # Manual optimisation: one Adam step per batch of the group, through Lightning's
+        # optimizer wrapper (so precision plugins still scale and unscale).
+        optimizer = self.optimizers()
+        for one in self.step_batches(batch):
+            loss = self.training_loss(one)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+            self.log_epoch_mean("train/loss", loss, one["positive"].shape[0])
 
     # ------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -23,6 +23,7 @@ from torch.utils.data import IterableDataset
 
 from lightning_fedkg.data.queries import QuerySet
 from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
+from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
 
@@ -60,7 +61,7 @@ class QueryBatches(IterableDataset):
                    "weight": (4.0 + counts.float()).rsqrt()}
 
 
-class QueryAnsweringModule(L.LightningModule):
+class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
     """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``) over ``num_entities`` entities and ``num_relations`` relation
     ids (inverses included); ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's
     ``particles``, ``heads``, ``dropout``)."""
@@ -143,7 +144,7 @@ class QueryAnsweringModule(L.LightningModule):
         return self._logged(0.5 * (positive_loss + negative_loss), b)
 
     def _logged(self, loss: Tensor, batch_size: int) -> Tensor:
-        self.log("train/loss", loss, batch_size=batch_size, on_step=True, on_epoch=True)
+        self.log_epoch_mean("train/loss", loss, batch_size)
         for term in self.regularizers:
             loss = loss + term()
         return loss

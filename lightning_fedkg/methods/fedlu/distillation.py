@@ -98,7 +98,6 @@ class DistillationModule(KGEModule):
         super().__init__(model, **kwargs)
         if distill_mu < 0:
             raise ValueError(f"distill_mu must be >= 0, got {distill_mu}")
-        self.automatic_optimization = False
         hp = self.hparams
         self.avatar: KGEModel = build_model(
             model, hp.num_entities, hp.num_relations, hp.dim, gamma=hp.gamma, epsilon=hp.epsilon,
@@ -206,21 +205,21 @@ class DistillationModule(KGEModule):
         prediction, kl = self.side_losses(batch, "global")
         return prediction + self.hparams.distill_mu * kl
 
-    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+    def training_step(self, batch: dict | list[dict], batch_idx: int) -> None:
         local_opt, global_opt = self.optimizers()
-        size = batch["positive"].shape[0]
-        loss = self.training_loss(batch)
-        local_opt.zero_grad()
-        self.manual_backward(loss)
-        local_opt.step()
-        global_loss = self.global_loss(batch)
-        global_opt.zero_grad()
-        # Only the avatar's tensors get gradients: the shared relations stay the local step's.
-        self.manual_backward(global_loss, inputs=self.avatar_parameters())
-        global_opt.step()
-        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=size)
-        self.log("train/loss_global", global_loss, on_step=False, on_epoch=True, batch_size=size)
-        return loss
+        for one in self.step_batches(batch):
+            size = one["positive"].shape[0]
+            loss = self.training_loss(one)
+            local_opt.zero_grad()
+            self.manual_backward(loss)
+            local_opt.step()
+            global_loss = self.global_loss(one)
+            global_opt.zero_grad()
+            # Only the avatar's tensors get gradients: the shared relations stay the local step's.
+            self.manual_backward(global_loss, inputs=self.avatar_parameters())
+            global_opt.step()
+            self.log_epoch_mean("train/loss", loss, size)
+            self.log_epoch_mean("train/loss_global", global_loss, size)
 
     # ------------------------------------------------------------------ optimizers
     def local_parameters(self) -> list[torch.nn.Parameter]:

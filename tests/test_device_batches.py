@@ -1,0 +1,153 @@
+"""Training batches made on the module's device, and training steps that read nothing back.
+
+On a GPU every value read back to the host (``.item()``, ``bool(tensor)``, a ``nonzero``
+whose size the host must know, ...) stalls the queue of kernels. This machine has no GPU,
+so the tests count, with a ``TorchDispatchMode``, the aten operators that would
+synchronise a CUDA device while the sampler makes a batch and the module computes its
+losses; the accelerators' filter (``filter_method="search"``) must need none. Where CUDA
+exists the same epoch also runs under ``torch.cuda.set_sync_debug_mode("error")``.
+"""
+
+from itertools import islice
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lightning_fedkg.config import load_config
+from lightning_fedkg.data import load_kg
+from lightning_fedkg.data.datamodule import KGDataModule
+from lightning_fedkg.federated.party import build_party, load_federated_kg
+from lightning_fedkg.federated.tasks import LinkPrediction
+
+#: aten operators whose result size or value the host must wait for on a CUDA device
+SYNCING = ("_local_scalar_dense", "nonzero", "masked_select", "repeat_interleave", "unique", "_unique",
+           "equal", "is_nonzero", "item")
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the operators of :data:`SYNCING` run inside the ``with`` block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name.startswith(SYNCING):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def counted(obj, name: str, counter: SyncCounter) -> None:
+    """Run ``obj.name`` under ``counter`` from now on."""
+    original = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        with counter:
+            return original(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],                                                         # FedE: shared filtered negatives
+    ["train.negative_mode=per_triple"],                         # per-triple, filtered
+    ["train.fixed_negatives=true", "train.subsampling=true"],   # FedLU's parity sampling
+], ids=["shared", "per_triple", "fixed_subsampled"])
+@pytest.mark.parametrize("strategy", ["fede", "fedlu"])
+def test_a_training_epoch_reads_nothing_back_per_step(strategy, overrides):
+    cfg = load_config("configs/fede/umls_fede.yaml", [
+        f"federated.strategy={strategy}", "model.dim=8", "train.batch_size=64", "train.num_negatives=16",
+        "train.filter_negatives=true", "train.corruption=both", "trainer.threads=1", "trainer.progress_bar=false",
+        "trainer.accelerator=cpu", *overrides])
+    kg = load_federated_kg(cfg).clients[0]
+    party = build_party(cfg, LinkPrediction(), "client_0", kg, names={})
+    dm, module = party.datamodule, party.module
+    dm.filter_method = "search"
+    counter = SyncCounter()
+    counted(dm, "make_batch", counter)
+    counted(module, "training_loss", counter)
+    if hasattr(module, "global_loss"):
+        module.distill_local = module.distill_global = True  # the KL terms run too
+        counted(module, "global_loss", counter)
+    party.fit(1)  # the first epoch builds the indexes and the device copies (once per run)
+    counter.seen.clear()
+    stats = party.fit(1)
+    assert dm.num_train_batches >= 6 and stats["loss"] == stats["loss"]  # trained, finite
+    assert counter.seen == [], f"host reads in a training step: {sorted(set(counter.seen))}"
+
+
+def test_the_counter_sees_what_would_synchronise():
+    """The CPU's own filter path (``index``) gathers known answers with data-dependent
+    sizes: the counter must flag it, or the test above could not fail."""
+    kg = load_kg("nations")
+    dm = KGDataModule(kg, batch_size=32, num_negatives=8, negative_mode="shared", filter_negatives=True,
+                      filter_method="index")
+    counter = SyncCounter()
+    with counter:
+        next(iter(dm.train_dataloader()))
+    assert counter.seen
+
+
+@pytest.mark.parametrize("corruption", ["tail", "both"])
+def test_shared_masks_of_both_filter_methods_are_identical(corruption):
+    """Shared negatives are drawn the same way by both methods, so whole epochs match."""
+    kg = load_kg("umls")
+    epochs = []
+    for method in ("index", "search"):
+        dm = KGDataModule(kg, batch_size=128, num_negatives=64, negative_mode="shared", filter_negatives=True,
+                          corruption=corruption, seed=4, filter_method=method)
+        epochs.append(list(dm.train_dataloader()))
+    assert len(epochs[0]) == len(epochs[1])
+    masked = 0
+    for a, b in zip(*epochs):
+        assert torch.equal(a["negatives"], b["negatives"]) and torch.equal(a["negative_mask"], b["negative_mask"])
+        masked += int((~a["negative_mask"]).sum())
+    assert masked > 0
+
+
+def test_to_device_keeps_cpu_streams_and_state_names_its_device():
+    kg = load_kg("nations")
+    a = KGDataModule(kg, batch_size=16, num_negatives=4, seed=2)
+    b = KGDataModule(kg, batch_size=16, num_negatives=4, seed=2).to_device("cpu")
+    for x, y in zip(a.train_dataloader(), b.train_dataloader()):
+        assert torch.equal(x["positive"], y["positive"]) and torch.equal(x["negatives"], y["negatives"])
+    state = b.state_dict()
+    assert state["device"] == "cpu"
+    c = KGDataModule(kg, batch_size=16, num_negatives=4, seed=9)
+    c.load_state_dict(state)
+    assert torch.equal(next(iter(c.train_dataloader()))["negatives"], next(iter(b.train_dataloader()))["negatives"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_epoch_runs_under_sync_debug_error():
+    kg = load_kg("umls")
+    dm = KGDataModule(kg, batch_size=128, num_negatives=64, negative_mode="shared", filter_negatives=True,
+                      corruption="both").to_device("cuda")
+    list(islice(dm.train_dataloader(), 1))  # device copies made outside the checked block
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batches = list(dm.train_dataloader())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert batches[0]["negatives"].is_cuda and batches[0]["negative_mask"].is_cuda
+
+
+@pytest.mark.parametrize("strategy", ["fede", "fedlu"])
+def test_several_batches_per_step_give_the_same_updates(strategy):
+    """``train.batches_per_step`` only changes how batches are handed to the module: after
+    two epochs the weights equal those of one batch per step, bit for bit."""
+    weights = []
+    for k in (1, 4):
+        cfg = load_config("configs/fede/umls_fede.yaml", [
+            f"federated.strategy={strategy}", "model.dim=8", "train.batch_size=64", "train.num_negatives=16",
+            "trainer.threads=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+            f"train.batches_per_step={k}"])
+        party = build_party(cfg, LinkPrediction(), "client_0", load_federated_kg(cfg).clients[0], names={})
+        assert len(party.datamodule.train_dataloader()) == -(-party.datamodule.num_train_batches // k)
+        losses = [party.fit(1)["loss"] for _ in range(2)]
+        weights.append((losses, {n: p.detach().clone() for n, p in party.module.named_parameters()}))
+    (loss_a, a), (loss_b, b) = weights
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
