@@ -151,3 +151,23 @@ def test_several_batches_per_step_give_the_same_updates(strategy):
     (loss_a, a), (loss_b, b) = weights
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mixed_batches_score_the_same_without_the_host_split(shared):
+    """The accelerators' scoring of Bernoulli batches (both sides, then a select) equals the
+    CPU's row split, and needs no host read."""
+    from lightning_fedkg.models.kge_module import KGEModule, mixed_scores_on_device
+
+    kg = load_kg("nations")
+    dm = KGDataModule(kg, batch_size=32, num_negatives=8, negative_sampler="bernoulli")
+    module = KGEModule("rotate", num_entities=kg.num_entities, num_relations=kg.num_relations, dim=8)
+    batch = next(iter(dm.train_dataloader()))
+    if shared:  # one set for every row, as negative_mode="shared" gives
+        batch["negatives"] = batch["negatives"][0]
+    assert 0 < int(batch["head_mask"].sum()) < 32  # both sides occur
+    counter = SyncCounter()
+    with counter:
+        fast = mixed_scores_on_device(module.model, batch)
+    assert counter.seen == []
+    assert torch.allclose(fast, module.negative_scores(batch), atol=1e-6)

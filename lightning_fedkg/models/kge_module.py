@@ -114,6 +114,17 @@ def negative_loss_term(
     return negative_term
 
 
+def mixed_scores_on_device(model: KGEModel, batch: dict) -> Tensor:
+    """``[B, n]`` scores of a Bernoulli (``"mixed"``) batch without reading the head mask
+    back: every row scored on both sides, each keeping its own side's. Twice the scoring
+    of the CPU's row split, which needs the number of head rows on the host."""
+    positive, negatives = batch["positive"], batch["negatives"]
+    h, r, t = positive[:, 0], positive[:, 1], positive[:, 2]
+    tails = model.score_tails(h, r, negatives)
+    heads = model.score_heads(r, t, negatives)
+    return torch.where(batch["head_mask"].unsqueeze(1), heads, tails.to(heads.dtype))
+
+
 class KGEModule(EpochMeanLogging, L.LightningModule):
     """Trains ``build_model(model, ...)`` with negative sampling; ranks entities for val/test.
 
@@ -208,6 +219,8 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             return model.score_heads(r, t, negatives)
         if mode != "mixed":
             raise ValueError(f"batch mode must be 'tail', 'head' or 'mixed', got {mode!r}")
+        if positive.device.type != "cpu":
+            return mixed_scores_on_device(model, batch)
         # Score each row only on its own corruption side; shared negatives serve both sides.
         head_rows = batch["head_mask"].nonzero().squeeze(1)
         tail_rows = (~batch["head_mask"]).nonzero().squeeze(1)
