@@ -26,7 +26,8 @@ Runtime shims (the official code was written for numpy 1.x / torch 1.x on a GPU)
 its files is edited:
   * ``numpy.in1d`` (removed in numpy 2.4; ``TrainDataset.__getitem__`` calls it) is set to
     ``numpy.isin``, which takes the same arguments and returns the same mask;
-  * ``args.gpu`` is ``torch.device("cpu")`` (``main.py`` would build ``cuda:<gpu>``);
+  * ``args.gpu`` is ``torch.device(--device)`` (default ``cpu``; ``main.py`` would build
+    ``cuda:<gpu>``, which ``--device cuda`` gives);
   * ``args`` is an ``argparse.Namespace`` built here, because ``main.py``'s parser cannot
     express the run: ``--hidden_dim`` is ``type=float`` (``torch.zeros(n, 256.0)`` fails),
     ``--lr`` is ``type=int`` (``--lr 0.001`` is rejected; only its default is usable) and
@@ -112,6 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="time K test batches per client and extrapolate the full evaluation (0 = off)")
     p.add_argument("--eval-full", action="store_true", help="complete official test evaluation after the last round")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--device", default="cpu", help="the official code's args.gpu: cpu (default) or cuda")
     p.add_argument("--dim", type=int, default=256, help="embedding dim (FedE: 256); smaller only for smoke tests")
     p.add_argument("--local-epochs", type=int, default=3, help="E (FedE: 3)")
     p.add_argument("--seed", type=int, default=12345)
@@ -259,7 +261,7 @@ def main(argv=None) -> int:
     torch.manual_seed(a.seed)
     with open(pkl, "rb") as f:
         all_data = pickle.load(f)
-    oargs = official_args(a, torch.device("cpu"))
+    oargs = official_args(a, torch.device(a.device))
     oargs.num_client = len(all_data)
     t = time.perf_counter()
     learner = fede.FedE(oargs, all_data)

@@ -148,29 +148,14 @@ def test_secure_aggregation_on_flower_equals_in_process(tmp_path):
 
 
 # ---------------------------------------------------------------------- deployment
-def _deployed(tmp_path, *extra):
-    from lightning_fedkg.flower.deploy import up
-
-    return up(umls("federated.engine=flower", "federated.flower.mode=deployment", *extra), tmp_path / "run",
-              timeout=900)
-
-
-@pytest.mark.deployment
-def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
-    """Three SuperNode processes run FedE on UMLS. After round 1 is committed the server
-    side (the SuperLink and the ServerApp it started) is SIGKILLed; ``up`` on the same run
-    folder starts it again, resumes after round 1, and ends with the in-process numbers."""
-    pytest.importorskip("flwr")
+def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
+    """Run ``cfg`` as a localhost deployment (a SuperLink, one SuperNode per client folder)
+    and call ``after_round_1(deployment)`` from a thread once round 1 is committed."""
     import threading
 
-    from lightning_fedkg.flower.deploy import Deployment, key_for, up, write_app_project
+    from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
     from lightning_fedkg.flower.engine import client_config_text
 
-    secret = "deployment-test-secret"
-    settings = ["federated.rounds=3", f"federated.federation_key={secret}"]
-    local = run_federated(umls(*settings), tmp_path / "local")
-    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", *settings)
-    run_dir = (tmp_path / "run").resolve()
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
     key = key_for(cfg, folder)
@@ -179,20 +164,35 @@ def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
         for path in data:
             d.start_supernode(path.name, path, key, folder / "clients")
 
-        def kill_server():
+        def watch():
             while not list((run_dir / "checkpoints").glob("round_0001.json")):
                 time.sleep(0.2)
-            d.kill("superlink", signal.SIGKILL)
+            after_round_1(d)
 
-        threading.Thread(target=kill_server, daemon=True).start()
+        threading.Thread(target=watch, daemon=True).start()
         d.run(write_app_project(folder / "app"), {"fedkg-config": client_config_text(cfg), "run-dir": str(run_dir),
-                                                  "num-clients": 3, "resume": True}, timeout=900)
+                                                  "num-clients": len(data), "resume": True}, timeout=timeout)
+
+
+@pytest.mark.deployment
+def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
+    """Three SuperNode processes run FedE on UMLS. After round 1 is committed the server
+    side (the SuperLink and the ServerApp it started) is SIGKILLed; ``up`` on the same run
+    folder starts it again, resumes after round 1, and ends with the in-process numbers."""
+    pytest.importorskip("flwr")
+    from lightning_fedkg.flower.deploy import up
+
+    settings = ["federated.rounds=3", "federated.federation_key=deployment-test-secret"]
+    local = run_federated(umls(*settings), tmp_path / "local")
+    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", *settings)
+    run_dir = (tmp_path / "run").resolve()
+    _deployment(cfg, run_dir, lambda d: d.kill("superlink", signal.SIGKILL), timeout=900)
     assert not (run_dir / "metrics.json").is_file()
     committed = sorted(p.name for p in (run_dir / "checkpoints").glob("round_*.json"))
     assert committed and committed[-1] in ("round_0001.json", "round_0002.json")
     deployed = up(cfg, run_dir, timeout=900)
-    for key_ in ("test", "clients", "validation", "bytes_sent", "failures"):
-        assert deployed[key_] == local[key_], key_
+    for key in ("test", "clients", "validation", "bytes_sent", "failures"):
+        assert deployed[key] == local[key], key
     assert deployed["flower"]["mode"] == "deployment"
 
 
@@ -202,40 +202,28 @@ def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path)
     (federated.min_clients=2) and metrics.json names the failure. A SuperNode started for
     client_2 again, with changed data, is turned away at registration."""
     pytest.importorskip("flwr")
-    import threading
-
-    from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
-    from lightning_fedkg.flower.engine import client_config_text
-
     cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", "federated.rounds=4",
                "federated.min_clients=2", "federated.client_timeout=120")
     run_dir = (tmp_path / "run").resolve()
     folder = run_dir / "flower"
-    data = write_client_folders(cfg, folder / "data")
-    key = key_for(cfg, folder)
-    other = tmp_path / "other" / "client_2"
-    other.mkdir(parents=True)
-    for f in data[2].iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
-    (other / "train.txt").write_text("\n".join((other / "train.txt").read_text().splitlines()[:-5]) + "\n")
-    with Deployment(folder) as d:
-        d.start_superlink()
-        for path in data:
-            d.start_supernode(path.name, path, key, folder / "clients")
 
-        def kill_and_replace():
-            # After round 1 is committed, kill client_2's node; start one with other data.
-            while not list((run_dir / "checkpoints").glob("round_0001.json")):
-                time.sleep(0.5)
-            d.kill("client_2", signal.SIGKILL)
-            d.start_supernode("client_2_other", other, key, tmp_path / "other_work")
+    def kill_and_replace(d):
+        d.kill("client_2", signal.SIGKILL)
+        other = tmp_path / "other" / "client_2"  # client_2's folder with 5 triples fewer
+        other.mkdir(parents=True)
+        for f in (folder / "data" / "client_2").iterdir():
+            (other / f.name).write_bytes(f.read_bytes())
+        (other / "train.txt").write_text("\n".join((other / "train.txt").read_text().splitlines()[:-5]) + "\n")
+        d.start_supernode("client_2_other", other, folder / "federation.key", tmp_path / "other_work")
 
-        threading.Thread(target=kill_and_replace, daemon=True).start()
-        d.run(write_app_project(folder / "app"), {"fedkg-config": client_config_text(cfg), "run-dir": str(run_dir),
-                                                  "num-clients": 3, "resume": True}, timeout=1200)
+    _deployment(cfg, run_dir, kill_and_replace, timeout=1200)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["rounds"] == 4
     assert {f["party"] for f in metrics["failures"]} == {"client_2"}
-    assert metrics["clients"][2].get("failed") and metrics["test"]["mrr"] > 0.1
+    assert "could not go back" in metrics["clients"][2]["failed"]  # tested without it, as it is gone
+    # The two others kept training: validation (rounds 2 and 4) improves for each.
+    first, last = metrics["validation"][0], metrics["validation"][-1]
+    assert (first["round"], last["round"]) == (2, 4) and last["clients"]["client_2"] is None
+    assert all(last["clients"][c] > first["clients"][c] for c in ("client_0", "client_1"))
     rejected = metrics["flower"]["rejected"]
     assert rejected and rejected[0]["party"] == "client_2" and "differs from its registration" in rejected[0]["error"]
