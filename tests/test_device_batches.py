@@ -171,3 +171,21 @@ def test_mixed_batches_score_the_same_without_the_host_split(shared):
         fast = mixed_scores_on_device(module.model, batch)
     assert counter.seen == []
     assert torch.allclose(fast, module.negative_scores(batch), atol=1e-6)
+
+
+def test_heavy_rows_are_searched_and_the_mask_stays_exact(monkeypatch):
+    """Rows whose query has many known answers take the search path inside the CPU's index
+    method; the mask must still be the brute-force one."""
+    import lightning_fedkg.data.datamodule as datamodule
+
+    kg = load_kg("nations")
+    train = {tuple(t) for t in kg.triples("train").tolist()}
+    for factor in (0, 10**9):  # every row heavy; no row heavy
+        monkeypatch.setattr(datamodule, "HEAVY_ROW_FACTOR", factor)
+        dm = KGDataModule(kg, batch_size=64, num_negatives=8, negative_mode="shared", filter_negatives=True,
+                          corruption="both", filter_method="index", seed=5)
+        for b in islice(dm.train_dataloader(), 4):
+            head = b["mode"] == "head"
+            for i, (h, r, t) in enumerate(b["positive"].tolist()):
+                for j, e in enumerate(b["negatives"].tolist()):
+                    assert bool(b["negative_mask"][i, j]) == (((e, r, t) if head else (h, r, e)) not in train)
