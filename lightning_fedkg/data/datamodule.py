@@ -575,12 +575,11 @@ class KGDataModule(LightningDataModule):
         masked out of that row's loss instead (``kge_loss(negative_mask=...)``)."""
         if self._search_filter:
             return ~self.is_train_triple(positive, head_mask, negatives)
-        # The batch's known answers are few (the train CSR index gives them): mark them in
-        # a table through each entity's slot among the negatives (slot n: not a
+        # Most rows' queries have few known answers (the train CSR index gives them): mark
+        # them in a table through each entity's slot among the negatives (slot n: not a
         # negative) instead of testing all B x n pairs. An entity drawn twice gets one slot,
-        # which slot[negatives] hands to each of its positions.
-        # A row whose query has thousands of answers (a head query on a popular tail) is
-        # cheaper to search: n lookups instead of gathering every answer.
+        # which slot[negatives] hands to each of its positions. A row whose query has
+        # thousands (a head query on a popular tail) is searched: n lookups instead.
         batch, n = positive.shape[0], negatives.numel()
         heavy = self.train_index.answer_counts(positive, head_mask) > HEAVY_ROW_FACTOR * n
         any_heavy = bool(heavy.any())
