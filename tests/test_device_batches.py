@@ -107,16 +107,40 @@ def test_shared_masks_of_both_filter_methods_are_identical(corruption):
     assert masked > 0
 
 
-def test_to_device_keeps_cpu_streams_and_state_names_its_device():
+#: The first three batches of each sampler on Nations (seed 7, batch 64, 8 negatives, filtered),
+#: summarised as (sum of heads, position-weighted sum of negatives[, mask sum][, head rows]),
+#: computed with the code before batches moved to the device (commit 9d0c6ec): the CPU must
+#: keep drawing exactly those batches.
+CPU_BATCHES_BEFORE = {
+    "shared": [[376, 146, 342], [400, 192, 306], [364, 200, 334]],
+    "per_triple": [[376, 891268], [400, 926644], [364, 950338]],
+    "bernoulli": [[376, 902930, 25], [364, 893571, 33], [376, 878478, 36]],
+}
+
+
+@pytest.mark.parametrize("sampler", sorted(CPU_BATCHES_BEFORE))
+def test_cpu_batches_are_those_of_the_code_before_device_batches(sampler):
+    kwargs = {"shared": dict(negative_mode="shared", corruption="both"),
+              "per_triple": dict(negative_mode="per_triple", corruption="both"),
+              "bernoulli": dict(negative_sampler="bernoulli")}[sampler]
+    dm = KGDataModule(load_kg("nations"), batch_size=64, num_negatives=8, seed=7, filter_negatives=True, **kwargs)
+    seen = []
+    for b in islice(dm.train_dataloader(), 3):
+        negatives = b["negatives"].double()
+        weights = torch.arange(1, negatives.numel() + 1, dtype=torch.float64).view(negatives.shape)
+        row = [int(b["positive"][:, 0].sum()), int((negatives * weights).sum())]
+        row += [int(b[k].sum()) for k in ("negative_mask", "head_mask") if k in b]
+        seen.append(row)
+    assert seen == CPU_BATCHES_BEFORE[sampler]
+
+
+def test_sampler_state_names_its_device_and_restores():
     kg = load_kg("nations")
-    a = KGDataModule(kg, batch_size=16, num_negatives=4, seed=2)
-    b = KGDataModule(kg, batch_size=16, num_negatives=4, seed=2).to_device("cpu")
-    for x, y in zip(a.train_dataloader(), b.train_dataloader()):
-        assert torch.equal(x["positive"], y["positive"]) and torch.equal(x["negatives"], y["negatives"])
-    state = b.state_dict()
-    assert state["device"] == "cpu"
+    b = KGDataModule(kg, batch_size=16, num_negatives=4, seed=2)
+    assert b.to_device("cpu") is b and b.state_dict()["device"] == "cpu"
+    list(b.train_dataloader())
     c = KGDataModule(kg, batch_size=16, num_negatives=4, seed=9)
-    c.load_state_dict(state)
+    c.load_state_dict(b.state_dict())
     assert torch.equal(next(iter(c.train_dataloader()))["negatives"], next(iter(b.train_dataloader()))["negatives"])
 
 

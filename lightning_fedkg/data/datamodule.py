@@ -48,10 +48,10 @@ SAMPLERS = ("uniform", "bernoulli")
 NEGATIVE_MODES = ("per_triple", "shared")
 FILTER_METHODS = ("auto", "index", "search")
 #: With filter_method "index", a row whose query has more than this many times n known
-#: answers is searched (n lookups) instead of gathered. Measured over epochs of shared
-#: filtered negatives (n = 256): 8 takes R-10 client 4's loader from 1.83 to 1.45 ms per
-#: batch and leaves FB15k-237-Fed3 client 0's unchanged (1.16 ms); 2 made the latter 0.8 ms
-#: slower (many medium rows), 32 gained nothing on the former.
+#: answers is searched (n lookups) instead of gathered. scripts/bench_sampling.py
+#: --heavy-row-factors 8 32 1e9 (shared filtered negatives, n = 256): 8 takes R-10 client
+#: 4's loader from 2.4 to 1.9 ms per batch and leaves FB15k-237-Fed3 client 0's within the
+#: noise (1.2-1.4 ms); 32 gains nothing; 2 made the latter slower (many medium rows).
 HEAVY_ROW_FACTOR = 8
 EVAL_SIDES = ("tail", "both")
 VALID_FILTERS = ("all", "without_unlearn")

@@ -600,14 +600,20 @@ def write_fedlu_folder(fed: FederatedKG, path: str | Path,
     for c, kg in enumerate(fed.clients):
         out = root / str(c)
         out.mkdir(parents=True, exist_ok=True)
-        ent = ent_all[fed.entity_index[c].numpy()]
-        rel = rel_all[fed.relation_index[c].numpy()]
-        for name, table in (("entities.dict", ent), ("relations.dict", rel)):
-            (out / name).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(table)), encoding="utf-8")
         splits = {s: kg.triples(s) for s in kg.split_names}
         splits.update({s: per_client[c] for s, per_client in extra.items()})
-        write_named_splits(out, ent, rel, splits)
+        write_named_client(out, ent_all[fed.entity_index[c].numpy()], rel_all[fed.relation_index[c].numpy()], splits)
     return root
+
+
+def write_named_client(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:
+    """One client's ``entities.dict`` and ``relations.dict`` (``local id<TAB>name``) and its
+    named splits (:func:`write_named_splits`)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in (("entities.dict", entity_names), ("relations.dict", relation_names)):
+        (folder / name).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(table)), encoding="utf-8")
+    write_named_splits(folder, entity_names, relation_names, splits)
 
 
 def write_named_splits(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:

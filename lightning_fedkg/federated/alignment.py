@@ -29,16 +29,20 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["DIGEST_BYTES", "federation_key", "hash_names", "Alignment", "union_alignment", "pairwise_alignment"]
+__all__ = ["DIGEST_BYTES", "federation_secret", "federation_key", "hash_names", "Alignment", "union_alignment", "pairwise_alignment"]
 
 DIGEST_BYTES = 32
 
 
+def federation_secret(secret: str, seed: int) -> str:
+    """``secret`` when set, else one derived from the experiment seed (fine for simulation,
+    where every party is in one process; set a real secret otherwise)."""
+    return secret if secret else f"lightning_fedkg-federation-{int(seed)}"
+
+
 def federation_key(secret: str, seed: int) -> bytes:
-    """The clients' HMAC key: ``secret`` when set, else one derived from the experiment seed
-    (fine for simulation, where every party is in one process; set a real secret otherwise)."""
-    material = secret if secret else f"lightning_fedkg-federation-{int(seed)}"
-    return hashlib.sha256(material.encode()).digest()
+    """The clients' HMAC key, from :func:`federation_secret`."""
+    return hashlib.sha256(federation_secret(secret, seed).encode()).digest()
 
 
 def hash_names(names: Sequence[str], key: bytes) -> Tensor:

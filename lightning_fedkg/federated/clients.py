@@ -138,6 +138,4 @@ class LocalClients(ClientPool):
                 p.writer = None
 
     def close(self):
-        for p in self._parties:
-            if p.writer is not None:
-                p.writer.close()
+        self.mute()

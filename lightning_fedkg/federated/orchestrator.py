@@ -380,10 +380,7 @@ class FederatedRun:
 
     def close(self) -> None:
         self.channel.close()
-        central = getattr(self.server, "central", None)
-        for w in [self.writer, central.writer if central is not None else None]:
-            if w is not None:
-                w.close()
+        self.mute_writers()
         self.pool.close()
 
 

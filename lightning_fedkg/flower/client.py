@@ -23,9 +23,8 @@ server). A process that already holds state ``n`` in memory skips the reload. Th
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,9 @@ class ClientRuntime:
         self.counter = -1  # the state number the party in memory is at
 
     # ------------------------------------------------------------------ identity
+    @functools.cached_property
     def digest(self) -> str:
+        """The keyed digest of the folder (read once per process, as the KG was)."""
         from lightning_fedkg.federated.alignment import federation_key
 
         return data_digest(self.data_path, federation_key(self.secret, 0))
@@ -158,13 +159,13 @@ class ClientRuntime:
         kind = head["kind"]
         if kind == "hello":
             self.store_config(head["config"])
-            return {"name": self.name, "digest": self.digest()}, b""
+            return {"name": self.name, "digest": self.digest}, b""
         if kind == "reject":
             raise DataMismatchError(head["reason"])
-        if head.get("digest") != self.digest():
+        if head.get("digest") != self.digest:
             raise DataMismatchError(
                 f"{self.name}: the data in {self.data_path} is not the data this client registered with "
-                f"(digest {self.digest()[:16]}..., registered {str(head.get('digest'))[:16]}...); restart the "
+                f"(digest {self.digest[:16]}..., registered {str(head.get('digest'))[:16]}...); restart the "
                 f"SuperNode with its original data folder or start a new run")
         self.ready()
         self.pin(head.get("pin", []))

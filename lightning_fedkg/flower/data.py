@@ -23,10 +23,9 @@ import hmac
 import json
 from pathlib import Path
 
-import torch
 
-from lightning_fedkg.data.federated import write_named_splits
-from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph, read_named_triples
+from lightning_fedkg.data.federated import write_named_client
+from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph, _to_ids, read_named_triples
 
 __all__ = ["CLIENT_FILE", "write_client_folders", "load_client_folder", "data_digest", "read_key_file"]
 
@@ -52,10 +51,7 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
     for k, kg in enumerate(fkg.clients):
         folder = root / client_name(k)
         names = _item_names(kg, fkg, k)
-        folder.mkdir(parents=True, exist_ok=True)
-        for fname, items in (("entities.dict", names["entity"]), ("relations.dict", names["relation"])):
-            (folder / fname).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(items)), encoding="utf-8")
-        write_named_splits(folder, names["entity"], names["relation"], {s: kg.triples(s) for s in kg.split_names})
+        write_named_client(folder, names["entity"], names["relation"], {s: kg.triples(s) for s in kg.split_names})
         (folder / CLIENT_FILE).write_text(json.dumps({"name": client_name(k)}))
         folders.append(folder)
     done.write_text(stamp)
@@ -92,13 +88,15 @@ def load_client_folder(folder: str | Path) -> tuple[str, KnowledgeGraph, dict[st
     splits = {}
     for path in sorted(folder.glob("*.txt")):
         heads, rels, tails, lines = read_named_triples(path)
-        for column, vocab, kind in ((heads, e2i, "entity"), (rels, r2i, "relation"), (tails, e2i, "entity")):
-            missing = next((k for k, n in enumerate(column) if n not in vocab), None)
-            if missing is not None:
-                raise KGFormatError(f"{path}:{lines[missing]}: {kind} {column[missing]!r} is not in "
-                                    f"{'entities' if kind == 'entity' else 'relations'}.dict")
-        splits[path.stem] = torch.tensor([[e2i[h] for h in heads], [r2i[r] for r in rels], [e2i[t] for t in tails]],
-                                         dtype=torch.long).t().reshape(-1, 3).contiguous()
+        try:
+            splits[path.stem] = _to_ids(heads, rels, tails, e2i, r2i)
+        except KeyError:  # name the first unknown entry's file and line
+            for column, vocab, kind in ((heads, e2i, "entity"), (rels, r2i, "relation"), (tails, e2i, "entity")):
+                missing = next((k for k, n in enumerate(column) if n not in vocab), None)
+                if missing is not None:
+                    raise KGFormatError(f"{path}:{lines[missing]}: {kind} {column[missing]!r} is not in "
+                                        f"{'entities' if kind == 'entity' else 'relations'}.dict") from None
+            raise
     kg = KnowledgeGraph(splits, len(entities), len(relations), entities, relations, name=name)
     return name, kg, {"entity": entities, "relation": relations}
 

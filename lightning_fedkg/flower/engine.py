@@ -94,11 +94,10 @@ def write_key_file(secret: str, path: str | Path) -> Path:
 def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run ``cfg`` on Flower's simulation engine: a ServerApp in this process and one
     SuperNode per client (Ray workers), each ClientApp reading only its own folder."""
-    from flwr.clientapp import ClientApp  # noqa: F401  (flwr present: checked by require)
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from lightning_fedkg.federated.alignment import federation_key  # noqa: F401
+    from lightning_fedkg.federated.alignment import federation_secret
     from lightning_fedkg.flower.client import make_client_app
     from lightning_fedkg.flower.data import write_client_folders
 
@@ -107,8 +106,7 @@ def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) ->
     data = [str(p) for p in write_client_folders(cfg, folder / "data")]
     # In simulation the secret comes from the config (or the seed, as in-process); the
     # clients still read it from a file only they are given.
-    secret = cfg.federated.federation_key or f"lightning_fedkg-federation-{int(cfg.seed)}"
-    key_file = str(write_key_file(secret, folder / "federation.key"))
+    key_file = str(write_key_file(federation_secret(cfg.federated.federation_key, cfg.seed), folder / "federation.key"))
     work = str(folder / "clients")
     outcome: dict = {}
 

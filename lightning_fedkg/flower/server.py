@@ -27,7 +27,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.clients import ClientPool
@@ -181,7 +180,7 @@ class FlowerClients(ClientPool):
                  extra: dict | None = None) -> tuple[dict[str, tuple[dict, bytes]], dict[str, str]]:
         """Send each client its request (logging the download), collect answers (logging the uploads)."""
         self.refresh()
-        failures, requests, down_names = {}, {}, {}
+        failures, requests = {}, {}
         for name, message in messages.items():
             if name in self.unrestored and kind != "restore":
                 failures[name] = self.unrestored[name]
