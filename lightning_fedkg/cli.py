@@ -398,8 +398,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     per client, separate processes) runs the config; prints its table."""
     core = load_config(args.config, args.overrides, core_only=True)
     check_data_name(core)
-    run_dir = resolve_run_dir(core, args.out)
-    check_unlocked(run_dir)
+    run_dir = resolve_run_dir(core, args.out)  # up() waits for a previous server to let go of it
     cfg = load_config(args.config, [*args.overrides, "federated.engine=flower", "federated.flower.mode=deployment"])
     from lightning_fedkg.flower.deploy import up
 

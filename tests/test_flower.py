@@ -107,6 +107,32 @@ def test_flower_engine_is_for_server_client_methods():
         run_federated(umls("federated.engine=flower", "federated.flower.mode=deployment"), "/nonexistent/run")
 
 
+def test_a_restart_waits_for_the_previous_server_to_let_go_of_the_run(tmp_path):
+    """A killed server's ServerApp process outlives its SuperLink by a moment; ``up`` waits
+    for the run's lock instead of failing, and still refuses a run that stays busy."""
+    import subprocess
+    import sys
+
+    from lightning_fedkg.flower.deploy import wait_unlocked
+    from lightning_fedkg.rundir import LOCK_FILE, RunLockedError
+
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(float(sys.argv[2]))")
+    for seconds, timeout, released in ((1.5, 30.0, True), (30.0, 0.5, False)):
+        holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / LOCK_FILE), str(seconds)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        if released:
+            wait_unlocked(tmp_path, timeout=timeout)
+            assert 0.5 < time.monotonic() - start < timeout
+        else:
+            with pytest.raises(RunLockedError):
+                wait_unlocked(tmp_path, timeout=timeout)
+        holder.kill()
+        holder.wait()
+
+
 # ---------------------------------------------------------------------- simulation
 def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
     pytest.importorskip("flwr")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from lightning_fedkg.config import ExperimentConfig
 
-__all__ = ["Deployment", "free_port", "write_app_project", "up", "key_for"]
+__all__ = ["Deployment", "free_port", "write_app_project", "up", "key_for", "wait_unlocked"]
 
 APP_PYPROJECT = """\
 [build-system]
@@ -168,6 +168,24 @@ def key_for(cfg: ExperimentConfig, folder: Path, key_file: str | Path | None = N
     return path
 
 
+def wait_unlocked(run_dir: Path, timeout: float = 60.0) -> None:
+    """Wait until no process holds ``run_dir``'s lock, at most ``timeout`` seconds, then
+    raise :class:`~lightning_fedkg.rundir.RunLockedError`. A killed server's ServerApp
+    process outlives its SuperLink by a few seconds (Flower stops it when it notices its
+    parent gone), and a restart must not race it for the run."""
+    from lightning_fedkg.rundir import RunLockedError, check_unlocked
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            check_unlocked(run_dir)
+            return
+        except RunLockedError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+
+
 def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file: str | Path | None = None,
        port: int | None = None, timeout: float | None = None) -> dict:
     """Run ``cfg`` as a deployment on this machine and return its ``metrics.json``.
@@ -184,6 +202,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     require()
     check_flower_config(cfg)
     run_dir = Path(run_dir).resolve()
+    wait_unlocked(run_dir)
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
     key = key_for(cfg, folder, key_file)
