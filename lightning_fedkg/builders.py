@@ -55,9 +55,10 @@ def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **ove
 def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
                  module_class: type[KGEModule] = KGEModule, **extra) -> KGEModule:
     """A :class:`KGEModule` (or ``module_class``, a subclass that takes the ``extra`` keyword
-    arguments too) with the model and optimisation settings of ``cfg``."""
+    arguments too) with the model and optimisation settings of ``cfg`` (and its training
+    loss compiled when ``trainer.compile`` is set)."""
     m, t = cfg.model, cfg.train
-    return module_class(
+    module = module_class(
         model=m.name,
         num_entities=num_entities,
         num_relations=num_relations,
@@ -75,3 +76,5 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
         model_kwargs=m.options(),
         **extra,
     )
+    module.compile_training = cfg.trainer.compile
+    return module

@@ -419,9 +419,17 @@ def cmd_flower_split(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flower_worker(args: argparse.Namespace) -> int:
+    """``fedkg flower worker``: one client's long-lived worker beside its SuperNode."""
+    from lightning_fedkg.flower.worker import serve
+
+    serve({"data-path": args.data_path, "key-file": args.key_file, "work-dir": args.work_dir}, args.socket)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, audit, query, data stats,
-    flower up/split)."""
+    flower up/split/worker)."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
@@ -496,6 +504,14 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--out", required=True, help="folder for client_<k>/")
     split.add_argument("overrides", nargs="*", help="key=value overrides")
     split.set_defaults(func=cmd_flower_split)
+    worker = flower_sub.add_parser("worker", help="one client's long-lived worker beside its SuperNode (keeps the "
+                                                  "party in memory between messages)")
+    worker.add_argument("--data-path", required=True, help="the client's data folder (as its SuperNode's)")
+    worker.add_argument("--key-file", required=True, help="the federation-key file (as its SuperNode's)")
+    worker.add_argument("--work-dir", required=True, help="where the client keeps its states (as its SuperNode's)")
+    worker.add_argument("--socket", required=True, help="Unix socket to listen at; give the SuperNode "
+                                                        "--node-config \"... worker-socket='SOCKET'\"")
+    worker.set_defaults(func=cmd_flower_worker)
     return parser
 
 

@@ -230,6 +230,10 @@ class TrainerConfig:
     runs on an accelerator) leaves each client's module and optimizer state on the device
     between its ``fit``/``validate``/``test`` calls instead of Lightning's move back to CPU
     after each; turn it off when the clients together do not fit in device memory.
+    ``compile`` runs each training batch's score-and-loss through :func:`torch.compile`
+    (:meth:`lightning_fedkg.models.KGEModule.compiled`): the first batches of each shape
+    pay the compilation, fused kernels may round differently in the last bits, and the CPU
+    needs a C++ compiler.
     """
 
     accelerator: str = "auto"
@@ -239,6 +243,7 @@ class TrainerConfig:
     threads: int | None = field(default=None, metadata={"range": Range(min=1), "resume": "free"})
     deterministic: bool = False
     keep_on_device: bool = field(default=True, metadata={"resume": "free"})
+    compile: bool = field(default=False, metadata={"resume": "free"})
 
 
 @dataclass
@@ -255,6 +260,11 @@ class FlowerConfig:
     disconnects is a failure as soon as Flower reports it).
     ``keep_states``: how many of its latest states each client keeps on its own disk (what
     the server's checkpoints point to; states of a ``best`` set are kept apart).
+    ``client_workers``: a long-lived client worker beside each client
+    (:mod:`lightning_fedkg.flower.worker`) keeps the party in memory, where a deployment
+    otherwise starts a fresh ClientApp process per message that imports torch and rebuilds
+    it. ``None`` (the default): on for deployments (``fedkg flower up``), off in simulation,
+    whose Ray workers live for the whole run anyway.
     """
 
     mode: Literal["simulation", "deployment"] = field(default="simulation", metadata={"resume": "free"})
@@ -263,6 +273,7 @@ class FlowerConfig:
     reply_timeout: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
                                                                    "resume": "free"})
     keep_states: int = field(default=12, metadata={"range": Range(min=2), "resume": "free"})
+    client_workers: Optional[bool] = field(default=None, metadata={"resume": "free"})
 
 
 @dataclass

@@ -99,6 +99,45 @@ def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
         client.handle({"kind": "reject", "reason": "told"}, b"")
 
 
+def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_path):
+    """A ClientApp hands requests to its client worker (:mod:`lightning_fedkg.flower.worker`):
+    the answers are the worker's runtime's, its errors reach the ClientApp as the same
+    exceptions, a process without the federation key is refused, and a ClientApp whose
+    worker is not there is told so (``None``: it answers itself)."""
+    import threading
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from lightning_fedkg.flower.client import DataMismatchError
+    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.worker import forward, serve, worker_key
+
+    cfg = umls("federated.rounds=1")
+    folder = write_client_folders(cfg, tmp_path / "data")[1]
+    key = write_key_file("secret", tmp_path / "key")
+    paths = {"data-path": str(folder), "key-file": str(key), "work-dir": str(tmp_path / "work")}
+    sock = str(tmp_path / "w" / "c.sock")
+    assert forward(sock, str(key), {"kind": "hello"}, b"") is None  # nothing listens yet
+    worker = threading.Thread(target=serve, args=(paths, sock), kwargs={"max_requests": 3}, daemon=True)
+    worker.start()
+    while not Path(sock).exists():
+        time.sleep(0.05)
+    assert oct(Path(sock).stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(AuthenticationError):
+        Client(sock, family="AF_UNIX", authkey=worker_key("not the secret"))
+    answer, _ = forward(sock, str(key), {"kind": "hello", "run": "run1", "config": client_config_text(cfg)}, b"")
+    assert answer["name"] == "client_1"
+    answer, payload = forward(sock, str(key), {"kind": "stage", "stage": "align", "round": 0, "run": "run1",
+                                               "digest": answer["digest"]}, b"")
+    assert answer["state"] == 0 and payload
+    with pytest.raises(DataMismatchError, match="told"):
+        forward(sock, str(key), {"kind": "reject", "run": "run1", "reason": "told"}, b"")
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    rows = [json.loads(x) for x in (tmp_path / "work" / "run1" / "client_1" / "messages.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["role"]) for r in rows] == [("hello", "worker"), ("stage", "worker")]
+
+
 def test_flower_engine_is_for_server_client_methods():
     with pytest.raises(ConfigError, match="runs server-client strategies"):
         run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.engine=flower"]),
@@ -141,8 +180,10 @@ def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_pa
     first = run_federated(umls("federated.rounds=2", *flower_cfg), tmp_path / "flower")
     assert first["rounds"] == 2 and first["flower"]["clients"] == ["client_0", "client_1", "client_2"]
     # A second ServerApp resumes after round 2: the clients go back to the states the
-    # checkpoint of round 2 points to (they have since answered the test of round 2).
-    resumed = run_federated(umls("federated.rounds=3", *flower_cfg), tmp_path / "flower")
+    # checkpoint of round 2 points to (they have since answered the test of round 2). It
+    # runs with client workers: fresh processes that start from those states on disk.
+    resumed = run_federated(umls("federated.rounds=3", "federated.flower.client_workers=true", *flower_cfg),
+                            tmp_path / "flower")
     assert resumed["rounds"] == 3
     for key in ("test", "clients", "validation", "bytes_sent", "alignment_bytes", "failures"):
         assert resumed[key] == local[key], key
@@ -156,6 +197,11 @@ def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_pa
 
     state = load_party(sorted((tmp_path / "flower" / "checkpoints").glob("round_*.json"))[-1], manifest, "client_1")
     assert set(state) == {"remote"} and isinstance(state["remote"], int)
+    # Round 3 was answered by the workers, rounds 1-2 by the ClientApps themselves.
+    rows = [json.loads(x) for x in next((tmp_path / "flower" / "flower" / "clients").glob("*/client_0"))
+            .joinpath("messages.jsonl").read_text().splitlines()]
+    assert {r["role"] for r in rows if r["round"] == 3} == {"worker"}
+    assert {r["role"] for r in rows if r["round"] == 1} == {"clientapp"}
 
 
 def test_secure_aggregation_on_flower_equals_in_process(tmp_path):
@@ -175,8 +221,8 @@ def test_secure_aggregation_on_flower_equals_in_process(tmp_path):
 
 # ---------------------------------------------------------------------- deployment
 def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
-    """Run ``cfg`` as a localhost deployment (a SuperLink, one SuperNode per client folder)
-    and call ``after_round_1(deployment)`` from a thread once round 1 is committed."""
+    """Run ``cfg`` as a localhost deployment (a SuperLink, one SuperNode and client worker
+    per client folder) and call ``after_round_1(deployment)`` from a thread once round 1 is committed."""
     import threading
 
     from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
@@ -188,7 +234,7 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
     with Deployment(folder) as d:
         d.start_superlink()
         for path in data:
-            d.start_supernode(path.name, path, key, folder / "clients")
+            d.start_client(path.name, path, key, folder / "clients", worker=cfg.federated.flower.client_workers)
 
         def watch():
             while not list((run_dir / "checkpoints").glob("round_0001.json")):
@@ -235,6 +281,7 @@ def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path)
 
     def kill_and_replace(d):
         d.kill("client_2", signal.SIGKILL)
+        d.kill("client_2-worker", signal.SIGKILL)
         other = tmp_path / "other" / "client_2"  # client_2's folder with 5 triples fewer
         other.mkdir(parents=True)
         for f in (folder / "data" / "client_2").iterdir():

@@ -9,9 +9,17 @@ federated.engine=flower``) and a deployment with a SuperLink and one SuperNode p
 organisation (``fedkg flower up``, :mod:`.deploy`).
 
 This package imports Flower only where it uses it, so ``import lightning_fedkg.flower``
-works without the extra (and says how to install it when a run needs it).
+works without the extra (and says how to install it when a run needs it). Importing it
+imports nothing heavy either: a ClientApp process that hands its messages to a client
+worker (:mod:`.worker`) needs neither torch nor Lightning.
 """
 
-from lightning_fedkg.flower.engine import FlowerEngine, FlowerNotInstalledError, require
-
 __all__ = ["FlowerEngine", "FlowerNotInstalledError", "require"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from lightning_fedkg.flower import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,15 +24,18 @@ server). A process that already holds state ``n`` in memory skips the reload. Th
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from lightning_fedkg.flower.data import data_digest, load_client_folder, read_key_file
 from lightning_fedkg.flower.wire import pack, unpack
 
-__all__ = ["ClientRuntime", "DataMismatchError", "handle", "make_client_app", "client_app"]
+__all__ = ["ClientRuntime", "DataMismatchError", "answer_request", "handle", "make_client_app", "client_app"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -56,6 +59,7 @@ class ClientRuntime:
         self.state_dir = self.dir / "states"
         self.half = None
         self.counter = -1  # the state number the party in memory is at
+        self.spent: dict[str, float] = {}  # seconds of this message's build / load / save
 
     # ------------------------------------------------------------------ identity
     @functools.cached_property
@@ -76,8 +80,12 @@ class ClientRuntime:
         write_atomic(self.config_path, lambda f: f.write(text.encode("utf-8")))
 
     # ------------------------------------------------------------------ the party
+    def _timed(self, what: str, start: float) -> None:
+        self.spent[what] = self.spent.get(what, 0.0) + time.perf_counter() - start
+
     def build(self) -> None:
         """The party and half the in-process run builds for this client (same seeds)."""
+        start = time.perf_counter()
         import lightning as L
 
         from lightning_fedkg.config import config_from_yaml_text
@@ -101,6 +109,7 @@ class ClientRuntime:
         party = build_party(cfg, task, self.name, self.kg, self.names, run_dir=self.dir)
         self.half = client_half(party, strategy)
         self.counter = -1
+        self._timed("build", start)
 
     def latest(self) -> int:
         """The newest saved state number, or -1."""
@@ -123,16 +132,19 @@ class ClientRuntime:
     def load(self, number: int, weights_only: bool) -> None:
         from lightning_fedkg.federated.checkpoint import load_checkpoint, restore_rng
 
+        start = time.perf_counter()
         state = load_checkpoint(self.state_path(number))
         self.half.party.load_state_dict(state["party"], weights_only=weights_only)
         self.half.load_state_dict(state["half"])
         if not weights_only:
             restore_rng(state["rng"])
+        self._timed("load", start)
 
     def save(self) -> int:
         """Save the party as the next state number; drop the oldest beyond ``keep_states``."""
         from lightning_fedkg.federated.checkpoint import capture_rng, save_atomic
 
+        start = time.perf_counter()
         number = max(self.latest(), self.counter) + 1
         self.state_dir.mkdir(parents=True, exist_ok=True)
         save_atomic({"party": self.half.party.state_dict(), "half": self.half.state_dict(), "rng": capture_rng()},
@@ -141,6 +153,7 @@ class ClientRuntime:
         keep = self.cfg.federated.flower.keep_states
         for old in sorted(self.state_dir.glob("*.pt"))[:-keep]:
             old.unlink(missing_ok=True)
+        self._timed("save", start)
         return number
 
     def pin(self, numbers: list[int]) -> None:
@@ -151,6 +164,19 @@ class ClientRuntime:
             source = self.state_dir / f"{int(n):08d}.pt"
             if source.is_file() and not (pinned / source.name).is_file():
                 shutil.copyfile(source, pinned / source.name)
+
+    def record(self, head: dict, seconds: float, role: str) -> None:
+        """Append where this message's time went to ``<client>/messages.jsonl`` (the
+        process and its ``role``: ``clientapp`` or ``worker``, seconds since it started,
+        build / load / work / save seconds and the total), so a run's overhead can be read
+        apart from its training."""
+        if not self.dir.is_dir():
+            return
+        row = {"kind": head["kind"], "stage": head.get("stage", ""), "round": head.get("round", 0), "pid": os.getpid(),
+               "role": role, "process_age": round(time.time() - _process_start(), 3), "total": round(seconds, 4),
+               **{k: round(v, 4) for k, v in self.spent.items()}}
+        with open(self.dir / "messages.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
 
     # ------------------------------------------------------------------ requests
     def handle(self, head: dict, payload: bytes) -> tuple[dict, bytes]:
@@ -178,10 +204,23 @@ class ClientRuntime:
             return {"state": self.save()}, b""
         if kind != "stage":
             raise ValueError(f"unknown request kind {kind!r}")
+        start = time.perf_counter()
         reply = self.half.handle(head["stage"], message, int(head["round"]))
+        self._timed("work", start)
         reply = reply if reply is not None else Message()
         number = self.save()
         return {"state": number}, (b"" if reply.is_empty() else encode(reply))
+
+
+def _process_start() -> float:
+    """When this process started (epoch seconds; Linux ``/proc``, else now)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def runtime(data_path: str, key_file: str, work_dir: str, run_id: str) -> ClientRuntime:
@@ -192,27 +231,44 @@ def runtime(data_path: str, key_file: str, work_dir: str, run_id: str) -> Client
     return _RUNTIMES[key]
 
 
-def handle(message, paths: dict[str, str]):
-    """Answer one Flower ``message`` for the client whose ``data-path``, ``key-file`` and
-    ``work-dir`` are ``paths``."""
-    from flwr.app import Message
-
-    head, payload = unpack(message.content)
+def answer_request(head: dict, payload: bytes, paths: dict[str, str], role: str = "clientapp") -> tuple[dict, bytes]:
+    """``(answer, reply)`` of one request for the client whose ``data-path``, ``key-file``
+    and ``work-dir`` are ``paths``, in this process (``role``: a ClientApp's or a worker's)."""
+    start = time.perf_counter()
     client = runtime(paths["data-path"], paths["key-file"], paths["work-dir"], head["run"])
     if head["kind"] == "hello":
         client.half = None  # a (re)registration: rebuild from the config it brings
+    client.spent = {}
     answer, reply = client.handle(head, payload)
-    return Message(content=pack(answer, reply), reply_to=message)
+    client.record(head, time.perf_counter() - start, role)
+    return answer, reply
+
+
+def handle(message, paths: dict[str, str]):
+    """Answer one Flower ``message``: through the client worker when ``paths`` names its
+    ``worker-socket`` and it listens (:mod:`.worker`), else in this process."""
+    from flwr.app import Message
+
+    head, payload = unpack(message.content)
+    result = None
+    if paths.get("worker-socket"):
+        from lightning_fedkg.flower.worker import forward
+
+        result = forward(paths["worker-socket"], paths["key-file"], head, payload)
+    if result is None:
+        result = answer_request(head, payload, paths)
+    return Message(content=pack(*result), reply_to=message)
 
 
 def node_paths(context: Any) -> dict[str, str]:
-    """The three paths of a SuperNode's ``--node-config``, checked."""
+    """The three paths of a SuperNode's ``--node-config``, checked, and its client worker's
+    ``worker-socket`` when it has one (:mod:`.worker`)."""
     cfg = dict(context.node_config)
     missing = [k for k in ("data-path", "key-file", "work-dir") if not cfg.get(k)]
     if missing:
         raise ValueError(f"this SuperNode's --node-config lacks {missing}: start it with "
                          f"--node-config \"data-path='…' key-file='…' work-dir='…'\"")
-    return {k: str(cfg[k]) for k in ("data-path", "key-file", "work-dir")}
+    return {k: str(cfg[k]) for k in ("data-path", "key-file", "work-dir", "worker-socket") if cfg.get(k)}
 
 
 def make_client_app(paths_of=node_paths):

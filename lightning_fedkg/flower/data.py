@@ -22,10 +22,10 @@ import hashlib
 import hmac
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-
-from lightning_fedkg.data.federated import write_named_client
-from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph, _to_ids, read_named_triples
+if TYPE_CHECKING:  # torch is imported where a folder is loaded, not by a ClientApp that forwards
+    from lightning_fedkg.data.kg import KnowledgeGraph
 
 __all__ = ["CLIENT_FILE", "write_client_folders", "load_client_folder", "data_digest", "read_key_file"]
 
@@ -37,6 +37,7 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
 
     Reused when complete (a ``COMPLETE`` marker with the data settings it was written for).
     """
+    from lightning_fedkg.data.federated import write_named_client
     from lightning_fedkg.federated.party import _item_names, load_federated_kg
     from lightning_fedkg.federated.strategy import client_name
 
@@ -59,6 +60,8 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
 
 
 def _read_dict(path: Path) -> list[str]:
+    from lightning_fedkg.data.kg import KGFormatError
+
     names = []
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -71,12 +74,14 @@ def _read_dict(path: Path) -> list[str]:
     return names
 
 
-def load_client_folder(folder: str | Path) -> tuple[str, KnowledgeGraph, dict[str, list[str]]]:
+def load_client_folder(folder: str | Path) -> tuple[str, "KnowledgeGraph", dict[str, list[str]]]:
     """``(client name, KG, {"entity": names, "relation": names})`` of a client folder.
 
     Ids follow ``entities.dict`` / ``relations.dict``; a triple naming something they lack is
     an error with its file and line.
     """
+    from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph, _to_ids, read_named_triples
+
     folder = Path(folder)
     if not (folder / CLIENT_FILE).is_file():
         raise FileNotFoundError(f"{folder} is not a client data folder (no {CLIENT_FILE}); "

@@ -3,7 +3,8 @@ separate OS processes started with Flower's own commands (``fedkg flower up``).
 
 Each SuperNode is given its client's data folder, the path of the federation-key file
 (never the key itself: a command line shows in ``ps``) and a work folder, in its
-``--node-config``; the run is submitted with ``flwr run`` from an app project written
+``--node-config``, and, unless ``federated.flower.client_workers=false``, the socket
+of a client worker started beside it with the same paths (:mod:`.worker`); the run is submitted with ``flwr run`` from an app project written
 under the run folder (components :mod:`.apps`, runtime dependency installation off, the
 SuperLink connection in its own ``FLWR_HOME``). Logs go to ``<run>/flower/logs/``.
 
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,6 +94,7 @@ class Deployment:
         self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "PYTHONUNBUFFERED": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
+        self._sockets: Path | None = None  # a private folder for the client workers' sockets
 
     def _start(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
@@ -116,12 +119,35 @@ class Deployment:
             time.sleep(0.2)
         raise TimeoutError(f"flower-superlink did not listen on port {self.port} within {timeout} s")
 
-    def start_supernode(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path) -> None:
-        """``flower-supernode`` of one client, with its three paths as node config."""
+    def start_worker(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path) -> str:
+        """A client worker (:mod:`.worker`) for one client, process ``<name>-worker``; waits
+        until it listens and returns its socket (short: a Unix socket path has ~100 bytes)."""
+        from lightning_fedkg.flower.worker import wait_listening, worker_command
+
+        if self._sockets is None:
+            self._sockets = Path(tempfile.mkdtemp(prefix="fedkg-"))
+        path = str(self._sockets / f"{name}.sock")
+        paths = {"data-path": str(data_path), "key-file": str(key_file), "work-dir": str(work_dir)}
+        proc = self._start(f"{name}-worker", worker_command(paths, path))
+        wait_listening(proc, path, self.logs / f"{name}-worker.log")
+        return path
+
+    def start_supernode(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path,
+                        worker_socket: str | None = None) -> None:
+        """``flower-supernode`` of one client, with its three paths (and its worker's socket)
+        as node config."""
         config = f"data-path='{Path(data_path).resolve()}' key-file='{Path(key_file).resolve()}' " \
                  f"work-dir='{Path(work_dir).resolve()}'"
+        if worker_socket:
+            config += f" worker-socket='{worker_socket}'"
         self._start(name, [*_flower_command("flower-supernode"), "--insecure", "--superlink",
                            f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", config])
+
+    def start_client(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path,
+                     worker: bool = True) -> None:
+        """One organisation's side: its client worker (unless ``worker`` is false) and SuperNode."""
+        socket_path = self.start_worker(name, data_path, key_file, work_dir) if worker else None
+        self.start_supernode(name, data_path, key_file, work_dir, socket_path)
 
     def run(self, app: str | Path, run_config: dict, timeout: float | None = None) -> int:
         """``flwr run APP --stream`` with ``run_config`` (a TOML file); the exit status."""
@@ -137,7 +163,9 @@ class Deployment:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to a process and the processes it started."""
-        proc = self.procs.pop(name)
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -147,6 +175,8 @@ class Deployment:
     def close(self) -> None:
         for name in list(self.procs):
             self.kill(name, signal.SIGTERM)
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
 
     def __enter__(self) -> "Deployment":
         return self
@@ -211,7 +241,8 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     with Deployment(folder, port) as d:
         d.start_superlink()
         for path in data:
-            d.start_supernode(path.name, path, key, folder / "clients")
+            d.start_client(path.name, path, key, folder / "clients", worker=cfg.federated.flower.client_workers
+                           is not False)
         status = d.run(app, {"fedkg-config": client_config_text(cfg), "run-dir": str(run_dir),
                              "num-clients": len(data), "resume": bool(resume)}, timeout=timeout)
     metrics = run_dir / "metrics.json"

@@ -15,10 +15,12 @@ one SuperNode per client on this machine; ``deployment`` is a run submitted to a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_fingerprint
@@ -119,19 +121,49 @@ def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) ->
         except BaseException as err:  # handed to the caller below, not lost in Flower's thread
             outcome["error"] = err
 
-    def paths_of(context) -> dict[str, str]:
-        k = int(context.node_config["partition-id"])
-        return {"data-path": data[k], "key-file": key_file, "work-dir": work}
+    paths = [{"data-path": d, "key-file": key_file, "work-dir": work} for d in data]
+    with contextlib.ExitStack() as stack:
+        if cfg.federated.flower.client_workers:  # off by default: Ray's workers live the whole run
+            sockets = stack.enter_context(tempfile.TemporaryDirectory(prefix="fedkg-"))
+            for k, p in enumerate(paths):
+                p["worker-socket"] = stack.enter_context(client_worker(p, f"{sockets}/{k}.sock", folder / "logs"))
 
-    # Each worker sets its torch threads from trainer.threads when it builds its client.
-    run_simulation(server_app=server_app, client_app=make_client_app(paths_of), num_supernodes=len(data),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": max(len(data), 1), "include_dashboard": False}})
+        def paths_of(context) -> dict[str, str]:
+            return paths[int(context.node_config["partition-id"])]
+
+        # Each process sets its torch threads from trainer.threads when it builds its client.
+        run_simulation(server_app=server_app, client_app=make_client_app(paths_of), num_supernodes=len(data),
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": max(len(data), 1), "include_dashboard": False}})
     if "error" in outcome:
         raise outcome["error"]
     if "metrics" not in outcome:
         raise RuntimeError("the Flower simulation ended without the server's result (see the log above)")
     return outcome["metrics"]
+
+
+@contextlib.contextmanager
+def client_worker(paths: dict[str, str], socket_path: str, logs: Path):
+    """A client worker process for ``paths`` (:mod:`.worker`), listening at ``socket_path``
+    while the block runs; yields the socket path."""
+    import subprocess
+
+    from lightning_fedkg.flower.worker import wait_listening, worker_command
+
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{Path(paths['data-path']).name}-worker.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(worker_command(paths, socket_path), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_listening(proc, socket_path, log_path)
+        yield socket_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def check_flower_config(cfg: ExperimentConfig) -> None:

@@ -253,6 +253,22 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             loss = loss + term()
         return loss
 
+    #: Run the training losses through :func:`torch.compile` (``trainer.compile``).
+    compile_training: bool = False
+
+    def compiled(self, name: str):
+        """The loss method ``name`` (``training_loss``, or a subclass's other loss of one
+        batch), through :func:`torch.compile` when :attr:`compile_training` is set, compiled
+        once per module; else the method itself. The score-and-loss path is where a step's
+        many small element-wise kernels are that compilation fuses."""
+        method = getattr(self, name)
+        if not self.compile_training:
+            return method
+        cache = self.__dict__.setdefault("_compiled_losses", {})  # not a submodule, not saved
+        if name not in cache:
+            cache[name] = torch.compile(method)
+        return cache[name]
+
     @staticmethod
     def step_batches(batch: dict | list[dict]) -> list[dict]:
         """The batches of one Lightning step: a batch, or a list of them (``batches_per_step``)."""
@@ -262,8 +278,9 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         # Manual optimisation: one Adam step per batch of the group, through Lightning's
         # optimizer wrapper (so precision plugins still scale and unscale).
         optimizer = self.optimizers()
+        training_loss = self.compiled("training_loss")
         for one in self.step_batches(batch):
-            loss = self.training_loss(one)
+            loss = training_loss(one)
             optimizer.zero_grad()
             self.manual_backward(loss)
             optimizer.step()

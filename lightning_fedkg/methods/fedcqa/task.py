@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_fedkg.config import ConfigError
 from lightning_fedkg.data.query_sets import graph_query_sets
 from lightning_fedkg.federated.tasks import Task
 from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
@@ -68,6 +69,9 @@ class QueryAnswering(Task):
     config_class = QueryTaskConfig
 
     def build_module(self, cfg, kg):
+        if cfg.trainer.compile:
+            raise ConfigError("trainer.compile compiles the link-prediction (KGE) training losses; the query "
+                              "encoders are not compiled: leave trainer.compile=false for task query_answering")
         tc = cfg.task
         options = {"gqe": {"gamma": tc.gamma}, "q2p": {"particles": tc.particles, "heads": tc.heads,
                                                         "dropout": tc.dropout}, "tree_lstm": {}}[tc.encoder]

@@ -207,13 +207,14 @@ class DistillationModule(KGEModule):
 
     def training_step(self, batch: dict | list[dict], batch_idx: int) -> None:
         local_opt, global_opt = self.optimizers()
+        local_loss, avatar_loss = self.compiled("training_loss"), self.compiled("global_loss")
         for one in self.step_batches(batch):
             size = one["positive"].shape[0]
-            loss = self.training_loss(one)
+            loss = local_loss(one)
             local_opt.zero_grad()
             self.manual_backward(loss)
             local_opt.step()
-            global_loss = self.global_loss(one)
+            global_loss = avatar_loss(one)
             global_opt.zero_grad()
             # Only the avatar's tensors get gradients: the shared relations stay the local step's.
             self.manual_backward(global_loss, inputs=self.avatar_parameters())

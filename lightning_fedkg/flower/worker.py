@@ -1,0 +1,157 @@
+"""A long-lived client process beside a SuperNode: the party stays in memory between messages.
+
+In a deployment Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message
+(its SuperExec has no long-lived ClientApp mode), and each such process would import
+torch, Lightning and PyG and rebuild its party from its data folder and last saved state.
+A *client worker* is one process per organisation, started beside its SuperNode with the
+same three paths (``fedkg flower worker``; ``fedkg flower up`` starts one per client),
+that holds the :class:`~.client.ClientRuntime`. The ClientApp process, told the worker's
+socket by its node config (``worker-socket``), hands each message's head and payload to the
+worker and returns its answer; it imports neither torch nor our models.
+
+The hand-over is a Unix socket on the same machine, through the standard library's
+:mod:`multiprocessing.connection` (an HMAC challenge with a key derived from the
+federation secret, so only a process that can read the key file connects; the socket's
+folder is the owner's only). Flower hands tasks to its own prestarted workers the same
+way. Nothing crosses the network that did not before, and the worker reads only what the
+ClientApp would have read.
+
+The worker is a speed-up, never a requirement: a ClientApp that cannot reach it handles
+the message itself, from the same state files on disk (:meth:`.client.ClientRuntime.ready`
+reloads whatever the other process saved).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["worker_key", "forward", "serve", "worker_command", "wait_listening", "WorkerError"]
+
+log = logging.getLogger("lightning_fedkg")
+
+
+class WorkerError(RuntimeError):
+    """The worker failed the request (its message says how)."""
+
+
+def worker_key(secret: str) -> bytes:
+    """The key of the socket's challenge: derived from the federation secret, never the secret."""
+    return hmac.new(secret.encode("utf-8"), b"lightning_fedkg client worker", hashlib.sha256).digest()
+
+
+def forward(socket_path: str, key_file: str, head: dict, payload: bytes) -> tuple[dict, bytes] | None:
+    """The worker's ``(answer, reply)`` for one request, or ``None`` when no worker listens
+    at ``socket_path`` (the caller then handles the request itself). A request the worker
+    failed raises :class:`WorkerError`, or :class:`~.client.DataMismatchError` for other data."""
+    from multiprocessing.connection import Client
+
+    from lightning_fedkg.flower.data import read_key_file
+
+    try:
+        connection = Client(socket_path, family="AF_UNIX", authkey=worker_key(read_key_file(key_file)))
+    except (FileNotFoundError, ConnectionRefusedError) as err:
+        log.warning("flower: no client worker at %s (%s); this process handles the message", socket_path, err)
+        return None
+    with connection:
+        connection.send_bytes(json.dumps(head).encode("utf-8"))
+        connection.send_bytes(payload)
+        answer = json.loads(connection.recv_bytes())
+        reply = connection.recv_bytes()
+    if "error" in answer:
+        from lightning_fedkg.flower.client import DataMismatchError
+
+        kind = DataMismatchError if answer.get("type") == "DataMismatchError" else WorkerError
+        raise kind(answer["error"])
+    return answer["answer"], reply
+
+
+def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | None = None) -> None:
+    """Answer requests for the client whose ``data-path``, ``key-file`` and ``work-dir`` are
+    ``paths`` at ``socket_path``, one at a time, until stopped (or after ``max_requests``)."""
+    from multiprocessing.connection import Listener
+
+    from lightning_fedkg.flower.data import read_key_file
+
+    socket_path = Path(socket_path)
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(socket_path.parent, 0o700)
+    socket_path.unlink(missing_ok=True)
+    key = worker_key(read_key_file(paths["key-file"]))
+    served = 0
+    with Listener(str(socket_path), family="AF_UNIX", authkey=key) as listener:
+        os.chmod(socket_path, 0o600)
+        # Bound and listening before the heavy imports: a request waits in the backlog.
+        from lightning_fedkg.flower.client import answer_request
+
+        log.info("flower: client worker for %s listening at %s", paths["data-path"], socket_path)
+        while max_requests is None or served < max_requests:
+            try:
+                connection = listener.accept()
+            except Exception as err:  # noqa: BLE001 - a failed challenge must not stop the worker
+                log.warning("flower: client worker refused a connection: %s", err)
+                continue
+            with connection:
+                try:
+                    head = json.loads(connection.recv_bytes())
+                    payload = connection.recv_bytes()
+                except (EOFError, OSError, ValueError) as err:
+                    log.warning("flower: client worker lost a request: %s", err)
+                    continue
+                try:
+                    answer, reply = answer_request(head, payload, paths, role="worker")
+                    out = {"answer": answer}
+                except Exception as err:  # noqa: BLE001 - the ClientApp re-raises it for Flower to report
+                    log.exception("flower: client worker failed a %s request", head.get("kind"))
+                    out, reply = {"error": f"{type(err).__name__}: {err}", "type": type(err).__name__}, b""
+                try:
+                    connection.send_bytes(json.dumps(out).encode("utf-8"))
+                    connection.send_bytes(reply)
+                except OSError as err:  # the ClientApp process is gone; its state is saved all the same
+                    log.warning("flower: client worker could not answer: %s", err)
+            served += 1
+
+
+def worker_command(paths: dict[str, str], socket_path: str) -> list[str]:
+    """The command line of a worker for ``paths`` listening at ``socket_path`` (this Python)."""
+    return [sys.executable, "-m", "lightning_fedkg.flower.worker", "--data-path", str(Path(paths["data-path"]).resolve()),
+            "--key-file", str(Path(paths["key-file"]).resolve()), "--work-dir", str(Path(paths["work-dir"]).resolve()),
+            "--socket", socket_path]
+
+
+def wait_listening(proc: subprocess.Popen, socket_path: str, log_path: str | Path, timeout: float = 120.0) -> None:
+    """Wait until the worker ``proc`` listens at ``socket_path``; raise if it exits first or
+    does not within ``timeout`` seconds (its log says why)."""
+    end = time.monotonic() + timeout
+    while not Path(socket_path).exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"a client worker exited (status {proc.returncode}); see {log_path}")
+        if time.monotonic() > end:
+            raise TimeoutError(f"a client worker did not listen at {socket_path} within {timeout} s; see {log_path}")
+        time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lightning_fedkg.flower.worker`` (what ``fedkg flower worker`` runs)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fedkg flower worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-path", required=True, help="this client's data folder (as the SuperNode's)")
+    parser.add_argument("--key-file", required=True, help="the federation-key file (as the SuperNode's)")
+    parser.add_argument("--work-dir", required=True, help="where the client keeps its states (as the SuperNode's)")
+    parser.add_argument("--socket", required=True, help="the Unix socket to listen at (the SuperNode's worker-socket)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    serve({"data-path": args.data_path, "key-file": args.key_file, "work-dir": args.work_dir}, args.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
