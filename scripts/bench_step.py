@@ -68,7 +68,9 @@ def main() -> int:
     k = dm.batches_per_step
     n = min(args.batches, dm.num_train_batches) // k * k  # whole groups of train.batches_per_step
     party.trainer.limit_train_batches = n // k
-    party.fit(1)  # warm-up: indexes, the fixed epoch if any, the device copy of the module
+    start = time.perf_counter()
+    party.fit(1)  # warm-up: indexes, the fixed epoch if any, the device copy, the compilation if any
+    warm_up = time.perf_counter() - start
     device = module.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -129,7 +131,13 @@ def main() -> int:
                "batches": n, "threads": args.threads, "device": str(device),
                "dim": cfg.model.dim, "batch_size": cfg.train.batch_size, "num_negatives": cfg.train.num_negatives,
                "negative_mode": cfg.train.negative_mode, "fixed_negatives": cfg.train.fixed_negatives, "batches_per_step": k,
-               "precision": cfg.trainer.precision, "compile": cfg.trainer.compile, "overrides": args.overrides}
+               "precision": cfg.trainer.precision, "compile": cfg.trainer.compile, "overrides": args.overrides,
+               "warm_up_seconds": round(warm_up, 2)}
+    if cfg.trainer.compile:  # what dynamo captured: graphs, and breaks (none, or the compile is partial)
+        from torch._dynamo.utils import counters
+
+        setting["dynamo_graphs"] = counters["stats"]["unique_graphs"]
+        setting["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     print(" ".join(f"{k}={v}" for k, v in setting.items() if k != "overrides"))
     for mode, ms in result.items():
         print(f"{mode:>12}: {ms:8.2f} ms per batch")

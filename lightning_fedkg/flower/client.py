@@ -18,7 +18,9 @@ its party, half and RNG as state number ``n`` (``<work-dir>/<run id>/<client>/st
 ``n``; the server's checkpoints point to those numbers (the weights never reach the
 server). A process that already holds state ``n`` in memory skips the reload. The newest
 ``federated.flower.keep_states`` states are kept, plus those the server pins for its
-``best`` set.
+``best`` set. With a client worker (:mod:`.worker`, ``worker-socket`` in the node config)
+the ClientApp process only hands the request over: the worker's process holds the party.
+Every message appends where its time went to ``<client>/messages.jsonl``.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class ClientRuntime:
         self.state_dir = self.dir / "states"
         self.half = None
         self.counter = -1  # the state number the party in memory is at
-        self.spent: dict[str, float] = {}  # seconds of this message's build / load / save
+        self.spent: dict[str, float] = {}  # seconds of this message's build / load / work / save
 
     # ------------------------------------------------------------------ identity
     @functools.cached_property
