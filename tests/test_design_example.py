@@ -105,7 +105,9 @@ def finish(proc: subprocess.Popen) -> str:
 
 def test_design_example_task_stage_and_client_state_survive_a_sigkill(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    table = finish(launch(tmp_path, reference))
+    uninterrupted = launch(tmp_path, reference)  # side by side with the run to interrupt
+    killed_at = kill_after_first_round(launch(tmp_path, interrupted), interrupted)
+    table = finish(uninterrupted)
     expected = json.loads((reference / "metrics.json").read_text())
     # The task's metrics and table; the extra evaluation stage's answers in every client entry.
     assert set(expected["test"]) == {"mrr", "hits@3", "count"}
@@ -113,7 +115,6 @@ def test_design_example_task_stage_and_client_state_survive_a_sigkill(tmp_path):
     assert expected["best_round"] == ROUNDS  # validation improved every round: the best state is the last
     assert [c["fits"] for c in expected["clients"]] == [ROUNDS] * 3  # every client trained every round
 
-    killed_at = kill_after_first_round(launch(tmp_path, interrupted), interrupted)
     assert 1 <= killed_at < ROUNDS and not (interrupted / "metrics.json").exists()
     finish(launch(tmp_path, interrupted))
     resumed = json.loads((interrupted / "metrics.json").read_text())

@@ -2,11 +2,13 @@
 equal the in-process run.
 
 The fast tests check the pieces without Flower's processes. One simulation test (Flower's
-simulation engine on Ray, about a minute) runs FedE on UMLS for 2 rounds, resumes it to 3
-(a new ServerApp that restores the clients to the states its checkpoint points to) and
-compares every number with the in-process run of 3 rounds. The deployment tests (real
-SuperLink and SuperNode processes, minutes each) are marked ``deployment`` and run by
-``.ci/run`` after the suite: ``pytest -m deployment``.
+simulation engine on Ray, about a minute) runs FedE with secure aggregation on UMLS for 2
+rounds, resumes it to 3
+(a new ServerApp, with client workers, that restores the clients to the states its
+checkpoint points to) and compares every number with the in-process run of 3 rounds. The
+deployment tests (real SuperLink, SuperNode and client-worker processes, minutes each) are
+marked ``deployment`` and left out of the default run (``addopts``); the README gives
+their command: ``pytest -m deployment tests/test_flower.py``.
 """
 
 import json
@@ -110,7 +112,8 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
 
     from lightning_fedkg.flower.client import DataMismatchError
     from lightning_fedkg.flower.engine import client_config_text, write_key_file
-    from lightning_fedkg.flower.worker import forward, serve, worker_key
+    from lightning_fedkg.flower.client import forward, worker_key
+    from lightning_fedkg.flower.worker import serve
 
     cfg = umls("federated.rounds=1")
     folder = write_client_folders(cfg, tmp_path / "data")[1]
@@ -173,10 +176,15 @@ def test_a_restart_waits_for_the_previous_server_to_let_go_of_the_run(tmp_path):
 
 
 # ---------------------------------------------------------------------- simulation
-def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
+def test_simulation_with_secure_aggregation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
+    """FedE with secure aggregation: every stage, the ``sa_*`` ones too, crosses as a Flower
+    message, and a client's round secrets (kept on its own disk between messages: any Ray
+    worker may serve the next one) survive from the key stage to the unmasking. The masks
+    cancel and every number is the in-process run's, across a resume."""
     pytest.importorskip("flwr")
-    local = run_federated(umls("federated.rounds=3"), tmp_path / "local")
-    flower_cfg = ["federated.engine=flower"]
+    secure = "federated.secure_aggregation.enabled=true"
+    local = run_federated(umls("federated.rounds=3", secure), tmp_path / "local")
+    flower_cfg = ["federated.engine=flower", secure]
     first = run_federated(umls("federated.rounds=2", *flower_cfg), tmp_path / "flower")
     assert first["rounds"] == 2 and first["flower"]["clients"] == ["client_0", "client_1", "client_2"]
     # A second ServerApp resumes after round 2: the clients go back to the states the
@@ -189,6 +197,8 @@ def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_pa
         assert resumed[key] == local[key], key
     # Flower's framing makes the wire a little heavier than our bytes alone, never lighter.
     assert resumed["wire_bytes"] > local["wire_bytes"]
+    stages = {json.loads(line)["name"] for line in (tmp_path / "flower" / "channel_log.jsonl").read_text().splitlines()}
+    assert {"sa_keys", "sa_shares", "sa_unmask"} <= stages
     registration = json.loads((tmp_path / "flower" / "flower" / "registration.json").read_text())
     assert sorted(registration) == ["client_0", "client_1", "client_2"]
     # Nothing of a client's weights is on the server's side: its checkpoints point to states.
@@ -202,21 +212,6 @@ def test_simulation_equals_in_process_and_resumes_with_the_clients_states(tmp_pa
             .joinpath("messages.jsonl").read_text().splitlines()]
     assert {r["role"] for r in rows if r["round"] == 3} == {"worker"}
     assert {r["role"] for r in rows if r["round"] == 1} == {"clientapp"}
-
-
-def test_secure_aggregation_on_flower_equals_in_process(tmp_path):
-    """Every secure-aggregation stage crosses as a Flower message, and a client's round
-    secrets (kept on its own disk between messages: any Ray worker may serve the next
-    one) survive from the key stage to the unmasking: the masks cancel, the numbers are
-    the in-process ones."""
-    pytest.importorskip("flwr")
-    settings = ["federated.rounds=2", "federated.secure_aggregation.enabled=true"]
-    local = run_federated(umls(*settings), tmp_path / "local")
-    flower = run_federated(umls(*settings, "federated.engine=flower"), tmp_path / "flower")
-    for key in ("test", "clients", "validation", "bytes_sent", "failures"):
-        assert flower[key] == local[key], key
-    stages = {json.loads(line)["name"] for line in (tmp_path / "flower" / "channel_log.jsonl").read_text().splitlines()}
-    assert {"sa_keys", "sa_shares", "sa_unmask"} <= stages
 
 
 # ---------------------------------------------------------------------- deployment

@@ -82,10 +82,11 @@ def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, extra):
     script.write_text(SCRIPT)
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
 
-    finish(launch(script, reference, extra))
-
+    # The reference and the run to interrupt are independent: they run side by side.
+    uninterrupted = launch(script, reference, extra)
     killed_at = kill_after_first_round(launch(script, interrupted, extra), interrupted)
     assert 1 <= killed_at < ROUNDS and not (interrupted / "metrics.json").exists()
+    finish(uninterrupted)
 
     finish(launch(script, interrupted, extra))
 

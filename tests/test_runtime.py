@@ -225,9 +225,13 @@ sys.exit(status)
 
 
 def test_deterministic_single_kg_runs_are_bit_identical(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     outputs = []
-    for name in ("a", "b"):
-        proc = python(FIT, KGE_CONFIG, str(tmp_path / name), "trainer.deterministic=true")
+    with ThreadPoolExecutor(2) as pool:  # two processes side by side: one thread each
+        procs = list(pool.map(lambda name: python(FIT, KGE_CONFIG, str(tmp_path / name), "trainer.deterministic=true"),
+                              ("a", "b")))
+    for name, proc in zip(("a", "b"), procs):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "THREADS 1 True" in proc.stdout
         assert "INFO lightning_fedkg.runtime: threads: 1 (trainer.deterministic)\n" in proc.stderr

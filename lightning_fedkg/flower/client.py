@@ -26,6 +26,8 @@ Every message appends where its time went to ``<client>/messages.jsonl``.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -37,7 +39,8 @@ from typing import Any
 from lightning_fedkg.flower.data import data_digest, load_client_folder, read_key_file
 from lightning_fedkg.flower.wire import pack, unpack
 
-__all__ = ["ClientRuntime", "DataMismatchError", "answer_request", "handle", "make_client_app", "client_app"]
+__all__ = ["ClientRuntime", "DataMismatchError", "WorkerError", "answer_request", "forward", "worker_key", "handle",
+           "make_client_app", "client_app"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -233,6 +236,38 @@ def runtime(data_path: str, key_file: str, work_dir: str, run_id: str) -> Client
     return _RUNTIMES[key]
 
 
+class WorkerError(RuntimeError):
+    """The worker failed the request (its message says how)."""
+
+
+def worker_key(secret: str) -> bytes:
+    """The key of the socket's challenge: derived from the federation secret, never the secret."""
+    return hmac.new(secret.encode("utf-8"), b"lightning_fedkg client worker", hashlib.sha256).digest()
+
+
+def forward(socket_path: str, key_file: str, head: dict, payload: bytes) -> tuple[dict, bytes] | None:
+    """The worker's ``(answer, reply)`` for one request, or ``None`` when no worker listens
+    at ``socket_path`` (the caller then handles the request itself). A request the worker
+    failed raises :class:`WorkerError`, or :class:`DataMismatchError` for other data (the
+    worker's side is :func:`.worker.serve`)."""
+    from multiprocessing.connection import Client
+
+    try:
+        connection = Client(socket_path, family="AF_UNIX", authkey=worker_key(read_key_file(key_file)))
+    except (FileNotFoundError, ConnectionRefusedError) as err:
+        log.warning("flower: no client worker at %s (%s); this process handles the message", socket_path, err)
+        return None
+    with connection:
+        connection.send_bytes(json.dumps(head).encode("utf-8"))
+        connection.send_bytes(payload)
+        answer = json.loads(connection.recv_bytes())
+        reply = connection.recv_bytes()
+    if "error" in answer:
+        kind = DataMismatchError if answer.get("type") == "DataMismatchError" else WorkerError
+        raise kind(answer["error"])
+    return answer["answer"], reply
+
+
 def answer_request(head: dict, payload: bytes, paths: dict[str, str], role: str = "clientapp") -> tuple[dict, bytes]:
     """``(answer, reply)`` of one request for the client whose ``data-path``, ``key-file``
     and ``work-dir`` are ``paths``, in this process (``role``: a ClientApp's or a worker's)."""
@@ -254,8 +289,6 @@ def handle(message, paths: dict[str, str]):
     head, payload = unpack(message.content)
     result = None
     if paths.get("worker-socket"):
-        from lightning_fedkg.flower.worker import forward
-
         result = forward(paths["worker-socket"], paths["key-file"], head, payload)
     if result is None:
         result = answer_request(head, payload, paths)

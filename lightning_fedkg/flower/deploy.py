@@ -3,10 +3,11 @@ separate OS processes started with Flower's own commands (``fedkg flower up``).
 
 Each SuperNode is given its client's data folder, the path of the federation-key file
 (never the key itself: a command line shows in ``ps``) and a work folder, in its
-``--node-config``, and, unless ``federated.flower.client_workers=false``, the socket
-of a client worker started beside it with the same paths (:mod:`.worker`); the run is submitted with ``flwr run`` from an app project written
-under the run folder (components :mod:`.apps`, runtime dependency installation off, the
-SuperLink connection in its own ``FLWR_HOME``). Logs go to ``<run>/flower/logs/``.
+``--node-config``, and, unless ``federated.flower.client_workers=false``, the socket of
+a client worker started beside it with the same paths (:mod:`.worker`). The run is
+submitted with ``flwr run`` from an app project written under the run folder
+(components :mod:`.apps`, runtime dependency installation off, the SuperLink connection
+in its own ``FLWR_HOME``). Logs go to ``<run>/flower/logs/``.
 
 This is also what an organisation runs on its own machine, with TLS instead of
 ``--insecure`` (README, "Running across organisations").

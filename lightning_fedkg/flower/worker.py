@@ -16,15 +16,13 @@ folder is the owner's only). Flower hands tasks to its own prestarted workers th
 way. Nothing crosses the network that did not before, and the worker reads only what the
 ClientApp would have read.
 
-The worker is a speed-up, never a requirement: a ClientApp that cannot reach it handles
-the message itself, from the same state files on disk (:meth:`.client.ClientRuntime.ready`
+The ClientApp's side of the hand-over is :func:`.client.forward`. The worker is a
+speed-up, never a requirement: a ClientApp that cannot reach it handles the message itself, from the same state files on disk (:meth:`.client.ClientRuntime.ready`
 reloads whatever the other process saved).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -33,44 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["worker_key", "forward", "serve", "worker_command", "wait_listening", "WorkerError"]
+__all__ = ["serve", "worker_command", "wait_listening"]
 
 log = logging.getLogger("lightning_fedkg")
-
-
-class WorkerError(RuntimeError):
-    """The worker failed the request (its message says how)."""
-
-
-def worker_key(secret: str) -> bytes:
-    """The key of the socket's challenge: derived from the federation secret, never the secret."""
-    return hmac.new(secret.encode("utf-8"), b"lightning_fedkg client worker", hashlib.sha256).digest()
-
-
-def forward(socket_path: str, key_file: str, head: dict, payload: bytes) -> tuple[dict, bytes] | None:
-    """The worker's ``(answer, reply)`` for one request, or ``None`` when no worker listens
-    at ``socket_path`` (the caller then handles the request itself). A request the worker
-    failed raises :class:`WorkerError`, or :class:`~.client.DataMismatchError` for other data."""
-    from multiprocessing.connection import Client
-
-    from lightning_fedkg.flower.data import read_key_file
-
-    try:
-        connection = Client(socket_path, family="AF_UNIX", authkey=worker_key(read_key_file(key_file)))
-    except (FileNotFoundError, ConnectionRefusedError) as err:
-        log.warning("flower: no client worker at %s (%s); this process handles the message", socket_path, err)
-        return None
-    with connection:
-        connection.send_bytes(json.dumps(head).encode("utf-8"))
-        connection.send_bytes(payload)
-        answer = json.loads(connection.recv_bytes())
-        reply = connection.recv_bytes()
-    if "error" in answer:
-        from lightning_fedkg.flower.client import DataMismatchError
-
-        kind = DataMismatchError if answer.get("type") == "DataMismatchError" else WorkerError
-        raise kind(answer["error"])
-    return answer["answer"], reply
 
 
 def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | None = None) -> None:
@@ -78,6 +41,7 @@ def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | No
     ``paths`` at ``socket_path``, one at a time, until stopped (or after ``max_requests``)."""
     from multiprocessing.connection import Listener
 
+    from lightning_fedkg.flower.client import answer_request, worker_key
     from lightning_fedkg.flower.data import read_key_file
 
     socket_path = Path(socket_path)
@@ -88,9 +52,6 @@ def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | No
     served = 0
     with Listener(str(socket_path), family="AF_UNIX", authkey=key) as listener:
         os.chmod(socket_path, 0o600)
-        # Bound and listening before the heavy imports: a request waits in the backlog.
-        from lightning_fedkg.flower.client import answer_request
-
         log.info("flower: client worker for %s listening at %s", paths["data-path"], socket_path)
         while max_requests is None or served < max_requests:
             try:
