@@ -229,7 +229,8 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
     with Deployment(folder) as d:
         d.start_superlink()
         for path in data:
-            d.start_client(path.name, path, key, folder / "clients", worker=cfg.federated.flower.client_workers)
+            d.start_client(path.name, path, key, folder / "clients", worker=cfg.federated.flower.client_workers
+                           is not False)
 
         def watch():
             while not list((run_dir / "checkpoints").glob("round_0001.json")):

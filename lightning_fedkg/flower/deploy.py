@@ -163,14 +163,22 @@ class Deployment:
             self.procs.pop("run", None)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to a process and the processes it started."""
+        """Send ``sig`` to a process and every process it started: its process group, and
+        its descendants in sessions of their own (the SuperLink starts its SuperExec so,
+        which starts the ServerApp; a group kill alone would leave them running)."""
         proc = self.procs.pop(name, None)
         if proc is None:
             return
+        tree = _descendants(proc.pid)  # before the kill: orphans are re-parented
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         proc.wait()
 
     def close(self) -> None:
@@ -184,6 +192,23 @@ class Deployment:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(entry.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def key_for(cfg: ExperimentConfig, folder: Path, key_file: str | Path | None = None) -> Path:
@@ -201,9 +226,10 @@ def key_for(cfg: ExperimentConfig, folder: Path, key_file: str | Path | None = N
 
 def wait_unlocked(run_dir: Path, timeout: float = 60.0) -> None:
     """Wait until no process holds ``run_dir``'s lock, at most ``timeout`` seconds, then
-    raise :class:`~lightning_fedkg.rundir.RunLockedError`. A killed server's ServerApp
-    process outlives its SuperLink by a few seconds (Flower stops it when it notices its
-    parent gone), and a restart must not race it for the run."""
+    raise :class:`~lightning_fedkg.rundir.RunLockedError`. When only the SuperLink process
+    dies, its ServerApp outlives it (Flower stops it once it notices: seen to take from a
+    few seconds to over a minute), and a restart must not race it for the run; when the
+    coordinator's machine dies, nothing is left to wait for."""
     from lightning_fedkg.rundir import RunLockedError, check_unlocked
 
     end = time.monotonic() + timeout
