@@ -11,14 +11,15 @@ worker and returns its answer; it imports neither torch nor our models.
 
 The hand-over is a Unix socket on the same machine, through the standard library's
 :mod:`multiprocessing.connection` (an HMAC challenge with a key derived from the
-federation secret, so only a process that can read the key file connects; the socket's
-folder is the owner's only). Flower hands tasks to its own prestarted workers the same
+federation secret, so only a process that can read the key file connects; the socket is
+the owner's only, and so is its folder when the worker creates it). Flower hands tasks to its own prestarted workers the same
 way. Nothing crosses the network that did not before, and the worker reads only what the
 ClientApp would have read.
 
 The ClientApp's side of the hand-over is :func:`.client.forward`. The worker is a
-speed-up, never a requirement: a ClientApp that cannot reach it handles the message itself, from the same state files on disk (:meth:`.client.ClientRuntime.ready`
-reloads whatever the other process saved).
+speed-up, never a requirement: a ClientApp that cannot reach it handles the message
+itself, from the same state files on disk (:meth:`.client.ClientRuntime.ready` reloads
+whatever the other process saved).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | No
     from lightning_fedkg.flower.data import read_key_file
 
     socket_path = Path(socket_path)
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(socket_path.parent, 0o700)
+    if not socket_path.parent.is_dir():  # a folder of its own is the owner's only; a given one is left as it is
+        socket_path.parent.mkdir(parents=True, mode=0o700)
     socket_path.unlink(missing_ok=True)
     key = worker_key(read_key_file(paths["key-file"]))
     served = 0
