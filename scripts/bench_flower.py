@@ -91,7 +91,9 @@ def client_breakdown(run_dir: Path, rounds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-c", "--config", required=True)
+    parser.add_argument("-c", "--config")
+    parser.add_argument("--breakdown", nargs="+", metavar="RUN_DIR",
+                        help="only print client_breakdown (and the overhead per round) of finished Flower runs")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="trainer.threads of every process")
     parser.add_argument("--modes", nargs="+", default=["local", "simulation", "deployment"])
@@ -99,6 +101,15 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    if args.breakdown:
+        for run_dir in map(Path, args.breakdown):
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+            row = client_breakdown(run_dir, metrics["rounds"])
+            row["overhead_per_round"] = metrics["seconds"] / metrics["rounds"] - row["client_compute_per_round"]
+            print(json.dumps({"run": str(run_dir), "seconds_per_round": metrics["seconds"] / metrics["rounds"], **row}))
+        return
+    if not args.config:
+        parser.error("-c/--config is required (unless --breakdown)")
     # One secret for every mode: the alignment's order of rows depends on it, so equal
     # secrets give equal numbers (the MRR column checks that the modes ran the same thing).
     overrides = [f"federated.rounds={args.rounds}", f"federated.eval_every={args.rounds}",
