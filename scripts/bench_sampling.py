@@ -8,16 +8,14 @@ the train triples among the negatives (``train.filter_method``-like constructor 
 ``filter_method``): ``index`` (the batch's few known answers from the train CSR index,
 the CPU default) and ``search`` (every candidate looked up in the sorted train keys with
 fixed shapes, what an accelerator runs: no host synchronisation), under ``--threads``
-torch threads and on ``--device``; ``index`` once per ``--heavy-row-factors`` value
-(``HEAVY_ROW_FACTOR``: rows with more known answers than that times n are searched; a
-huge value turns it off). The runs are interleaved ``--repeats`` times, so a busy moment
-of the machine does not land on one method only. Nothing is trained.
+torch threads and on ``--device``. The runs are interleaved ``--repeats`` times, so a busy
+moment of the machine does not land on one method only. Nothing is trained.
 
     python scripts/bench_sampling.py --threads 1
     python scripts/bench_sampling.py --threads 1 -c configs/fede/fb15k237_fed3_fede.yaml --client 0
     python scripts/bench_sampling.py --threads 1 train.negative_mode=per_triple
     python scripts/bench_sampling.py --device cuda
-    python scripts/bench_sampling.py --threads 1 --batches 120 --repeats 2 --heavy-row-factors 8 32 1e9
+    python scripts/bench_sampling.py --threads 1 --batches 120 --repeats 3
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--heavy-row-factors", type=float, nargs="+", default=[8.0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -57,13 +54,9 @@ def main() -> int:
     cfg = load_config(args.config, args.overrides)
     kg = load_federated_kg(cfg).clients[args.client]
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    import lightning_fedkg.data.datamodule as datamodule
 
-    ways = [("index", f) for f in args.heavy_row_factors] + [("search", None)]
     for _ in range(args.repeats):
-        for method, factor in ways:
-            if factor is not None:
-                datamodule.HEAVY_ROW_FACTOR = factor
+        for method in ("index", "search"):
             dm = build_datamodule(kg, cfg, seed=0)
             dm.filter_method = method
             dm.to_device(args.device)
@@ -73,9 +66,8 @@ def main() -> int:
             batches = sum(1 for _ in islice(dm.train_dataloader(), args.batches))
             sync()
             ms = (time.perf_counter() - start) / batches * 1000
-            label = method if factor is None else f"{method} (heavy rows > {factor:g} n)"
             print(f"client {args.client} ({kg.num_entities} entities), {args.threads} thread(s), {args.device}, "
-                  f"{cfg.train.negative_mode}, {label}: {ms:.3f} ms per batch "
+                  f"{cfg.train.negative_mode}, {method}: {ms:.3f} ms per batch "
                   f"({batches} batches of {cfg.train.batch_size} x {cfg.train.num_negatives})")
     return 0
 

@@ -47,12 +47,6 @@ CORRUPTIONS = ("tail", "head", "both")
 SAMPLERS = ("uniform", "bernoulli")
 NEGATIVE_MODES = ("per_triple", "shared")
 FILTER_METHODS = ("auto", "index", "search")
-#: With filter_method "index", a row whose query has more than this many times n known
-#: answers is searched (n lookups) instead of gathered. scripts/bench_sampling.py
-#: --heavy-row-factors 8 32 1e9 (shared filtered negatives, n = 256): 8 takes R-10 client
-#: 4's loader from 2.4 to 1.9 ms per batch and leaves FB15k-237-Fed3 client 0's within the
-#: noise (1.2-1.4 ms); 32 gains nothing; 2 made the latter slower (many medium rows).
-HEAVY_ROW_FACTOR = 8
 EVAL_SIDES = ("tail", "both")
 VALID_FILTERS = ("all", "without_unlearn")
 
@@ -92,6 +86,7 @@ class FilterIndex:
         head_query = pack_keys((rel_, t_), (r, n))
         order = torch.sort(pack_keys((head_query, h_), (r * n, n))).indices
         self._head = self._csr(head_query[order], h_[order])
+        self._rows: tuple[Tensor, Tensor] | None = None  # built by row_answers on first use
 
     @staticmethod
     def _csr(query_keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -110,28 +105,41 @@ class FilterIndex:
         found = keys[pos] == query
         start = offsets[pos]
         count = torch.where(found, offsets[pos + 1] - start, torch.zeros_like(start))
-        total = int(count.sum())
-        row = torch.repeat_interleave(torch.arange(query.numel()), count, output_size=total)
-        # answer k of the output is values[start[row] + (k - first output of its row)]
-        shift = torch.repeat_interleave(start - (torch.cumsum(count, 0) - count), count, output_size=total)
-        return row, values[shift + torch.arange(total)]
+        return _expand(values, start, count)
 
-    @staticmethod
-    def _count(index: tuple[Tensor, Tensor, Tensor], query: Tensor) -> Tensor:
-        keys, offsets, _ = index
+    def _query_rows(self, index: tuple[Tensor, Tensor, Tensor], query: Tensor, first: int, none: int) -> Tensor:
+        keys = index[0]
         if keys.numel() == 0:
-            return torch.zeros_like(query)
+            return torch.full_like(query, none)
         pos = searchsorted(keys, query).clamp_(max=keys.numel() - 1)
-        return torch.where(keys[pos] == query, offsets[pos + 1] - offsets[pos], torch.zeros_like(query))
+        return torch.where(keys[pos] == query, pos + first, torch.full_like(pos, none))
 
-    def answer_counts(self, triples: Tensor, head_side: Tensor) -> Tensor:
-        """``[B]``: how many true answers each row's query has: its head query ``(?, r, t)``
-        where ``head_side``, else its tail query ``(h, r, ?)``."""
+    def query_rows(self, triples: Tensor, head_side: Tensor) -> Tensor:
+        """``[B]``: the row of each triple's query among all queries of the index — its head
+        query ``(?, r, t)`` where ``head_side``, else its tail query ``(h, r, ?)`` — for
+        :meth:`row_answers`. Tail queries come first, then head queries; a query with no
+        true answer gets the empty row at the end. Equal queries get equal rows."""
         n, r = self.num_entities, self.num_relations
+        num_tail = self._tail[0].numel()
+        none = num_tail + self._head[0].numel()
         any_head, all_head = bool(head_side.any()), bool(head_side.all())
-        tails = None if all_head else self._count(self._tail, pack_keys((triples[:, 0], triples[:, 1]), (n, r)))
-        heads = None if not any_head else self._count(self._head, pack_keys((triples[:, 1], triples[:, 2]), (r, n)))
+        tails = None if all_head else self._query_rows(
+            self._tail, pack_keys((triples[:, 0], triples[:, 1]), (n, r)), 0, none)
+        heads = None if not any_head else self._query_rows(
+            self._head, pack_keys((triples[:, 1], triples[:, 2]), (r, n)), num_tail, none)
         return tails if heads is None else heads if tails is None else torch.where(head_side, heads, tails)
+
+    def row_answers(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """The true answers of the queries ``rows`` (from :meth:`query_rows`) as
+        (position in ``rows``, entity) pairs."""
+        if self._rows is None:  # both sides' answers in one CSR, plus the empty row
+            tail_offsets, head_offsets = self._tail[1], self._head[1]
+            offsets = torch.cat([tail_offsets, head_offsets[1:] + tail_offsets[-1]])
+            offsets = torch.cat([offsets, offsets[-1:]])
+            self._rows = offsets, torch.cat([self._tail[2], self._head[2]])
+        offsets, values = self._rows
+        start = offsets[rows]
+        return _expand(values, start, offsets[rows + 1] - start)
 
     def tail_answers(self, heads: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
         """All true tails of the queries ``(heads[i], relations[i], ?)`` as (row, entity) pairs."""
@@ -163,6 +171,15 @@ class FilterIndex:
 
     def __len__(self) -> int:
         return self.triple_keys.numel()
+
+
+def _expand(values: Tensor, start: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    """``(row, values[start[row] + k])`` for ``k < count[row]``: the CSR slices of each row."""
+    total = int(count.sum())
+    row = torch.repeat_interleave(torch.arange(start.numel()), count, output_size=total)
+    # answer k of the output is values[start[row] + (k - first output of its row)]
+    shift = torch.repeat_interleave(start - (torch.cumsum(count, 0) - count), count, output_size=total)
+    return row, values[shift + torch.arange(total)]
 
 
 def sorted_contains(sorted_keys: Tensor, query: Tensor) -> Tensor:
@@ -575,30 +592,22 @@ class KGDataModule(LightningDataModule):
         masked out of that row's loss instead (``kge_loss(negative_mask=...)``)."""
         if self._search_filter:
             return ~self.is_train_triple(positive, head_mask, negatives)
-        # Most rows' queries have few known answers (the train CSR index gives them): mark
-        # them in a table through each entity's slot among the negatives (slot n: not a
-        # negative) instead of testing all B x n pairs. An entity drawn twice gets one slot,
-        # which slot[negatives] hands to each of its positions. A row whose query has
-        # thousands (a head query on a popular tail) is searched: n lookups instead.
-        batch, n = positive.shape[0], negatives.numel()
-        heavy = self.train_index.answer_counts(positive, head_mask) > HEAVY_ROW_FACTOR * n
-        any_heavy = bool(heavy.any())
-        if any_heavy:
-            light = (~heavy).nonzero().flatten()
-            rows, cols = self._forbidden_pairs(positive[light], head_mask[light])
-            rows = light[rows]
-        else:
-            rows, cols = self._forbidden_pairs(positive, head_mask)
+        # Mark each distinct query's known answers (the train CSR index gives them) in a
+        # table through each entity's slot among the negatives (slot n: not a negative),
+        # instead of testing all B x n pairs. Distinct queries, because a popular one (a
+        # head query on a frequent tail, thousands of answers) recurs dozens of times in a
+        # batch. An entity drawn twice gets one slot, which slot[negatives] hands to each
+        # of its positions.
+        queries, inverse = torch.unique(self.train_index.query_rows(positive, head_mask), return_inverse=True)
+        rows, cols = self.train_index.row_answers(queries)
+        n = negatives.numel()
         slot = torch.full((self.num_entities,), n, dtype=torch.long)
         slot[negatives] = torch.arange(n)
         # Built transposed: gathering whole rows of it is several times faster than
-        # gathering columns of a [B, n + 1] table.
-        allowed = torch.ones(n + 1, batch, dtype=torch.bool)
+        # gathering columns of a [queries, n + 1] table.
+        allowed = torch.ones(n + 1, queries.numel(), dtype=torch.bool)
         allowed[slot[cols], rows] = False
-        mask = allowed[slot[negatives]].t().contiguous()
-        if any_heavy:
-            mask[heavy] = ~self.is_train_triple(positive[heavy], head_mask[heavy], negatives)
-        return mask
+        return allowed[slot[negatives]].t().contiguous()[inverse]
 
     def make_batch(self, positive: Tensor, mode: str, weight: Tensor | None = None,
                    generator: torch.Generator | None = None) -> dict:
