@@ -94,20 +94,20 @@ def negative_loss_term(
     """``[B]`` negative part of :func:`kge_loss`: ``−Σ_j p_j log σ(−s_neg_j)`` with
     self-adversarial (``p = softmax(α·s)``, constant) or uniform weights over the valid
     negatives. FedLU's unlearning reuses it next to its own positive term."""
-    valid = None if negative_mask is None else negative_mask.to(negative_scores.dtype)
     log_not_negative = F.logsigmoid(-negative_scores)
     if loss == "self_adversarial":
         logits = adversarial_temperature * negative_scores.detach()
-        if valid is not None:
+        if negative_mask is not None:
             logits = logits.masked_fill(~negative_mask, float("-inf"))
         weights = torch.softmax(logits, dim=1)
-        if valid is not None:
+        if negative_mask is not None:
             weights = torch.nan_to_num(weights)  # rows without any valid negative
         negative_term = -(weights * log_not_negative).sum(dim=1)
     elif loss == "uniform":
-        if valid is None:
+        if negative_mask is None:
             negative_term = -log_not_negative.mean(dim=1)
         else:
+            valid = negative_mask.to(negative_scores.dtype)
             negative_term = -(valid * log_not_negative).sum(dim=1) / valid.sum(dim=1).clamp(min=1)
     else:
         raise ValueError(f"negative_loss_term needs 'self_adversarial' or 'uniform', got {loss!r}")
