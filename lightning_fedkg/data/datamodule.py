@@ -107,7 +107,8 @@ class FilterIndex:
         count = torch.where(found, offsets[pos + 1] - start, torch.zeros_like(start))
         return _expand(values, start, count)
 
-    def _query_rows(self, index: tuple[Tensor, Tensor, Tensor], query: Tensor, first: int, none: int) -> Tensor:
+    @staticmethod
+    def _query_rows(index: tuple[Tensor, Tensor, Tensor], query: Tensor, first: int, none: int) -> Tensor:
         keys = index[0]
         if keys.numel() == 0:
             return torch.full_like(query, none)
