@@ -118,11 +118,13 @@ def test_unlearning_losses_ignore_masked_negatives(step, student):
     assert loss(unmasked) != pytest.approx(loss(batch["negatives"]), rel=1e-4)
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("official", [False, True])
-def test_unlearning_update_counts(official, monkeypatch):
+def test_unlearning_update_counts(official, grouped, monkeypatch):
     """Ours: 1 local + 1 avatar interference step per forget batch and epoch, 1 decay step per
     retained batch (sides alternating). The official code's: 2 + 2 (an avatar pass, a local
-    pass, then avatar + local per batch) and 5 decay steps per batch."""
+    pass, then avatar + local per batch) and 5 decay steps per batch. ``grouped``: the
+    loaders yield lists of batches (``train.batches_per_step`` > 1), the same steps."""
     from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
 
     module, batch = _module_and_batch()
@@ -134,7 +136,8 @@ def test_unlearning_update_counts(official, monkeypatch):
                         or 0.0)
     settings = UnlearningSettings(interference_epochs=2, decay_epochs=1, official_updates=official)
     unlearner = ClientUnlearner(module, settings)
-    batches = lambda: [dict(batch, id=0), dict(batch, id=1)]  # noqa: E731
+    two = [dict(batch, id=0), dict(batch, id=1)]
+    batches = (lambda: [two]) if grouped else (lambda: two)
     unlearner.interfere(batches)
     scores = iter([0.1, 0.2])
     unlearner.decay(batches, lambda: next(scores))

@@ -172,8 +172,9 @@ class ClientUnlearner:
         device = self.module.device
         return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
-    def _batches(self, make: Callable[[], Iterable[dict]]) -> Iterable[dict]:
-        return (self._to_device(batch) for batch in make())
+    def _batches(self, make: Callable[[], Iterable[dict | list[dict]]]) -> Iterable[dict]:
+        # a train loader yields lists of batches under train.batches_per_step > 1
+        return (self._to_device(batch) for item in make() for batch in KGEModule.step_batches(item))
 
     def interfere(self, forget_batches: Callable[[], Iterable[dict]]) -> None:
         """``interference_epochs`` epochs over the forget batches (see the module doc for
