@@ -257,3 +257,12 @@ def test_compile_is_refused_where_it_would_do_nothing():
     cfg = load_config("configs/fedcqa/umls_fedcqa_gqe.yaml", ["trainer.compile=true"])
     with pytest.raises(ConfigError, match="trainer.compile compiles the link-prediction"):
         QueryAnswering().build_module(cfg, load_federated_kg(cfg).clients[0])
+
+
+def test_the_cpu_index_filter_is_refused_off_the_cpu():
+    """``filter_method="index"`` builds its tables on the CPU: moving it to another device is
+    a clear error naming the methods that work there, and changes nothing."""
+    dm = KGDataModule(load_kg("nations"), negative_mode="shared", filter_negatives=True, filter_method="index")
+    with pytest.raises(ValueError, match="'search' or 'auto'"):
+        dm.to_device("meta")
+    assert dm.device == torch.device("cpu")

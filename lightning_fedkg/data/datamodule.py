@@ -315,7 +315,8 @@ class KGDataModule(LightningDataModule):
             parity only: validation then ranks some queries against known true triples.
         filter_method: how ``filter_negatives`` finds the train triples among negatives:
             ``"index"`` gathers each batch's few known answers from the train CSR index
-            (data-dependent sizes: cheap on a CPU, a host synchronisation on a GPU);
+            (data-dependent sizes, cheap on a CPU; CPU only: :meth:`to_device` refuses
+            another device);
             ``"search"`` looks every candidate up in the sorted train keys with fixed
             shapes (nothing read back; more work on a CPU); ``"auto"`` (default): index
             on the CPU, search elsewhere (``scripts/bench_sampling.py``). Both reject the
@@ -488,6 +489,9 @@ class KGDataModule(LightningDataModule):
         to the device the module is already on changes nothing.
         """
         device = torch.device(device)
+        if self.filter_method == "index" and device.type != "cpu":
+            raise ValueError(f"filter_method='index' gathers known answers with the CPU's index; on {device} "
+                             f"use 'search' or 'auto' (which picks 'search' off the CPU)")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device == self.device:
