@@ -6,7 +6,7 @@ negatives filtered against the train triples), builds client ``--client``'s Data
 times one full epoch of its train loader (``--batches`` at most) once per way of finding
 the train triples among the negatives (``train.filter_method``-like constructor argument
 ``filter_method``): ``index`` (the batch's few known answers from the train CSR index,
-the CPU default) and ``search`` (every candidate looked up in the sorted train keys with
+the CPU default, CPU only) and ``search`` (every candidate looked up in the sorted train keys with
 fixed shapes, what an accelerator runs: no host synchronisation), under ``--threads``
 torch threads and on ``--device``. The runs are interleaved ``--repeats`` times, so a busy
 moment of the machine does not land on one method only. Nothing is trained.
@@ -56,7 +56,7 @@ def main() -> int:
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     for _ in range(args.repeats):
-        for method in ("index", "search"):
+        for method in ("index", "search") if args.device == "cpu" else ("search",):  # index: CPU only
             dm = build_datamodule(kg, cfg, seed=0)
             dm.filter_method = method
             dm.to_device(args.device)
