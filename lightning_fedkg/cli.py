@@ -400,10 +400,11 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     check_data_name(core)
     run_dir = resolve_run_dir(core, args.out)  # up() waits for a previous server to let go of it
     cfg = load_config(args.config, [*args.overrides, "federated.engine=flower", "federated.flower.mode=deployment"])
-    from lightning_fedkg.flower.deploy import up
+    from lightning_fedkg.flower.deploy import localhost_certificates, up
 
     print(f"run directory: {run_dir} (Flower logs in {run_dir / 'flower' / 'logs'})")
-    metrics = up(resolve_auto_settings(cfg), run_dir, key_file=args.key_file, port=args.port)
+    tls = localhost_certificates(run_dir / "flower" / "tls") if args.tls else None
+    metrics = up(resolve_auto_settings(cfg), run_dir, key_file=args.key_file, port=args.port, tls=tls)
     print(format_metrics_table(metrics, cfg))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0
@@ -497,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--key-file", help="federation-key file the SuperNodes read (default: <run>/flower/federation.key, "
                                        "written once with a random secret)")
     up.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
+    up.add_argument("--tls", action="store_true", help="connect to the SuperLink over TLS, with a throwaway CA and "
+                                                       "certificate for this machine (<run>/flower/tls/)")
     up.add_argument("overrides", nargs="*", help="key=value overrides")
     up.set_defaults(func=cmd_flower_up)
     split = flower_sub.add_parser("split", help="write one data folder per client (what each SuperNode is given)")

@@ -141,6 +141,49 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     assert [(r["kind"], r["role"]) for r in rows] == [("hello", "worker"), ("stage", "worker")]
 
 
+def test_localhost_certificates_give_a_verified_tls_handshake_on_127_0_0_1(tmp_path):
+    """``localhost_certificates`` (``fedkg flower up --tls``): a server holding the
+    certificate and key completes a verified TLS handshake with a client that trusts only
+    the CA, for the address the SuperNodes dial; a client without the CA refuses it; the
+    key is owner-only."""
+    import socket
+    import ssl
+    import stat
+    import threading
+
+    from lightning_fedkg.flower.deploy import localhost_certificates
+
+    tls = localhost_certificates(tmp_path / "tls")
+    assert stat.S_IMODE(tls.key.stat().st_mode) == 0o600
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tls.certificate, tls.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve(n):
+        for _ in range(n):
+            conn, _ = listener.accept()
+            try:
+                with server_ctx.wrap_socket(conn, server_side=True) as tls_conn:
+                    tls_conn.recv(1)
+            except (ssl.SSLError, OSError):
+                pass  # the refusing client hangs up mid-handshake
+
+    thread = threading.Thread(target=serve, args=(2,), daemon=True)
+    thread.start()
+    trusting = ssl.create_default_context(cafile=str(tls.ca))
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        with trusting.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            assert ("IP Address", "127.0.0.1") in conn.getpeercert()["subjectAltName"]
+            conn.sendall(b"x")
+    stranger = ssl.create_default_context()  # the system's CAs only
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            stranger.wrap_socket(raw, server_hostname="127.0.0.1")
+    thread.join(timeout=10)
+    listener.close()
+
+
 def test_flower_engine_is_for_server_client_methods():
     with pytest.raises(ConfigError, match="runs server-client strategies"):
         run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.engine=flower"]),
@@ -262,6 +305,27 @@ def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
     for key in ("test", "clients", "validation", "bytes_sent", "failures"):
         assert deployed[key] == local[key], key
     assert deployed["flower"]["mode"] == "deployment"
+
+
+@pytest.mark.deployment
+def test_deployment_over_tls_equals_in_process(tmp_path):
+    """``up(..., tls=localhost_certificates(...))`` (``fedkg flower up --tls``): the SuperLink
+    serves HTTPS, the SuperNodes and ``flwr`` verify it against the CA, and the run ends
+    with the in-process numbers."""
+    pytest.importorskip("flwr")
+    from lightning_fedkg.flower.deploy import localhost_certificates, up
+
+    settings = ["federated.rounds=2", "federated.federation_key=deployment-test-secret"]
+    local = run_federated(umls(*settings), tmp_path / "local")
+    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", *settings)
+    run_dir = (tmp_path / "run").resolve()
+    deployed = up(cfg, run_dir, timeout=600, tls=localhost_certificates(tmp_path / "tls"))
+    for key in ("test", "clients", "validation", "bytes_sent", "failures"):
+        assert deployed[key] == local[key], key
+    logs = run_dir / "flower" / "logs"
+    assert "running on https://127.0.0.1:" in (logs / "superlink.log").read_text()
+    assert "root-certificates" in (run_dir / "flower" / "home" / "config.toml").read_text()
+    assert "insecure" not in (run_dir / "flower" / "home" / "config.toml").read_text()
 
 
 @pytest.mark.deployment

@@ -10,7 +10,10 @@ submitted with ``flwr run`` from an app project written under the run folder
 in its own ``FLWR_HOME``). Logs go to ``<run>/flower/logs/``.
 
 This is also what an organisation runs on its own machine, with TLS instead of
-``--insecure`` (README, "Running across organisations").
+``--insecure`` (README, "Running across organisations"). ``Deployment(tls=...)`` runs
+the same processes over TLS: the SuperLink with a certificate, the SuperNodes and
+``flwr`` verifying it against a CA (:func:`localhost_certificates` makes a throwaway set
+for this machine).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from lightning_fedkg.config import ExperimentConfig
 
-__all__ = ["Deployment", "free_port", "write_app_project", "up", "key_for", "wait_unlocked"]
+__all__ = ["Deployment", "TLSFiles", "free_port", "localhost_certificates", "write_app_project", "up", "key_for",
+           "wait_unlocked"]
 
 APP_PYPROJECT = """\
 [build-system]
@@ -74,6 +79,61 @@ def write_app_project(folder: str | Path) -> Path:
     return folder
 
 
+class TLSFiles(NamedTuple):
+    """PEM files of a TLS deployment: the CA certificate the clients and ``flwr`` verify
+    the SuperLink with, and the SuperLink's certificate and private key."""
+
+    ca: Path
+    certificate: Path
+    key: Path
+
+
+def localhost_certificates(folder: str | Path, days: int = 2) -> TLSFiles:
+    """A throwaway CA and a SuperLink certificate it signs for ``127.0.0.1``/``localhost``,
+    valid ``days``, written under ``folder`` (keys ``0600``). For a deployment on this
+    machine, to run the TLS path end to end; organisations bring certificates of their own
+    (README, "Running across organisations")."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def certificate(subject: str, key, issuer: str, issuer_key, ca: bool, names=()):
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=days))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def write_key(path: Path, key) -> None:
+        path.unlink(missing_ok=True)
+        path.touch(mode=0o600)  # owner-only before the key is in it
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = certificate("fedkg test CA", ca_key, "fedkg test CA", ca_key, ca=True)
+    server = certificate("localhost", server_key, "fedkg test CA", ca_key, ca=False,
+                         names=(x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))))
+    files = TLSFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    files.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files.certificate.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    write_key(files.key, server_key)
+    return files
+
+
 def _flower_command(name: str) -> list[str]:
     """A Flower console script of this environment (beside this Python)."""
     exe = Path(sys.executable).with_name(name)
@@ -81,17 +141,23 @@ def _flower_command(name: str) -> list[str]:
 
 
 class Deployment:
-    """Flower's processes for one run folder; a context manager that stops them all."""
+    """Flower's processes for one run folder; a context manager that stops them all.
 
-    def __init__(self, folder: str | Path, port: int | None = None) -> None:
+    ``tls``: the SuperLink serves its APIs over TLS with these files, and every SuperNode
+    and ``flwr`` verifies it against their CA; None (default) runs them ``--insecure``,
+    which Flower allows on this machine only."""
+
+    def __init__(self, folder: str | Path, port: int | None = None, tls: TLSFiles | None = None) -> None:
         self.folder = Path(folder)
         self.port = port or free_port()
+        self.tls = tls
         self.logs = self.folder / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         home = self.folder / "home"
         home.mkdir(parents=True, exist_ok=True)
+        security = "insecure = true" if tls is None else f'root-certificates = "{Path(tls.ca).resolve()}"'
         (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "fedkg"\n\n[superlink.fedkg]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'[superlink]\ndefault = "fedkg"\n\n[superlink.fedkg]\naddress = "127.0.0.1:{self.port}"\n{security}\n')
         self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "PYTHONUNBUFFERED": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
@@ -107,7 +173,10 @@ class Deployment:
 
     def start_superlink(self, timeout: float = 120.0) -> None:
         """``flower-superlink`` on :attr:`port`, its state in ``state.db``; waits until it listens."""
-        self._start("superlink", [*_flower_command("flower-superlink"), "--insecure",
+        security = ["--insecure"] if self.tls is None else [
+            "--ssl-ca-certfile", str(self.tls.ca), "--ssl-certfile", str(self.tls.certificate),
+            "--ssl-keyfile", str(self.tls.key)]
+        self._start("superlink", [*_flower_command("flower-superlink"), *security,
                                   "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                                   "--port", str(self.port), "--database", str(self.folder / "state.db")])
         end = time.monotonic() + timeout
@@ -141,7 +210,8 @@ class Deployment:
                  f"work-dir='{Path(work_dir).resolve()}'"
         if worker_socket:
             config += f" worker-socket='{worker_socket}'"
-        self._start(name, [*_flower_command("flower-supernode"), "--insecure", "--superlink",
+        security = ["--insecure"] if self.tls is None else ["--root-certificates", str(Path(self.tls.ca).resolve())]
+        self._start(name, [*_flower_command("flower-supernode"), *security, "--superlink",
                            f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", config])
 
     def start_client(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path,
@@ -244,12 +314,14 @@ def wait_unlocked(run_dir: Path, timeout: float = 60.0) -> None:
 
 
 def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file: str | Path | None = None,
-       port: int | None = None, timeout: float | None = None) -> dict:
+       port: int | None = None, timeout: float | None = None, tls: TLSFiles | None = None) -> dict:
     """Run ``cfg`` as a deployment on this machine and return its ``metrics.json``.
 
     Writes each client's data folder (``<run>/flower/data/client_<k>``), starts the
     SuperLink and one SuperNode per client, submits the run and waits for it; all
     processes are stopped at the end. A run folder that holds a committed round resumes.
+    ``tls``: run every connection to the SuperLink over TLS with these files
+    (:class:`Deployment`).
     """
     import json
 
@@ -265,7 +337,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     key = key_for(cfg, folder, key_file)
     app = write_app_project(folder / "app")
     (run_dir / "metrics.json").unlink(missing_ok=True)
-    with Deployment(folder, port) as d:
+    with Deployment(folder, port, tls) as d:
         d.start_superlink()
         for path in data:
             d.start_client(path.name, path, key, folder / "clients", worker=cfg.federated.flower.client_workers
