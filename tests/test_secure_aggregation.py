@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.aggregation import holder_mean
@@ -246,6 +247,62 @@ def test_a_client_never_reveals_both_secrets_of_one_peer():
     refusals = [f for f in run.failures if f["stage"] == "sa_unmask" and f["party"] != "server"]
     assert refusals and all("refusing to reveal both" in f["error"] for f in refusals)
     assert not run.channel.records(name="sa_unmask")  # no share left any client
+
+
+def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victim(monkeypatch):
+    """README "Collusion", checked: the server, which rebuilds every survivor's self mask
+    when it unmasks, colluding with client_2 (its pair key) reads client_1's upload exactly
+    on the rows only client_1 and client_2 hold (UMLS by relation: the 20 entities client_0
+    lacks), and on the rows client_0 holds too learns nothing: what is left is masked by
+    the client_0-client_1 pair mask, uniform and uncorrelated with the plaintext. That last
+    mask, from client_0's key, uncovers the rest."""
+    from lightning_fedkg.federated import secure as sa_module
+
+    calls = {}
+    original = SecureClient._mask
+
+    def spy(self, stage, arrays, extra, sa):
+        out = original(self, stage, arrays, extra, sa)
+        calls[self.party.name] = {"stage": stage, "plain": arrays["entity_emb"].clone(), "extra": dict(extra),
+                                  "round": int(sa["round"]), "seed": self._round.seed, "s_sk": self._round.s_sk,
+                                  "masked": out["entity_emb"]}
+        return out
+
+    monkeypatch.setattr(SecureClient, "_mask", spy)
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    run.train_round(1)
+    t, victim = "entity_emb", calls["client_1"]
+    stage, rnd = victim["stage"], victim["round"]
+    words = secagg.from_wire(victim["masked"])
+    plain = secagg.quantise(victim["plain"].reshape(words.shape[0], -1), BITS, secagg.MODULUS)
+
+    def pair_mask(peer: str) -> tuple[Tensor, Tensor]:
+        """The client_1-peer mask as ``peer`` computes it: its private key, client_1's public one."""
+        mine = calls[peer]
+        key = secagg.derive_key(secagg.agree(mine["s_sk"], sa_module._bytes(mine["extra"]["sa.s_pk.client_1"])),
+                                sa_module._pair_info(rnd, stage, t, "client_1", peer))
+        pos = victim["extra"][f"sa.pos.{peer}.{t}"].long()
+        mask = torch.zeros_like(words)
+        mask[pos] = sa_module._sign("client_1", peer) * sa_module._words(key, (pos.numel(), words.shape[1]))
+        return mask, pos
+
+    self_mask = sa_module._words(secagg.derive_key(victim["seed"], f"fedkg-sa-self|{rnd}|{stage}|{t}"), words.shape)
+    with_2, rows_2 = pair_mask("client_2")  # the colluder's
+    with_0, rows_0 = pair_mask("client_0")  # the honest client's
+    coalition = torch.remainder(words - self_mask - with_2, secagg.MODULUS)
+    only_2 = torch.zeros(words.shape[0], dtype=torch.bool)
+    only_2[rows_2] = True
+    only_2[rows_0] = False
+    assert int(only_2.sum()) == 20 and rows_0.numel() * words.shape[1] > 500
+    assert torch.equal(secagg.signed(coalition[only_2]), plain[only_2])  # the leak the README states
+    hidden = coalition[rows_0].double().flatten()
+    u, n = hidden / secagg.MODULUS, hidden.numel()
+    assert abs(float(u.mean()) - 0.5) < 4 * (1 / 12) ** 0.5 / n ** 0.5
+    assert abs(float(u.var()) - 1 / 12) < 0.01
+    corr = float(torch.corrcoef(torch.stack([u, plain[rows_0].double().flatten()]))[0, 1])
+    assert abs(corr) < 4 / n ** 0.5
+    assert torch.equal(secagg.signed(coalition - with_0), plain)  # every key: everything
 
 
 # ---------------------------------------------------------------- hidden aggregate
