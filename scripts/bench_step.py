@@ -12,7 +12,10 @@ step; FedLU: one local and one avatar step) four ways:
   the same loader (what the official code runs), so ``lightning - bare`` is the
   framework's cost per batch;
 * ``bare_cached``: the bare loop over batches already in memory (and on the device), so
-  ``bare - bare_cached`` is what sampling and the host-to-device copy add.
+  ``bare - bare_cached`` is what sampling and the host-to-device copy add;
+* ``bare_steps_only``: the bare loop over fresh batches again, timing only the steps (a
+  device synchronisation around each), so ``bare_steps_only - bare_cached`` is what fresh
+  batches cost the step itself, apart from making them.
 
 Run it once with ``train.fixed_negatives=true`` to see the official code's sampling (one
 epoch drawn once, replayed). A small ``model.dim`` shows the per-batch overhead that a GPU
@@ -115,6 +118,17 @@ def main() -> int:
         for batch in islice(batches(), n):
             step(to_device(batch))
 
+    def bare_steps_only() -> float:
+        seconds = 0.0
+        for batch in islice(batches(), n):
+            batch = to_device(batch)
+            sync()
+            start = time.perf_counter()
+            step(batch)
+            sync()
+            seconds += time.perf_counter() - start
+        return seconds / n * 1000
+
     cached = [to_device(b) for b in islice(batches(), n)]
 
     def bare_cached():
@@ -126,6 +140,7 @@ def main() -> int:
         "lightning": timed(lambda: party.fit(1)),
         "bare": timed(bare),
         "bare_cached": timed(bare_cached),
+        "bare_steps_only": bare_steps_only(),
     }
     setting = {"config": Path(args.config).name, "client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
                "batches": n, "threads": args.threads, "device": str(device),
