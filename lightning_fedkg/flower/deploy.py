@@ -144,8 +144,8 @@ class Deployment:
     """Flower's processes for one run folder; a context manager that stops them all.
 
     ``tls``: the SuperLink serves its APIs over TLS with these files, and every SuperNode
-    and ``flwr`` verifies it against their CA; None (default) runs them ``--insecure``,
-    which Flower allows on this machine only."""
+    and ``flwr`` verifies it against their CA; None (default) runs them ``--insecure``:
+    plain HTTP, fit for processes on one machine only."""
 
     def __init__(self, folder: str | Path, port: int | None = None, tls: TLSFiles | None = None) -> None:
         self.folder = Path(folder)
