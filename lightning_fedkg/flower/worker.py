@@ -82,8 +82,9 @@ def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | No
 
 
 def worker_command(paths: dict[str, str], socket_path: str) -> list[str]:
-    """The command line of a worker for ``paths`` listening at ``socket_path`` (this Python)."""
-    return [sys.executable, "-m", "lightning_fedkg.flower.worker", "--data-path", str(Path(paths["data-path"]).resolve()),
+    """``fedkg flower worker`` for ``paths`` listening at ``socket_path``, run by this Python."""
+    return [sys.executable, "-m", "lightning_fedkg.cli", "flower", "worker",
+            "--data-path", str(Path(paths["data-path"]).resolve()),
             "--key-file", str(Path(paths["key-file"]).resolve()), "--work-dir", str(Path(paths["work-dir"]).resolve()),
             "--socket", socket_path]
 
@@ -98,22 +99,3 @@ def wait_listening(proc: subprocess.Popen, socket_path: str, log_path: str | Pat
         if time.monotonic() > end:
             raise TimeoutError(f"a client worker did not listen at {socket_path} within {timeout} s; see {log_path}")
         time.sleep(0.1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m lightning_fedkg.flower.worker`` (what ``fedkg flower worker`` runs)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="fedkg flower worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-path", required=True, help="this client's data folder (as the SuperNode's)")
-    parser.add_argument("--key-file", required=True, help="the federation-key file (as the SuperNode's)")
-    parser.add_argument("--work-dir", required=True, help="where the client keeps its states (as the SuperNode's)")
-    parser.add_argument("--socket", required=True, help="the Unix socket to listen at (the SuperNode's worker-socket)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    serve({"data-path": args.data_path, "key-file": args.key_file, "work-dir": args.work_dir}, args.socket)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
