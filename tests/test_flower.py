@@ -110,9 +110,8 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     from multiprocessing import AuthenticationError
     from multiprocessing.connection import Client
 
-    from lightning_fedkg.flower.client import DataMismatchError
+    from lightning_fedkg.flower.client import DataMismatchError, forward, worker_key
     from lightning_fedkg.flower.engine import client_config_text, write_key_file
-    from lightning_fedkg.flower.client import forward, worker_key
     from lightning_fedkg.flower.worker import serve
 
     cfg = umls("federated.rounds=1")
