@@ -13,6 +13,7 @@ their command: ``pytest -m deployment tests/test_flower.py``.
 
 import json
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -183,7 +184,10 @@ def test_localhost_certificates_give_a_verified_tls_handshake_on_127_0_0_1(tmp_p
     listener.close()
 
 
-def test_flower_engine_is_for_server_client_methods():
+def test_flower_engine_is_for_server_client_methods(monkeypatch):
+    """Config errors come first, with or without the flower extra. Reproduces a fresh clone's
+    failure: with ``[test]`` only, the second check raised FlowerNotInstalledError instead."""
+    monkeypatch.setitem(sys.modules, "flwr", None)  # as on a machine without the extra
     with pytest.raises(ConfigError, match="runs server-client strategies"):
         run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.engine=flower"]),
                       "/nonexistent")

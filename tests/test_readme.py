@@ -18,3 +18,12 @@ def test_python_api_example_runs(capsys):
     metrics = namespace["module"].last_metrics["test"]
     assert set(metrics) >= {"mrr", "hits@10"} and 0.0 < metrics["mrr"] <= 1.0
     assert "mrr" in capsys.readouterr().out
+
+
+def test_ci_runs_the_readmes_test_command_as_written():
+    """A user's first test run is the README's command: CI must run that exact line, so a
+    test that needs an extra cannot pass in CI and fail on a fresh clone."""
+    command = re.search(r"Run the whole test suite:\n\n```bash\n(.*?)\n```", README.read_text()).group(1)
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert command.startswith("pip install torch==") and "pytest" in command
+    assert command in ci, command

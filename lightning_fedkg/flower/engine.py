@@ -182,9 +182,11 @@ class FlowerEngine:
 
     @staticmethod
     def run(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
-        require()
+        # The config is checked before Flower is looked for: a wrong setting is reported as
+        # such whether or not the extra is installed.
         check_flower_config(cfg)
         if cfg.federated.flower.mode == "deployment":
             raise ConfigError("federated.flower.mode=deployment runs on a SuperLink and SuperNodes: start them and "
                               "the run with `fedkg flower up -c CONFIG` (README, 'Running across organisations')")
+        require()
         return simulate(cfg, run_dir, resume)
