@@ -200,3 +200,144 @@ def test_threshold_at_most_half_is_refused_and_a_split_view_at_the_default_fails
     with pytest.raises(ConfigError, match="threshold"):
         sa.check_secure_config(secure(data__num_clients=4, federated__secure_aggregation__threshold=2),
                                run.strategy)
+
+
+# ---------------------------------------------------------------- 3. key substitution
+@pytest.mark.parametrize("active", [False, True], ids=["honest_but_curious", "active"])
+def test_a_substituted_share_key_reads_the_victim_only_without_active(monkeypatch, active):
+    """Attack: in ``sa_shares`` the server gives the victim its own key in place of every
+    peer's share-encryption key, decrypts the victim's shares of b and s meant for those
+    peers, and unmasks the victim's upload. Without ``active`` (the honest-but-curious
+    mode) this works, as the threat model says; with ``active`` the keys carry their
+    owners' signatures and the victim refuses to share."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__secure_aggregation__active=active), run_dir=None)
+    run.align()
+    server, selected = run.server, run.server.select_clients(1)
+    replies, _ = run.exchange(1, sa.SA_KEYS, server.configure_sa_keys(1, selected))
+    server.aggregate_sa_keys(1, replies, {})
+    attacker_sk, attacker_pk = secagg.new_keypair()
+    messages = server.configure_sa_shares(1, selected)
+    for key in [k for k in messages[VICTIM].arrays if k.startswith("c_pk.") and k != f"c_pk.{VICTIM}"]:
+        messages[VICTIM].arrays[key] = sa._tensor(attacker_pk)
+    replies, failures = run.exchange(1, sa.SA_SHARES, messages)
+    if active:
+        assert VICTIM not in replies and "signature" in failures[VICTIM]
+        return
+    server.aggregate_sa_shares(1, replies, failures)
+    st = server._round
+    shares = {}
+    for i, peer in enumerate(st.parties):
+        if peer != VICTIM:
+            lo, hi = sorted((VICTIM, peer))
+            key = secagg.derive_key(secagg.agree(attacker_sk, st.c_pk[VICTIM]), f"fedkg-sa-share|1|{lo}|{hi}")
+            shares[i + 1] = secagg.decrypt(key, sa._bytes(st.ciphertexts[peer][VICTIM]), f"1|{VICTIM}->{peer}")
+    seed = secagg.combine_secret({i: s[:secagg.CHUNK] for i, s in shares.items()}, 2)
+    s_sk = secagg.combine_secret({i: s[secagg.CHUNK:] for i, s in shares.items()}, 2)
+    # the peers' shares to the victim, made up under the substituted keys so that it uploads
+    messages = server.configure_train(1, selected)
+    for peer in st.parties:
+        if peer != VICTIM:
+            lo, hi = sorted((VICTIM, peer))
+            key = secagg.derive_key(secagg.agree(attacker_sk, st.c_pk[VICTIM]), f"fedkg-sa-share|1|{lo}|{hi}")
+            made_up = secagg.encrypt(key, bytes(3 * secagg.CHUNK), f"1|{peer}->{VICTIM}")
+            messages[VICTIM].arrays[f"sa.ct.{peer}"] = sa._tensor(made_up)
+    replies, _ = run.exchange(1, "train", messages)
+    st.uploads = {n: {t: secagg.from_wire(v) for t, v in r.arrays.items()} for n, r in replies.items()}
+    assert torch.equal(read_upload(server, st, VICTIM, seed, s_sk), seen[VICTIM])
+
+
+def test_with_active_a_split_view_of_the_survivors_reveals_nothing():
+    """Attack (``active``): after the uploads the server asks the clients to sign two
+    different survivor lists, to unmask each half against the other's list. Each client
+    signs one list per round, and reveals shares only with t signatures on the list it
+    signed itself."""
+    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=None)
+    run.align()
+    st = until_unmask(run)
+    everyone = sorted(st.uploads)
+    signed, failures = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": everyone}})
+                                                     for n in everyone})
+    assert set(signed) == set(everyone)
+    others = [n for n in everyone if n != VICTIM]
+    again, failures = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": others}})
+                                                    for n in others})
+    assert not again and all("signed the survivors" in failures[n] for n in others)
+    # unmasking "without the victim" with the signatures the server has: not the signed list
+    sigs = {f"check.{n}": signed[n].arrays["sig"] for n in others}
+    asked = {n: Message(arrays=dict(sigs), config=unmask_request(others, [VICTIM]).config) for n in others}
+    replies, failures = run.exchange(1, sa.SA_UNMASK, asked)
+    assert not replies and all("signed" in failures[n] for n in others), failures
+    # the honest unmask, with t signatures on the signed list, still completes the round
+    run.server.aggregate_sa_check(1, signed, {})
+    replies, failures = run.exchange(1, sa.SA_UNMASK, run.server.configure_sa_unmask(1, everyone))
+    assert set(replies) == set(everyone) and not failures
+
+
+# ---------------------------------------------------------------- 4. hide_aggregate
+def hidden_run(monkeypatch, mode="shared_rows", clients=4):
+    rounds = {}
+    original = SecureClient._mask
+
+    def spy(self, stage, arrays, extra, info):
+        x = arrays[T]
+        rounds.setdefault(int(info["round"]), {})[self.party.name] = secagg.quantise(
+            x.reshape(x.shape[0], -1), BITS, secagg.MODULUS)
+        return original(self, stage, arrays, extra, info)
+
+    monkeypatch.setattr(SecureClient, "_mask", spy)
+    run = FederatedRun(secure(data__num_clients=clients, federated__secure_aggregation__hide_aggregate=True,
+                              federated__secure_aggregation__mode=mode, federated__federation_key="k"),
+                       run_dir=None)
+    run.align()
+    return run, rounds
+
+
+def plain_sum(run, quantised: dict) -> torch.Tensor:
+    index = run.server.alignment.index
+    rows, width = run.server.table[T].shape[0], next(iter(quantised.values())).shape[1]
+    total = torch.zeros(rows, width, dtype=torch.int64)
+    for n, q in quantised.items():
+        total.index_add_(0, index[n], q)
+    return torch.remainder(total, secagg.MODULUS)
+
+
+@pytest.mark.parametrize("mode", ["shared_rows", "dense"])
+def test_the_stored_sums_low_bits_are_independent_of_the_plaintext(monkeypatch, mode):
+    """Leak: the server stored Σq + c·O with one offset O per aggregation; for an even
+    holder count c the low bit of the sum was the plaintext sum's (100% of the coordinates
+    for c = 2 and c = 4, and the low 2 bits for c = 4). Each holder now adds its own offset."""
+    run, rounds = hidden_run(monkeypatch, mode)
+    run.train_round(1)
+    stored, count = run.server.hidden[T]["sum"], run.server.hidden[T]["count"]
+    plain = plain_sum(run, rounds[1])
+    for c, bits in ((2, 1), (4, 3)):
+        rows = count == c
+        same = ((stored[rows] & bits) == (plain[rows] & bits)).double().flatten()
+        n, p = same.numel(), 1 / (bits + 1)
+        assert n >= 64, (c, n)
+        assert abs(float(same.mean()) - p) < 5 * (p * (1 - p) / n) ** 0.5, (c, float(same.mean()))
+
+
+def test_a_server_that_reuses_a_serial_learns_no_difference_of_aggregates(monkeypatch):
+    """Attack: the offset's serial came from the server; setting its counter back made
+    round 2's sums carry round 1's offset, and S2 − S1 was exactly the difference of the
+    two plaintext aggregates on every row with the same holders. The offsets now come from
+    each holder's own fresh key of that attempt, whatever the server sends."""
+    run, rounds = hidden_run(monkeypatch, clients=3)
+    run.train_round(1)
+    first = run.server.hidden[T]["sum"].clone()
+    run.server.serial = 0
+    run.train_round(2)
+    second = run.server.hidden[T]["sum"]
+    assert int(run.server.hidden[T]["serial"].max()) == 1  # the server did reuse serial 1
+    leak = torch.remainder(second - first, secagg.MODULUS)
+    truth = torch.remainder(plain_sum(run, rounds[2]) - plain_sum(run, rounds[1]), secagg.MODULUS)
+    assert float((leak == truth).double().mean()) < 0.01
+    # and the clients still read the true aggregate back
+    run.load_evaluation_state(2, "val")
+    index = run.server.alignment.index
+    count = run.server.hidden[T]["count"]
+    expected = secagg.signed(plain_sum(run, rounds[2])).double() / (1 << BITS) / count[:, None]
+    rows = run.pool.halves["client_0"].shared()["entity"].read()[T]
+    assert float((rows.double() - expected[index["client_0"]]).abs().max()) <= 2e-5
