@@ -1,25 +1,41 @@
 """Secure aggregation for every holder-mean strategy (``federated.secure_aggregation``).
 
 After Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine
-Learning" (CCS 2017), for an honest-but-curious server. A training round (or the
-``upload`` stage of a phase) becomes four exchanges of the core's stage API::
+Learning" (CCS 2017). A training round (or the ``upload`` stage of a phase) becomes four
+exchanges of the core's stage API (five with ``active``)::
 
     sa_keys     each selected client makes two fresh X25519 key pairs and sends the
-                public halves (U1: those that answered)
-    sa_shares   the server forwards U1's public keys; each client splits its self-mask
-                seed b and its mask private key s t-of-|U1| (Shamir) and encrypts one share
-                to each peer (ChaCha20-Poly1305 under an X25519 key); U2: those that answered
+                public halves (U1: those that answered); with ``active``, signed with its
+                long-term Ed25519 identity key
+    sa_shares   the server forwards U1's public keys; with ``active`` each client first
+                checks every peer's signature and aborts on one that fails; each client
+                splits its self-mask seed b and its mask private key s t-of-|U1| (Shamir)
+                and encrypts one share to each peer (ChaCha20-Poly1305 under an X25519
+                key); U2: those that answered
     train       the download as the method sends it, plus the peers' ciphertexts and mask
                 keys; each client trains, quantises its upload to fixed point and adds, in
                 ℤ_{2^32}, a self mask PRG(b) and one pairwise mask ±PRG(s_u·s_v) per peer
                 of U2 (U3: those that uploaded)
-    sa_unmask   the survivors U3 send their shares of b for every survivor and of s for
-                every client of U2 that dropped (never both for one client); from t of them
+    sa_check    (``active`` only) each survivor signs the survivor list U3, once per round
+    sa_unmask   the survivors send their shares of b for every survivor and of s for every
+                client of U2 that dropped (never both for one client; the dropped list is
+                the client's own U2 minus the survivors); with ``active`` only once t
+                survivors' signatures on the list it signed itself check out. From t of them
                 the server removes the self masks and the dropped clients' pairwise masks;
                 the survivors' pairwise masks cancel in the sum
 
 If fewer than t answer any exchange the round is retried (:class:`~.strategy.RetryRound`,
 then ``federated.max_retries``). Fresh keys every attempt, from the OS.
+
+Threat model (docs/DESIGN.md, "Secure aggregation"): by default the server is honest but
+curious (it runs the protocol, reads all it receives); with ``active`` it may deviate
+(send any message, substitute keys, show clients different survivor lists, restore a
+client's saved states). Defences against a deviating server that hold in both modes:
+t > n/2, checked by every client against its own config, never taken from the server; a
+client answers one unmasking per round, whose secrets it then forgets, and no saved
+(restorable) state ever holds a round's secrets (:meth:`SecureClient.state_dict`), so a
+rollback cannot unmask a round twice. What ``active`` adds is authentication: without it a
+server can substitute its own key for a peer's and read the shares.
 
 What the server learns, per mode (README, "Privacy"):
 
@@ -30,15 +46,22 @@ What the server learns, per mode (README, "Privacy"):
 * ``dense``: as above, without learning which rows a client uploaded (each upload spans
   the union, with a masked holder indicator); clients learn the union's size and their
   rows' positions in it, not their peers' rows. Bytes: ``N / n_c`` times FedE's.
-* ``hide_aggregate``: every client also adds one offset per round, derived from the
-  federation key the server does not hold; the server stores and forwards the offset sums
-  and the clients remove the offset. The server learns neither the uploads nor the
-  aggregate (it still knows the holder sets from alignment, the sizes and the timing).
+* ``hide_aggregate``: every holder also adds its own offset, derived from the federation
+  key the server does not hold, the round, the stage and its own fresh mask public key (so
+  two aggregations never share an offset, whatever the server sends); the sum of the
+  holders' independent offsets is uniform in ℤ_{2^32} for any holder count. The server
+  stores and forwards the offset sums with, per row, which clients' offsets they hold; the
+  clients remove those offsets. The server learns neither the uploads nor the aggregate
+  (it still knows the holder sets from alignment, the sizes and the timing).
 
 Collusion: the server with a client knows that client's pair keys and, under
 ``hide_aggregate``, the federation key: it then learns the aggregate, and on a row that
 only the two of them hold, the other holder's value. Fewer than t colluding clients learn
-nothing from the shares; t of them with the server can rebuild any peer's masks.
+nothing from the shares; t of them with the server can rebuild any peer's masks. The
+identity keys are derived from the federation secret (:func:`~lightning_fedkg.privacy.secagg.identity_key`):
+they authenticate clients to one another against a server without the secret; a client
+colluding with the server can forge its peers' signatures, so ``active`` does not hold
+against that coalition.
 """
 
 from __future__ import annotations
