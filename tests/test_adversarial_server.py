@@ -107,21 +107,23 @@ def test_rollback_through_state_dict_cannot_unmask_a_round_twice(monkeypatch):
     assert VICTIM in seen  # the victim did upload: the attack had its target
 
 
-def _proxy(runtime, digest):
-    class Proxy:  # the server's side of the Flower wire, one ClientRuntime per client
+def _proxy(runtime_of, digest):
+    class Proxy:  # the server's side of the Flower wire: runtime_of() is the process answering
         def handle(self, stage, message, round):
             head = {"kind": "stage", "stage": stage, "round": round, "digest": digest}
-            answer, payload = runtime.handle(head, b"" if message.is_empty() else encode(message))
-            Proxy.last_state = answer["state"]
+            answer, payload = runtime_of().handle(head, b"" if message.is_empty() else encode(message))
             return decode(payload) if payload else Message()
 
     return Proxy()
 
 
-def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fresh", [False, True], ids=["one_process", "process_per_message"])
+def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice(tmp_path, monkeypatch, fresh):
     """The same replay through the Flower client (``{"kind": "restore"}`` to the state saved
-    after ``train``, even with ``weights_only``). Before the fix the restored state brought
-    the round's secrets back and the second unmask revealed the victim's s shares."""
+    after ``train``, even with ``weights_only``), with the party kept in memory (a client
+    worker) or rebuilt from disk for every message (a ClientApp without one). Before the
+    fix the restored state brought the round's secrets back and the second unmask revealed
+    the victim's s shares."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
     from lightning_fedkg.flower.engine import client_config_text, write_key_file
@@ -135,7 +137,13 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
         client = ClientRuntime(folder, key, tmp_path / "work", "run1")
         answer, _ = client.handle({"kind": "hello", "config": client_config_text(cfg)}, b"")
         runtimes[client.name], digests[client.name] = client, answer["digest"]
-        run.pool.halves[client.name] = _proxy(client, answer["digest"])
+
+        def runtime_of(name=client.name, folder=folder):
+            if fresh:  # a new process: nothing in memory, everything from the client's disk
+                runtimes[name] = ClientRuntime(folder, key, tmp_path / "work", "run1")
+            return runtimes[name]
+
+        run.pool.halves[client.name] = _proxy(runtime_of, answer["digest"])
     run.align()
     st = until_unmask(run)
     for n, client in runtimes.items():
@@ -145,7 +153,9 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     assert not failures and VICTIM in seen
     others = [n for n in everyone if n != VICTIM]
     for n in others:
-        runtimes[n].handle({"kind": "restore", "state": after_train[n], "weights_only": True, "digest": digests[n]}, b"")
+        assert not runtimes[n].secrets_path.exists()  # spent by the unmasking
+        restorer = ClientRuntime(runtimes[n].data_path, key, tmp_path / "work", "run1") if fresh else runtimes[n]
+        restorer.handle({"kind": "restore", "state": after_train[n], "weights_only": True, "digest": digests[n]}, b"")
     second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(others, [VICTIM]) for n in others})
     assert not second, "a restored Flower client revealed shares a second time"
     assert all("already" in failures[n] for n in others), failures
