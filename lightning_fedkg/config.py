@@ -286,10 +286,14 @@ class SecureAggregationConfig:
     client learns which of its rows each peer holds; ``dense`` uploads every client's rows
     over the whole union (zeros elsewhere, a masked holder indicator beside them), so the
     server does not see which rows a client sent, at ``N / n_c`` times the bytes.
-    ``threshold``: t of the t-of-n secret sharing: the round survives up to n − t
-    dropouts (default ``⌊n/2⌋ + 1`` of the selected clients). ``hide_aggregate``: every
-    client adds one offset derived from ``federated.federation_key`` (which must then be
-    set), so the server learns neither the uploads nor their aggregate.
+    ``threshold``: t of the t-of-n secret sharing, in ``[⌊n/2⌋ + 1, n]`` of the selected
+    clients (at most half would let a server that splits the clients' views rebuild both
+    secrets of one client): the round survives up to n − t dropouts (default
+    ``⌊n/2⌋ + 1``). ``hide_aggregate``: every client adds its own offset derived from
+    ``federated.federation_key`` (which must then be set), so the server learns neither
+    the uploads nor their aggregate. ``active``: against a server that deviates from the
+    protocol, signed key advertisements and a signed survivor list before any share is
+    revealed (Bonawitz et al. §6; one more exchange per round).
     ``fractional_bits``: fixed-point precision; a mean is exact to ``2^-(bits+1)``.
     """
 
@@ -297,6 +301,7 @@ class SecureAggregationConfig:
     mode: Literal["shared_rows", "dense"] = "shared_rows"
     threshold: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
     hide_aggregate: bool = False
+    active: bool = False
     fractional_bits: int = field(default=16, metadata={"range": Range(min=1, max=30)})
 
 

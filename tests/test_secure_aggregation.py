@@ -111,7 +111,10 @@ def holder_mean_of(run, seen, round, before, tensor, clients):
     ("fedr", "relation_emb", {"data__partition": "random"}),  # clients share relations
     ("fedlu", "avatar_entity_emb", {}),
     ("fedec", "entity_emb", {}),  # a client half with state of its own
-], ids=["fede", "fede_dense", "fedr", "fedlu", "fedec"])
+    ("fede", "entity_emb", {"federated__secure_aggregation__active": True}),
+    ("fedlu", "avatar_entity_emb", {"federated__secure_aggregation__active": True,
+                                     "federated__secure_aggregation__mode": "dense"}),
+], ids=["fede", "fede_dense", "fedr", "fedlu", "fedec", "fede_active", "fedlu_dense_active"])
 def test_the_masked_aggregate_is_the_plain_holder_mean(monkeypatch, strategy, tensor, extra):
     seen = spy_plaintext(monkeypatch)
     run = FederatedRun(secure(federated__strategy=strategy, **extra), run_dir=None)
@@ -306,9 +309,10 @@ def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victi
 
 
 # ---------------------------------------------------------------- hidden aggregate
-def test_the_hidden_aggregate_is_never_in_the_server_and_the_clients_read_it(monkeypatch):
+@pytest.mark.parametrize("mode", ["shared_rows", "dense"])
+def test_the_hidden_aggregate_is_never_in_the_server_and_the_clients_read_it(monkeypatch, mode):
     seen = spy_plaintext(monkeypatch)
-    run = FederatedRun(secure(federated__secure_aggregation__hide_aggregate=True,
+    run = FederatedRun(secure(federated__secure_aggregation__hide_aggregate=True, federated__secure_aggregation__mode=mode,
                               federated__federation_key="a-key-the-server-lacks"), run_dir=None)
     run.align()
     initial = run.server.table["entity_emb"].clone()
@@ -351,6 +355,19 @@ def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
     log = [json.loads(line) for line in (tmp_path / "secure" / "channel_log.jsonl").read_text().splitlines()]
     names = [r["name"] for r in log if r["round"] == 1]
     assert names.index("sa_keys") < names.index("sa_shares") < names.index("upload") < names.index("sa_unmask")
+    assert "sa_check" not in names
+
+
+def test_an_active_run_adds_the_signed_survivor_check_and_learns_the_same(tmp_path):
+    """``active``: the same aggregate (same mrr as the default mode, a fixed-point mean
+    either way), one more exchange (``sa_check``) between the upload and the unmasking."""
+    plain = run_federated(secure(federated__rounds=2, federated__eval_every=2), tmp_path / "secure")
+    active = run_federated(secure(federated__rounds=2, federated__eval_every=2,
+                                  federated__secure_aggregation__active=True), tmp_path / "active")
+    assert abs(active["test"]["mrr"] - plain["test"]["mrr"]) < 1e-3
+    log = [json.loads(line) for line in (tmp_path / "active" / "channel_log.jsonl").read_text().splitlines()]
+    names = [r["name"] for r in log if r["round"] == 1 and r["sender"] == "client_0"]
+    assert names == ["sa_keys", "sa_shares", "upload", "sa_check", "sa_unmask"]
 
 
 def test_a_phase_upload_runs_the_whole_secure_protocol(monkeypatch):

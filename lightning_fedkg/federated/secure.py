@@ -1,25 +1,41 @@
 """Secure aggregation for every holder-mean strategy (``federated.secure_aggregation``).
 
 After Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine
-Learning" (CCS 2017), for an honest-but-curious server. A training round (or the
-``upload`` stage of a phase) becomes four exchanges of the core's stage API::
+Learning" (CCS 2017). A training round (or the ``upload`` stage of a phase) becomes four
+exchanges of the core's stage API (five with ``active``)::
 
     sa_keys     each selected client makes two fresh X25519 key pairs and sends the
-                public halves (U1: those that answered)
-    sa_shares   the server forwards U1's public keys; each client splits its self-mask
-                seed b and its mask private key s t-of-|U1| (Shamir) and encrypts one share
-                to each peer (ChaCha20-Poly1305 under an X25519 key); U2: those that answered
+                public halves (U1: those that answered); with ``active``, signed with its
+                long-term Ed25519 identity key
+    sa_shares   the server forwards U1's public keys; with ``active`` each client first
+                checks every peer's signature and aborts on one that fails; each client
+                splits its self-mask seed b and its mask private key s t-of-|U1| (Shamir)
+                and encrypts one share to each peer (ChaCha20-Poly1305 under an X25519
+                key); U2: those that answered
     train       the download as the method sends it, plus the peers' ciphertexts and mask
                 keys; each client trains, quantises its upload to fixed point and adds, in
                 ℤ_{2^32}, a self mask PRG(b) and one pairwise mask ±PRG(s_u·s_v) per peer
                 of U2 (U3: those that uploaded)
-    sa_unmask   the survivors U3 send their shares of b for every survivor and of s for
-                every client of U2 that dropped (never both for one client); from t of them
+    sa_check    (``active`` only) each survivor signs the survivor list U3, once per round
+    sa_unmask   the survivors send their shares of b for every survivor and of s for every
+                client of U2 that dropped (never both for one client; the dropped list is
+                the client's own U2 minus the survivors); with ``active`` only once t
+                survivors' signatures on the list it signed itself check out. From t of them
                 the server removes the self masks and the dropped clients' pairwise masks;
                 the survivors' pairwise masks cancel in the sum
 
 If fewer than t answer any exchange the round is retried (:class:`~.strategy.RetryRound`,
 then ``federated.max_retries``). Fresh keys every attempt, from the OS.
+
+Threat model (docs/DESIGN.md, "Secure aggregation"): by default the server is honest but
+curious (it runs the protocol, reads all it receives); with ``active`` it may deviate
+(send any message, substitute keys, show clients different survivor lists, restore a
+client's saved states). Defences against a deviating server that hold in both modes:
+t > n/2, checked by every client against its own config, never taken from the server; a
+client answers one unmasking per round, whose secrets it then forgets, and no saved
+(restorable) state ever holds a round's secrets (:meth:`SecureClient.state_dict`), so a
+rollback cannot unmask a round twice. What ``active`` adds is authentication: without it a
+server can substitute its own key for a peer's and read the shares.
 
 What the server learns, per mode (README, "Privacy"):
 
@@ -30,15 +46,22 @@ What the server learns, per mode (README, "Privacy"):
 * ``dense``: as above, without learning which rows a client uploaded (each upload spans
   the union, with a masked holder indicator); clients learn the union's size and their
   rows' positions in it, not their peers' rows. Bytes: ``N / n_c`` times FedE's.
-* ``hide_aggregate``: every client also adds one offset per round, derived from the
-  federation key the server does not hold; the server stores and forwards the offset sums
-  and the clients remove the offset. The server learns neither the uploads nor the
-  aggregate (it still knows the holder sets from alignment, the sizes and the timing).
+* ``hide_aggregate``: every holder also adds its own offset, derived from the federation
+  key the server does not hold, the round, the stage and its own fresh mask public key (so
+  two aggregations never share an offset, whatever the server sends); the sum of the
+  holders' independent offsets is uniform in ℤ_{2^32} for any holder count. The server
+  stores and forwards the offset sums with, per row, which clients' offsets they hold; the
+  clients remove those offsets. The server learns neither the uploads nor the aggregate
+  (it still knows the holder sets from alignment, the sizes and the timing).
 
 Collusion: the server with a client knows that client's pair keys and, under
 ``hide_aggregate``, the federation key: it then learns the aggregate, and on a row that
 only the two of them hold, the other holder's value. Fewer than t colluding clients learn
-nothing from the shares; t of them with the server can rebuild any peer's masks.
+nothing from the shares; t of them with the server can rebuild any peer's masks. The
+identity keys are derived from the federation secret (:func:`~lightning_fedkg.privacy.secagg.identity_key`):
+they authenticate clients to one another against a server without the secret; a client
+colluding with the server can forge its peers' signatures, so ``active`` does not hold
+against that coalition.
 """
 
 from __future__ import annotations
@@ -57,10 +80,10 @@ from lightning_fedkg.privacy import secagg
 
 __all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold"]
 
-SA_KEYS, SA_SHARES, SA_UNMASK = "sa_keys", "sa_shares", "sa_unmask"
+SA_KEYS, SA_SHARES, SA_CHECK, SA_UNMASK = "sa_keys", "sa_shares", "sa_check", "sa_unmask"
 #: The stages whose replies are masked (a training round's and a phase's upload).
 MASKED = ("train", "upload")
-SA_STAGES = (SA_KEYS, SA_SHARES, SA_UNMASK)
+SA_STAGES = (SA_KEYS, SA_SHARES, SA_CHECK, SA_UNMASK)
 #: Secure-aggregation arrays in a download are named ``sa.<what>...``; hidden rows ``<tensor>@<what>``.
 PREFIX = "sa."
 
@@ -94,9 +117,27 @@ def _words(key: bytes, shape) -> Tensor:
     return secagg.keystream_words(key, n).view(*shape)
 
 
-def _offset(key: bytes, serial: int, tensor: str, rows: int, width: int) -> Tensor:
-    """The hidden-aggregate offset of aggregation ``serial`` for the first ``rows`` rows."""
-    return _words(secagg.derive_key(key, f"fedkg-sa-offset|{serial}|{tensor}"), (rows, width))
+def _offset(key: bytes, round: int, stage: str, tensor: str, name: str, public: bytes, rows: int,
+            width: int) -> Tensor:
+    """Client ``name``'s hidden-aggregate offset of ``tensor`` for the first ``rows`` rows.
+
+    Keyed by the federation key and by what the client itself knows of the aggregation: the
+    round, the stage and its own fresh mask public key of that attempt, so no server message
+    can make two aggregations share an offset. Each holder adds its own independent offset:
+    their sum is uniform in ℤ_{2^32} whatever the holder count (one offset added c times
+    would leave the low bits of the sum for an even c)."""
+    info = f"fedkg-sa-offset|{round}|{stage}|{tensor}|{name}|{bytes(public).hex()}"
+    return _words(secagg.derive_key(key, info), (rows, width))
+
+
+def _check_statement(round: int, stage: str, survivors: list[str]) -> bytes:
+    """What a client signs in the consistency check: this round's survivor list."""
+    return f"fedkg-sa-check|{round}|{stage}|{','.join(sorted(survivors))}".encode()
+
+
+def _keys_statement(round: int, name: str, c_pk: bytes, s_pk: bytes) -> bytes:
+    """What a client signs when it advertises its round keys (``active``)."""
+    return f"fedkg-sa-keys|{round}|{name}|".encode() + bytes(c_pk) + bytes(s_pk)
 
 
 def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
@@ -111,9 +152,11 @@ def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
                           f"runs {tuple(strategy.Server.stages)}")
     n = num_selected(cfg.federated.fraction, num_clients or cfg.data.num_clients)
     t = sc.threshold if sc.threshold is not None else default_threshold(n)
-    if n >= 2 and not 2 <= t <= n:
-        raise ConfigError(f"federated.secure_aggregation.threshold={t} must be in [2, {n}] (the clients selected "
-                          "per round); below 2 a single client could rebuild a peer's masks")
+    if n >= 2 and not default_threshold(n) <= t <= n:
+        raise ConfigError(f"federated.secure_aggregation.threshold={t} must be in [{default_threshold(n)}, {n}] "
+                          f"(a strict majority of the {n} clients selected per round): with t <= n/2 a server "
+                          "telling half the clients that a peer survived and half that it dropped gets t shares "
+                          "of both its secrets")
     if sc.hide_aggregate and not cfg.federated.federation_key:
         raise ConfigError("federated.secure_aggregation.hide_aggregate needs federated.federation_key: the offset "
                           "comes from it, and the default key derives from the seed, which the server knows")
@@ -131,6 +174,8 @@ class _ServerRound:
     parties: list[str] = field(default_factory=list)            # U1, in Shamir order
     c_pk: dict[str, bytes] = field(default_factory=dict)
     s_pk: dict[str, bytes] = field(default_factory=dict)
+    signatures: dict[str, bytes] = field(default_factory=dict)   # active: the signed key advertisements
+    checks: dict[str, bytes] = field(default_factory=dict)       # active: the signed survivor list
     ciphertexts: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # receiver -> sender -> ct
     shared: list[str] = field(default_factory=list)             # U2
     stage: str = "train"
@@ -147,14 +192,20 @@ class SecureServer:
         self.threshold = check_secure_config(ctx.cfg, strategy, len(ctx.clients))
         self._round: _ServerRound | None = None
         self._positions: dict[tuple[str, str, str], Tensor] = {}
-        #: hide_aggregate: ``{tensor: {"sum", "count", "serial"}}`` of the rows aggregated so far.
+        #: hide_aggregate: ``{tensor: {"sum", "count", "serial", "holders"}}`` of the rows aggregated
+        #: so far (``holders``: a bit mask over :attr:`bit` of the clients in each row's sum).
         self.hidden: dict[str, dict[str, Tensor]] = {}
+        #: hide_aggregate: ``{serial: (round, stage, {client: mask public key})}``, what the
+        #: clients need to rebuild the offsets of that aggregation's sums (no secret).
+        self.offset_keys: dict[int, tuple[int, str, dict[str, bytes]]] = {}
+        self.bit = {name: i for i, name in enumerate(sorted(ctx.clients))}
         self.serial = 0
 
     # ---------------------------------------------------------------- schedule
     def protocol(self, stage: str) -> tuple[str, ...]:
         if stage in MASKED:
-            return (SA_KEYS, SA_SHARES, stage, SA_UNMASK)
+            check = (SA_CHECK,) if self.sa.active else ()
+            return (SA_KEYS, SA_SHARES, stage, *check, SA_UNMASK)
         return super().protocol(stage)
 
     @property
@@ -179,11 +230,16 @@ class SecureServer:
         for name in st.parties:
             st.c_pk[name] = _bytes(replies[name].arrays["c_pk"])
             st.s_pk[name] = _bytes(replies[name].arrays["s_pk"])
+            if self.sa.active:
+                st.signatures[name] = _bytes(replies[name].arrays["sig"])
 
     # ---------------------------------------------------------------- shares
     def configure_sa_shares(self, round, selected):
         st = self._round
         keys = {f"c_pk.{n}": _tensor(st.c_pk[n]) for n in st.parties}
+        if self.sa.active:  # each client checks every advertisement against its author's identity
+            keys.update({f"s_pk.{n}": _tensor(st.s_pk[n]) for n in st.parties})
+            keys.update({f"sig.{n}": _tensor(st.signatures[n]) for n in st.parties})
         config = {"sa": {"round": int(round), "threshold": st.threshold, "parties": st.parties}}
         return {name: Message(arrays=dict(keys), config=config) for name in st.parties}
 
@@ -271,13 +327,27 @@ class SecureServer:
     def aggregate_upload(self, round, replies, failures) -> None:
         self.aggregate_train(round, replies, failures)
 
+    # ---------------------------------------------------------------- consistency check (active)
+    def configure_sa_check(self, round, selected):
+        st = self._round
+        survivors = sorted(st.uploads)
+        config = {"sa": {"round": int(round), "survivors": survivors}}
+        return {name: Message(config=config) for name in survivors}
+
+    def aggregate_sa_check(self, round, replies, failures) -> None:
+        st = self._round
+        self._enough(replies, SA_CHECK)
+        st.checks = {n: _bytes(replies[n].arrays["sig"]) for n in sorted(replies)}
+
     # ---------------------------------------------------------------- unmask
     def configure_sa_unmask(self, round, selected):
         st = self._round
         survivors = sorted(st.uploads)
         dropped = [n for n in st.shared if n not in st.uploads]
         config = {"sa": {"round": int(round), "survivors": survivors, "dropped": dropped}}
-        return {name: Message(config=config) for name in survivors}
+        arrays = {f"check.{n}": _tensor(sig) for n, sig in st.checks.items()}
+        asked = sorted(st.checks) if self.sa.active else survivors
+        return {name: Message(arrays=dict(arrays), config=config) for name in asked}
 
     def aggregate_sa_unmask(self, round, replies, failures) -> None:
         st = self._round
@@ -296,6 +366,8 @@ class SecureServer:
         seeds = {n: rebuild("b", n) for n in survivors}
         private = {d: rebuild("s", d) for d in dropped}
         bits = self.sa.fractional_bits
+        if self.sa.hide_aggregate:
+            self.offset_keys[st.serial] = (st.round, st.stage, {u: st.s_pk[u] for u in survivors})
         for t in self.table:
             holders = [n for n in survivors if t in st.uploads[n]]
             if not holders:
@@ -329,26 +401,43 @@ class SecureServer:
             table = self.table[t]
             shape = (1, *table.shape) if t in self._whole() else tuple(table.shape)
             if self.sa.hide_aggregate:
-                self._store_hidden(t, total, counts, st.serial)
+                self._store_hidden(t, total, counts, st.serial, self._holder_bits(t, rows, holders))
             else:
                 sums = secagg.signed(total).to(torch.float64) / float(1 << bits)
                 self.apply_sums(t, sums.view(shape), counts)
+        if self.sa.hide_aggregate:  # forget the keys of aggregations no row reads any more
+            live = {int(s) for h in self.hidden.values() for s in torch.unique(h["serial"][h["count"] > 0]).tolist()}
+            self.offset_keys = {s: v for s, v in self.offset_keys.items() if s in live}
         self._round = None
+
+    def _holder_bits(self, tensor: str, rows: int, holders: list[str]) -> Tensor:
+        """Per row, the bit mask of the clients whose offsets are in its sum: the row's
+        holders (``shared_rows``), or every survivor (``dense`` uploads, and offsets, span
+        every row, so the mask tells a client nothing of its peers' rows)."""
+        bits = torch.zeros(rows, dtype=torch.int64)
+        for u in holders:
+            if self.sa.mode == "dense":
+                bits |= 1 << self.bit[u]
+            else:
+                bits[self._index(tensor, u)] |= 1 << self.bit[u]
+        return bits
 
     def _whole(self) -> set[str]:
         return {t for t in self.table if self.alignments[self.group_of[t]] is None}
 
-    def _store_hidden(self, tensor: str, total: Tensor, counts: Tensor, serial: int) -> None:
+    def _store_hidden(self, tensor: str, total: Tensor, counts: Tensor, serial: int, holders: Tensor) -> None:
         rows = total.shape[0]
         h = self.hidden.setdefault(tensor, {
             "sum": torch.zeros(rows, total.shape[1], dtype=torch.int64),
             "count": torch.zeros(rows, dtype=torch.int64),
             "serial": torch.zeros(rows, dtype=torch.int64),
+            "holders": torch.zeros(rows, dtype=torch.int64),
         })
         held = counts > 0
         h["sum"][held] = total[held]
         h["count"][held] = counts[held]
         h["serial"][held] = serial
+        h["holders"][held] = holders[held]
 
     # ---------------------------------------------------------------- downloads
     def rows(self, name: str) -> dict[str, Tensor]:
@@ -370,12 +459,17 @@ class SecureServer:
             out[f"{t}@sum"] = secagg.to_wire(h["sum"][idx])
             out[f"{t}@count"] = counts.to(torch.int32)
             out[f"{t}@serial"] = h["serial"][idx].to(torch.int32)
+            out[f"{t}@holders"] = h["holders"][idx]
+            for serial in torch.unique(h["serial"][idx][counts > 0]).tolist():
+                round, stage, keys = self.offset_keys[int(serial)]
+                for u, public in keys.items():
+                    out[f"{PREFIX}okey.{int(serial)}.{round}.{stage}.{self.bit[u]}.{u}"] = _tensor(public)
         return out
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["secure"] = {"serial": self.serial,
+        state["secure"] = {"serial": self.serial, "offset_keys": dict(self.offset_keys),
                            "hidden": {t: {k: v.clone() for k, v in h.items()} for t, h in self.hidden.items()}}
         return state
 
@@ -383,12 +477,15 @@ class SecureServer:
         super().load_state_dict(state)
         secure = state.get("secure") or {}
         self.serial = int(secure.get("serial", 0))
+        self.offset_keys = dict(secure.get("offset_keys", {}))
         self.hidden = {t: {k: v.clone() for k, v in h.items()} for t, h in secure.get("hidden", {}).items()}
 
 
 # ====================================================================== client
 @dataclass
 class _ClientRound:
+    """One round's secrets and what the client learnt in it; never in a saved state."""
+
     round: int
     threshold: int
     c_sk: bytes
@@ -399,7 +496,11 @@ class _ClientRound:
     parties: list[str] = field(default_factory=list)
     own: tuple[bytes, bytes] | None = None                      # my shares of my own secrets
     c_pk_of: dict[str, bytes] = field(default_factory=dict)       # the peers' share-encryption keys
+    s_pk_of: dict[str, bytes] = field(default_factory=dict)       # active: the peers' signed mask keys
     received: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # peer -> (b share, s share)
+    shared: list[str] = field(default_factory=list)             # U2, as told with the masked stage
+    stage: str = ""
+    checked: list[str] | None = None                            # active: the survivor list I signed
 
 
 class SecureClient:
@@ -408,57 +509,107 @@ class SecureClient:
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
         self.sa = party.cfg.federated.secure_aggregation
+        # t from this client's own config: a server-sent t is checked against it, never used
+        self.threshold = check_secure_config(party.cfg, strategy)
         self._round: _ClientRound | None = None
         self._gidx: dict[str, Tensor] = {}
+        self._identity = secagg.identity_key(self._key, party.name) if self.sa.active else b""
+
+    def _identity_of(self, peer: str) -> bytes:
+        """A peer's identity public key, from the provisioning (the federation secret)."""
+        return secagg.identity_public(secagg.identity_key(self._key, peer))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        # Between the key stage and the unmasking, the round's secrets: a client whose
-        # process ends between two messages (a Flower ClientApp) needs them back, from its
-        # own disk. A finished round has none (on_sa_unmask drops them), so the checkpoint
-        # of a committed round holds no key material.
+        # The round's secrets are never part of a saved state: a state can be restored (a
+        # resumed run, or a Flower "restore" request from the server) and a restored secret
+        # could be revealed twice. A client process that ends between two messages keeps
+        # them through round_secrets() instead, which the unmasking spends.
         state = super().state_dict()
-        state["secure_client"] = {"round": None if self._round is None else asdict(self._round),
-                                  "gidx": {k: v.clone() for k, v in self._gidx.items()}}
+        state["secure_client"] = {"gidx": {k: v.clone() for k, v in self._gidx.items()}}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         saved = state.get("secure_client") or {}
-        self._round = None if saved.get("round") is None else _ClientRound(**saved["round"])
         self._gidx = {k: v.long() for k, v in saved.get("gidx", {}).items()}
+
+    def round_secrets(self) -> dict | None:
+        """The secrets of the round in progress, or ``None`` once unmasked (or before any).
+        :class:`~lightning_fedkg.flower.client.ClientRuntime` keeps them in one file of its
+        own, never in a numbered state, and deletes it when this returns ``None``."""
+        return None if self._round is None else asdict(self._round)
+
+    def load_round_secrets(self, secrets: dict | None) -> None:
+        """Take back :meth:`round_secrets` written by an earlier process of this client."""
+        self._round = None if secrets is None else _ClientRound(**secrets)
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, stage, message, round):
         if stage not in MASKED:
             return super().handle(stage, message, round)
         extra = {k: v for k, v in message.arrays.items() if k.startswith(PREFIX)}
-        plain = Message(arrays={k: v for k, v in message.arrays.items() if not k.startswith(PREFIX)},
+        keep = f"{PREFIX}okey."  # the offset keys of hidden sums go on to receive()
+        plain = Message(arrays={k: v for k, v in message.arrays.items() if not k.startswith(PREFIX) or k.startswith(keep)},
                         metrics=message.metrics, config={k: v for k, v in message.config.items() if k != "sa"})
         self._gidx.update({k[len(PREFIX) + 5:]: v.long() for k, v in extra.items() if k.startswith(f"{PREFIX}gidx.")})
         reply = super().handle(stage, plain, round) or Message()
         return Message(arrays=self._mask(stage, reply.arrays, extra, message.config["sa"]),
                        metrics=reply.metrics, config=reply.config)
 
+    def _current(self, sa: dict, what: str) -> _ClientRound:
+        """The round in progress, if ``sa`` names it; refuses otherwise (an unmasked round
+        has no secrets left: a second unmasking of it is refused here, by name)."""
+        st = self._round
+        if st is None or st.round != int(sa["round"]):
+            raise RuntimeError(f"secure aggregation: {self.party.name} has no secrets of round {sa['round']} for "
+                               f"{what}: that round was already unmasked or never keyed here; refusing")
+        return st
+
     # ---------------------------------------------------------------- keys and shares
     def on_sa_keys(self, message: Message, round: int) -> Message:
         sa = message.config["sa"]
+        if int(sa["threshold"]) != self.threshold:
+            raise RuntimeError(f"secure aggregation: the server asks for threshold t={sa['threshold']}, this "
+                               f"client's config gives t={self.threshold}; refusing")
         c_sk, c_pk = secagg.new_keypair()
         s_sk, s_pk = secagg.new_keypair()
-        self._round = _ClientRound(round=int(sa["round"]), threshold=int(sa["threshold"]), c_sk=c_sk, c_pk=c_pk,
+        self._round = _ClientRound(round=int(sa["round"]), threshold=self.threshold, c_sk=c_sk, c_pk=c_pk,
                                    s_sk=s_sk, s_pk=s_pk, seed=secagg.new_seed())
-        return Message(arrays={"c_pk": _tensor(c_pk), "s_pk": _tensor(s_pk)})
+        out = {"c_pk": _tensor(c_pk), "s_pk": _tensor(s_pk)}
+        if self.sa.active:
+            out["sig"] = _tensor(secagg.sign(self._identity, _keys_statement(int(sa["round"]), self.party.name,
+                                                                             c_pk, s_pk)))
+        return Message(arrays=out)
 
     def _share_key(self, peer: str, peer_public: bytes) -> bytes:
         st = self._round
         lo, hi = sorted((self.party.name, peer))
         return secagg.derive_key(secagg.agree(st.c_sk, peer_public), f"fedkg-sa-share|{st.round}|{lo}|{hi}")
 
+    def _verified_keys(self, parties: list[str], arrays: dict[str, Tensor], round: int) -> dict[str, bytes]:
+        """active: ``{peer: mask public key}`` once every peer's advertisement carries its
+        author's signature; a substituted key aborts the round before any share is made."""
+        out = {}
+        for peer in parties:
+            if peer == self.party.name:
+                continue
+            c_pk, s_pk = _bytes(arrays[f"c_pk.{peer}"]), _bytes(arrays[f"s_pk.{peer}"])
+            if not secagg.verify(self._identity_of(peer), _bytes(arrays[f"sig.{peer}"]),
+                                 _keys_statement(round, peer, c_pk, s_pk)):
+                raise RuntimeError(f"secure aggregation: {peer}'s round-{round} keys do not carry its signature; "
+                                   "refusing to share (a substituted key)")
+            out[peer] = s_pk
+        return out
+
     def on_sa_shares(self, message: Message, round: int) -> Message:
-        st, sa, me = self._round, message.config["sa"], self.party.name
+        sa, me = message.config["sa"], self.party.name
+        st = self._current(sa, SA_SHARES)
         parties = list(sa["parties"])
-        if me not in parties or len(parties) < st.threshold:
+        if me not in parties or len(parties) < st.threshold or st.parties:
             raise RuntimeError(f"secure aggregation: {me} is asked to share among {parties} (t={st.threshold})")
+        if self.sa.active:
+            st.s_pk_of = self._verified_keys(parties, message.arrays, st.round)
         st.parties = parties
         b_shares = secagg.split_secret(st.seed, st.threshold, len(parties))
         s_shares = secagg.split_secret(st.s_sk, st.threshold, len(parties))
@@ -469,34 +620,41 @@ class SecureClient:
                 continue
             key = self._share_key(peer, _bytes(message.arrays[f"c_pk.{peer}"]))
             out[f"ct.{peer}"] = _tensor(secagg.encrypt(key, b_shares[i] + s_shares[i], f"{st.round}|{me}->{peer}"))
-            st.received.pop(peer, None)
         st.c_pk_of = {p: _bytes(message.arrays[f"c_pk.{p}"]) for p in parties if p != me}
         return Message(arrays=out)
 
     # ---------------------------------------------------------------- masking
     def _mask(self, stage: str, arrays: dict[str, Tensor], extra: dict[str, Tensor], sa: dict) -> dict[str, Tensor]:
-        st, me = self._round, self.party.name
-        if st is None or me not in sa["shared"] or len(sa["shared"]) < st.threshold:
-            raise RuntimeError(f"secure aggregation: {me} cannot mask among {sa['shared']}")
-        for peer in sa["shared"]:
+        me = self.party.name
+        st = self._current(sa, stage)
+        shared = list(sa["shared"])
+        if me not in shared or len(shared) < st.threshold or not set(shared) <= set(st.parties) or st.shared:
+            raise RuntimeError(f"secure aggregation: {me} cannot mask among {shared}")
+        for peer in shared:
             if peer == me:
                 continue
             data = secagg.decrypt(self._share_key(peer, st.c_pk_of[peer]), _bytes(extra[f"{PREFIX}ct.{peer}"]),
                                   f"{st.round}|{peer}->{me}")
             st.received[peer] = (data[:secagg.CHUNK], data[secagg.CHUNK:])
-        bits, bound = self.sa.fractional_bits, secagg.MODULUS // 2 // max(len(sa["shared"]), 1)
+        st.shared, st.stage = shared, stage
+        bits, bound = self.sa.fractional_bits, secagg.MODULUS // 2 // max(len(shared), 1)
         out = {}
         for t, x in arrays.items():
             q = secagg.quantise(x.reshape(1 if t in sa["whole"] else x.shape[0], -1), bits, bound)
-            if self.sa.hide_aggregate:
-                q = q + _offset(self._key, sa["serial"], t, int(self._gidx[t].max()) + 1, q.shape[1])[self._gidx[t]]
             if self.sa.mode == "dense":
                 full = torch.zeros(sa["rows"][t], q.shape[1] + 1, dtype=torch.int64)
                 full[self._gidx[t], :-1] = q
                 full[self._gidx[t], -1] = 1  # the holder indicator, an integer, not fixed point
+                if self.sa.hide_aggregate:  # over every row: the readers need not know whose rows these are
+                    full[:, :-1] += _offset(self._key, st.round, stage, t, me, st.s_pk, full.shape[0], q.shape[1])
                 q = full
+            elif self.sa.hide_aggregate:
+                gidx = self._gidx[t]
+                q = q + _offset(self._key, st.round, stage, t, me, st.s_pk, int(gidx.max()) + 1, q.shape[1])[gidx]
             words = q + _words(secagg.derive_key(st.seed, f"fedkg-sa-self|{st.round}|{stage}|{t}"), q.shape)
-            s_pk = {p: _bytes(extra[f"{PREFIX}s_pk.{p}"]) for p in sa["holders"][t] if p != me}
+            # active: the signed keys of on_sa_shares, never what this message says they are
+            s_pk = {p: (st.s_pk_of[p] if self.sa.active else _bytes(extra[f"{PREFIX}s_pk.{p}"]))
+                    for p in sa["holders"][t] if p != me}
             for peer, public in s_pk.items():
                 key = secagg.derive_key(secagg.agree(st.s_sk, public), _pair_info(st.round, stage, t, me, peer))
                 if self.sa.mode == "dense":
@@ -507,15 +665,54 @@ class SecureClient:
             out[t] = secagg.to_wire(words)
         return out
 
+    # ---------------------------------------------------------------- consistency check (active)
+    def _check_survivors(self, st: _ClientRound, survivors: list[str]) -> None:
+        me = self.party.name
+        if not st.shared:
+            raise RuntimeError(f"secure aggregation: {me} has not uploaded in round {st.round}; refusing")
+        if me not in survivors or len(survivors) < st.threshold or not set(survivors) <= set(st.shared):
+            raise RuntimeError(f"secure aggregation: survivors {survivors} are not at least t={st.threshold} "
+                               f"of {st.shared} with {me}; refusing")
+
+    def on_sa_check(self, message: Message, round: int) -> Message:
+        """active: sign the survivor list, once per round (a second, other list is refused)."""
+        sa = message.config["sa"]
+        st = self._current(sa, SA_CHECK)
+        survivors = sorted(sa["survivors"])
+        self._check_survivors(st, survivors)
+        if st.checked is not None and st.checked != survivors:
+            raise RuntimeError(f"secure aggregation: {self.party.name} signed the survivors {st.checked} of round "
+                               f"{st.round} already; refusing to sign {survivors}")
+        st.checked = survivors
+        return Message(arrays={"sig": _tensor(secagg.sign(self._identity, _check_statement(st.round, st.stage,
+                                                                                             survivors)))})
+
+    def _verify_check(self, st: _ClientRound, survivors: list[str], arrays: dict[str, Tensor]) -> None:
+        """active: the list is the one I signed, and at least t survivors signed it too."""
+        if st.checked != survivors:
+            raise RuntimeError(f"secure aggregation: unmasking for survivors {survivors}, but {self.party.name} "
+                               f"signed {st.checked}; refusing")
+        statement = _check_statement(st.round, st.stage, survivors)
+        signed = [n for n in survivors if f"check.{n}" in arrays
+                  and secagg.verify(self._identity_of(n), _bytes(arrays[f"check.{n}"]), statement)]
+        if len(signed) < st.threshold:
+            raise RuntimeError(f"secure aggregation: {len(signed)} valid signatures on the survivor list, below "
+                               f"t={st.threshold}; refusing to reveal any share")
+
     # ---------------------------------------------------------------- unmask
     def on_sa_unmask(self, message: Message, round: int) -> Message:
-        st, sa, me = self._round, message.config["sa"], self.party.name
-        survivors, dropped = list(sa["survivors"]), list(sa["dropped"])
-        if set(survivors) & set(dropped):
-            raise RuntimeError(f"secure aggregation: {sorted(set(survivors) & set(dropped))} asked as survivors "
-                               "and as dropped; refusing to reveal both secrets of one client")
-        if me not in survivors or len(survivors) < st.threshold:
-            raise RuntimeError(f"secure aggregation: {len(survivors)} survivors, below t={st.threshold}")
+        sa, me = message.config["sa"], self.party.name
+        st = self._current(sa, SA_UNMASK)
+        survivors = sorted(sa["survivors"])
+        if set(survivors) & set(sa["dropped"]):
+            raise RuntimeError(f"secure aggregation: {sorted(set(survivors) & set(sa['dropped']))} asked as "
+                               "survivors and as dropped; refusing to reveal both secrets of one client")
+        self._check_survivors(st, survivors)
+        if self.sa.active:
+            self._verify_check(st, survivors, message.arrays)
+        # Spent before anything leaves: whatever happens next, this round is never unmasked again.
+        self._round = None
+        dropped = [n for n in st.shared if n not in survivors]  # from what I was told when masking
         shares = dict(st.received)
         shares[me] = st.own
         out = {}
@@ -525,30 +722,46 @@ class SecureClient:
         for name in dropped:
             if name in shares and name != me:
                 out[f"s.{name}"] = _tensor(shares[name][1])
-        self._round = None
         return Message(arrays=out)
 
     # ---------------------------------------------------------------- hidden aggregate
+    def _offsets(self, arrays: dict) -> dict[int, tuple[int, str, dict[int, tuple[str, bytes]]]]:
+        """Pop the offset keys of a download: ``{serial: (round, stage, {bit: (client, key)})}``."""
+        out: dict = {}
+        for k in [k for k in arrays if k.startswith(f"{PREFIX}okey.")]:
+            serial, rnd, stage, bit, name = k[len(PREFIX) + 5:].split(".", 4)
+            entry = out.setdefault(int(serial), (int(rnd), stage, {}))
+            entry[2][int(bit)] = (name, _bytes(arrays.pop(k)))
+        return out
+
     def receive(self, arrays) -> None:
-        """Apply a download; with ``hide_aggregate`` first read the offset sums back into rows."""
+        """Apply a download; with ``hide_aggregate`` first read the offset sums back into rows:
+        remove, from each row's sum, the offsets of the clients whose uploads it holds."""
         arrays = dict(arrays)
+        offsets = self._offsets(arrays)
         for k in [k for k in arrays if k.startswith(f"{PREFIX}gidx.")]:
             self._gidx[k[len(PREFIX) + 5:]] = arrays.pop(k).long()
         for k in [k for k in arrays if k.startswith(PREFIX)]:
             arrays.pop(k)
         for t in [k for k in arrays if k.endswith("@sum")]:
             name = t[:-4]
-            sums, counts, serials = secagg.from_wire(arrays.pop(t)), arrays.pop(f"{name}@count").long(), \
-                arrays.pop(f"{name}@serial").long()
+            sums, counts = secagg.from_wire(arrays.pop(t)), arrays.pop(f"{name}@count").long()
+            serials, holders = arrays.pop(f"{name}@serial").long(), arrays.pop(f"{name}@holders").long()
             # the initial rows come only while some row was never aggregated
             base = arrays[name] if name in arrays else self.upload()[name]
             flat = base.reshape(counts.numel(), -1)  # one row for a tensor shared whole
             gidx = self._gidx[name]
             value = flat.to(torch.float64).clone()
             for serial in torch.unique(serials[counts > 0]).tolist():
+                rnd, stage, keys = offsets[int(serial)]
                 rows = (serials == serial) & (counts > 0)
-                offset = _offset(self._key, serial, name, int(gidx.max()) + 1, flat.shape[1])[gidx[rows]]
-                plain = secagg.signed(sums[rows] - counts[rows, None] * offset)
+                plain = sums[rows].clone()
+                for bit, (client, public) in keys.items():
+                    held = ((holders[rows] >> bit) & 1).bool()
+                    if bool(held.any()):
+                        o = _offset(self._key, rnd, stage, name, client, public, int(gidx.max()) + 1, flat.shape[1])
+                        plain[held] -= o[gidx[rows][held]]
+                plain = secagg.signed(plain)
                 value[rows] = plain.to(torch.float64) / float(1 << self.sa.fractional_bits) / counts[rows, None]
             arrays[name] = value.to(base.dtype).view(base.shape)
         super().receive(arrays)

@@ -11,6 +11,9 @@ request of the server's (:mod:`.wire`):
 * ``stage``: ``half.handle(stage, message, round)``, exactly the call an in-process run
   makes, and the reply; ``deliver``: ``half.receive(arrays)``, no reply.
 * ``restore``: go back to one of the client's own saved states (a resumed or tested run).
+  A saved state holds no secret of a secure-aggregation round: those live in memory and in
+  one file beside the states (``round_secrets.pt``) that the round's unmasking deletes,
+  so a restore can never make a client unmask one round twice.
 
 Flower starts a fresh ClientApp process for every message (deployment; a simulation reuses
 its Ray workers), so the client's state lives on its own disk: after each message it saves
@@ -132,7 +135,33 @@ class ClientRuntime:
             self.build()
         if latest >= 0 and latest != self.counter:
             self.load(latest, weights_only=False)
+            self.load_round_secrets()
         self.counter = latest
+
+    @property
+    def secrets_path(self) -> Path:
+        """The secrets of the secure-aggregation round in progress (one file, never a
+        numbered state: a ``restore`` cannot bring back a round already unmasked)."""
+        return self.dir / "round_secrets.pt"
+
+    def load_round_secrets(self) -> None:
+        """Take back the round in progress that another process of this client saved."""
+        from lightning_fedkg.federated.checkpoint import load_checkpoint
+
+        if hasattr(self.half, "load_round_secrets"):
+            path = self.secrets_path
+            self.half.load_round_secrets(load_checkpoint(path) if path.is_file() else None)
+
+    def save_round_secrets(self) -> None:
+        """Write the round in progress for the next process, or delete the file once the
+        unmasking has spent it (:meth:`~lightning_fedkg.federated.secure.SecureClient.round_secrets`)."""
+        from lightning_fedkg.federated.checkpoint import save_atomic
+
+        secrets = self.half.round_secrets() if hasattr(self.half, "round_secrets") else None
+        if secrets is None:
+            self.secrets_path.unlink(missing_ok=True)
+        else:
+            save_atomic(secrets, self.secrets_path)
 
     def load(self, number: int, weights_only: bool) -> None:
         from lightning_fedkg.federated.checkpoint import load_checkpoint, restore_rng
@@ -154,6 +183,7 @@ class ClientRuntime:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         save_atomic({"party": self.half.party.state_dict(), "half": self.half.state_dict(), "rng": capture_rng()},
                     self.state_dir / f"{number:08d}.pt")
+        self.save_round_secrets()
         self.counter = number
         keep = self.cfg.federated.flower.keep_states
         for old in sorted(self.state_dir.glob("*.pt"))[:-keep]:

@@ -12,6 +12,8 @@ Aggregation for Privacy-Preserving Machine Learning", CCS 2017), from maintained
   shares 16-byte secrets; longer secrets are shared 16 bytes at a time.
 * Share encryption: ChaCha20-Poly1305 (``cryptography``), so a share forwarded by the server
   can be neither read nor altered by it.
+* Signatures (``active``): Ed25519 (``cryptography``), for the signed key advertisements and
+  the signed survivor list of the paper's actively secure variant (its §6).
 
 Uploads are fixed-point integers in ℤ_{2^32}: :func:`quantise` rounds ``x·2^bits`` to the
 nearest integer, masks are added modulo 2^32, and :func:`signed` reads a sum back as a
@@ -46,6 +48,10 @@ __all__ = [
     "to_wire",
     "from_wire",
     "quantisation_error",
+    "identity_key",
+    "identity_public",
+    "sign",
+    "verify",
 ]
 
 #: Uploads and masks live in ℤ_MODULUS.
@@ -196,3 +202,38 @@ def from_wire(data: Tensor) -> Tensor:
 def quantisation_error(bits: int) -> float:
     """The largest error of a securely aggregated mean per coordinate: ``2^-(bits+1)``."""
     return 2.0 ** -(bits + 1)
+
+
+# ---------------------------------------------------------------- identity (active mode)
+def identity_key(secret: bytes, name: str) -> bytes:
+    """Client ``name``'s long-term Ed25519 signing key (32 raw private bytes), derived from
+    the federation ``secret`` by HKDF. Every holder of the secret can derive it: it
+    authenticates a client against the server, which lacks the secret, not against a
+    client that colludes with the server."""
+    return derive_key(secret, f"fedkg-sa-identity|{name}")
+
+
+def identity_public(private: bytes) -> bytes:
+    """The Ed25519 public key (32 raw bytes) of :func:`identity_key`'s ``private``."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(bytes(private)).public_key().public_bytes_raw()
+
+
+def sign(private: bytes, message: bytes) -> bytes:
+    """The Ed25519 signature (64 bytes) of ``message`` under ``private``."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(bytes(private)).sign(bytes(message))
+
+
+def verify(public: bytes, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is ``public``'s Ed25519 signature of ``message``."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes(public)).verify(bytes(signature), bytes(message))
+    except (InvalidSignature, ValueError):
+        return False
+    return True

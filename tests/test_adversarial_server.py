@@ -1,0 +1,353 @@
+"""Secure aggregation against a server that deviates from the protocol.
+
+Each test plays one attack of an independent security review against the real client
+halves (and, for the rollback, the real Flower :class:`~lightning_fedkg.flower.client.ClientRuntime`).
+The attacker is the server: it sends whatever messages it likes, restores clients to their
+saved states, and reads what comes back. Each test's docstring says what the attack did
+on the code before its fix (it recovered the victim's exact quantised upload, or the
+exact difference of two aggregates); the test asserts that it is now refused or harmless.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated import secure as sa
+from lightning_fedkg.federated.message import Message, decode, encode
+from lightning_fedkg.federated.orchestrator import FederatedRun
+from lightning_fedkg.federated.secure import SecureClient
+from lightning_fedkg.privacy import secagg
+
+from test_protocol import umls_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BITS, T, VICTIM = 16, "entity_emb", "client_1"
+
+
+def secure(**overrides):
+    return umls_config(**{"federated__secure_aggregation__enabled": True, **overrides})
+
+
+def spy_plaintext(monkeypatch) -> dict:
+    """``{client: quantised plaintext words of entity_emb}`` as each client masks it."""
+    seen = {}
+    original = SecureClient._mask
+
+    def spy(self, stage, arrays, extra, info):
+        x = arrays[T]
+        seen[self.party.name] = secagg.quantise(x.reshape(x.shape[0], -1), BITS, secagg.MODULUS)
+        return original(self, stage, arrays, extra, info)
+
+    monkeypatch.setattr(SecureClient, "_mask", spy)
+    return seen
+
+
+def until_unmask(run, round=1):
+    """Run the round's exchanges honestly up to (not including) the unmasking; returns the
+    server's round record (the keys, the shares it forwarded, the masked uploads)."""
+    server = run.server
+    selected = server.select_clients(round)
+    for stage in server.stages:
+        if stage in (sa.SA_UNMASK, getattr(sa, "SA_CHECK", None)):
+            break
+        replies, failures = run.exchange(round, stage, getattr(server, f"configure_{stage}")(round, selected))
+        getattr(server, f"aggregate_{stage}")(round, replies, failures)
+    return server._round
+
+
+def unmask_request(survivors, dropped, round=1) -> Message:
+    return Message(config={"sa": {"round": round, "survivors": sorted(survivors), "dropped": sorted(dropped)}})
+
+
+def rebuild(st, replies: dict, kind: str, owner: str) -> bytes:
+    """``owner``'s secret from the ``kind`` (``b`` or ``s``) shares among ``replies``."""
+    order = {n: i + 1 for i, n in enumerate(st.parties)}
+    shares = {order[h]: sa._bytes(r.arrays[f"{kind}.{owner}"]) for h, r in replies.items()
+              if f"{kind}.{owner}" in r.arrays}
+    return secagg.combine_secret(shares, 2)
+
+
+def read_upload(server, st, victim: str, seed: bytes, s_sk: bytes) -> torch.Tensor:
+    """The victim's upload, as the server reads it once it holds both of its secrets."""
+    y = st.uploads[victim][T].clone()
+    y -= sa._words(secagg.derive_key(seed, f"fedkg-sa-self|{st.round}|{st.stage}|{T}"), y.shape)
+    for peer in st.shared:
+        if peer != victim:
+            key = secagg.derive_key(secagg.agree(s_sk, st.s_pk[peer]), sa._pair_info(st.round, st.stage, T, victim, peer))
+            pos = server.positions(T, victim, peer)
+            y[pos] -= sa._sign(victim, peer) * sa._words(key, (pos.numel(), y.shape[1]))
+    return secagg.signed(y)
+
+
+# ---------------------------------------------------------------- 1. rollback
+def test_rollback_through_state_dict_cannot_unmask_a_round_twice(monkeypatch):
+    """Attack: honest unmask (the victim's b shares), then load every other client's state
+    saved after ``train`` and unmask again claiming the victim dropped (its s shares).
+    Before the fix the state held the round's secrets and received shares: the second
+    unmask answered, and the server read the victim's exact upload (``torch.equal``)."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    st = until_unmask(run)
+    saved = {n: copy.deepcopy(h.state_dict()) for n, h in run.pool.halves.items()}
+    everyone = sorted(st.uploads)
+    first, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(everyone, []) for n in everyone})
+    assert not failures
+    others = [n for n in everyone if n != VICTIM]
+    for n in others:
+        run.pool.halves[n].load_state_dict(saved[n])
+    second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(others, [VICTIM]) for n in others})
+    assert not second, "a rolled-back client revealed shares a second time"
+    assert all("already" in failures[n] and "AttributeError" not in failures[n] for n in others), failures
+    assert VICTIM in seen  # the victim did upload: the attack had its target
+
+
+def _proxy(runtime_of, digest):
+    class Proxy:  # the server's side of the Flower wire: runtime_of() is the process answering
+        def handle(self, stage, message, round):
+            head = {"kind": "stage", "stage": stage, "round": round, "digest": digest}
+            answer, payload = runtime_of().handle(head, b"" if message.is_empty() else encode(message))
+            return decode(payload) if payload else Message()
+
+    return Proxy()
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["one_process", "process_per_message"])
+def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice(tmp_path, monkeypatch, fresh):
+    """The same replay through the Flower client (``{"kind": "restore"}`` to the state saved
+    after ``train``, even with ``weights_only``), with the party kept in memory (a client
+    worker) or rebuilt from disk for every message (a ClientApp without one). Before the
+    fix the restored state brought the round's secrets back and the second unmask revealed
+    the victim's s shares."""
+    from lightning_fedkg.flower.client import ClientRuntime
+    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+
+    seen = spy_plaintext(monkeypatch)
+    cfg = secure()
+    run = FederatedRun(cfg, run_dir=None)
+    key = write_key_file("secret", tmp_path / "key")
+    runtimes, digests, after_train = {}, {}, {}
+    for folder in write_client_folders(cfg, tmp_path / "data"):
+        client = ClientRuntime(folder, key, tmp_path / "work", "run1")
+        answer, _ = client.handle({"kind": "hello", "config": client_config_text(cfg)}, b"")
+        runtimes[client.name], digests[client.name] = client, answer["digest"]
+
+        def runtime_of(name=client.name, folder=folder):
+            if fresh:  # a new process: nothing in memory, everything from the client's disk
+                runtimes[name] = ClientRuntime(folder, key, tmp_path / "work", "run1")
+            return runtimes[name]
+
+        run.pool.halves[client.name] = _proxy(runtime_of, answer["digest"])
+    run.align()
+    st = until_unmask(run)
+    for n, client in runtimes.items():
+        after_train[n] = client.latest()
+    everyone = sorted(st.uploads)
+    first, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(everyone, []) for n in everyone})
+    assert not failures and VICTIM in seen
+    others = [n for n in everyone if n != VICTIM]
+    for n in others:
+        assert not runtimes[n].secrets_path.exists()  # spent by the unmasking
+        restorer = ClientRuntime(runtimes[n].data_path, key, tmp_path / "work", "run1") if fresh else runtimes[n]
+        restorer.handle({"kind": "restore", "state": after_train[n], "weights_only": True, "digest": digests[n]}, b"")
+    second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(others, [VICTIM]) for n in others})
+    assert not second, "a restored Flower client revealed shares a second time"
+    assert all("already" in failures[n] for n in others), failures
+    # no saved state, numbered or pinned, holds a private key of the round
+    for client in runtimes.values():
+        for path in client.state_dir.glob("*.pt"):
+            state = torch.load(path, weights_only=False)
+            assert (state["half"].get("secure_client") or {}).get("round") is None
+
+
+# ---------------------------------------------------------------- 2. the threshold
+def test_a_client_refuses_a_threshold_the_server_lowered(monkeypatch):
+    """Attack: the server sends t = 1 in ``sa_keys``; each 1-of-n share is the secret, so one
+    split-view unmask per client (one told the victim survived, one that it dropped) gives
+    both secrets. Before the fix the clients used the server's t and the attack read the
+    victim's exact upload."""
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    original = run.server.configure_sa_keys
+
+    def lowered(round, selected):
+        messages = original(round, selected)
+        for m in messages.values():
+            m.config["sa"]["threshold"] = 1
+        return messages
+
+    run.server.configure_sa_keys = lowered
+    replies, failures = run.exchange(1, sa.SA_KEYS, run.server.configure_sa_keys(1, run.server.select_clients(1)))
+    assert not replies and set(failures) == {"client_0", "client_1", "client_2"}
+    assert all("threshold" in f for f in failures.values()), failures
+
+
+def test_threshold_at_most_half_is_refused_and_a_split_view_at_the_default_fails(monkeypatch):
+    """Attack (n = 4): the server tells two clients that the victim survived (their b shares
+    of it) and the other two that it dropped (their s shares). With t = 2 ≤ n/2, which the
+    config check accepted, that recovered the victim's exact upload with no rollback. Now
+    t ≤ n/2 is refused, and at the default t = 3 the split view gathers too few shares."""
+    with pytest.raises(ConfigError, match=r"threshold=2 must be in \[3, 4\]"):
+        FederatedRun(secure(data__num_clients=4, federated__secure_aggregation__threshold=2), run_dir=None)
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(data__num_clients=4), run_dir=None)
+    run.align()
+    st = until_unmask(run)
+    assert st.threshold == 3 and len(st.uploads) == 4 and VICTIM in seen
+    told_alive, told_dropped = ["client_0", "client_2"], ["client_3"]
+    alive = {n: unmask_request(["client_0", "client_1", "client_2"], ["client_3"]) for n in told_alive}
+    gone = {n: unmask_request(["client_0", "client_2", "client_3"], [VICTIM]) for n in told_dropped}
+    replies, failures = run.exchange(1, sa.SA_UNMASK, {**alive, **gone})
+    s_shares = [n for n, r in replies.items() if f"s.{VICTIM}" in r.arrays]
+    assert len(s_shares) < st.threshold  # the victim's mask key stays out of reach
+    # the clients check the threshold against their own config, not the server's word
+    with pytest.raises(ConfigError, match="threshold"):
+        sa.check_secure_config(secure(data__num_clients=4, federated__secure_aggregation__threshold=2),
+                               run.strategy)
+
+
+# ---------------------------------------------------------------- 3. key substitution
+@pytest.mark.parametrize("active", [False, True], ids=["honest_but_curious", "active"])
+def test_a_substituted_share_key_reads_the_victim_only_without_active(monkeypatch, active):
+    """Attack: in ``sa_shares`` the server gives the victim its own key in place of every
+    peer's share-encryption key, decrypts the victim's shares of b and s meant for those
+    peers, and unmasks the victim's upload. Without ``active`` (the honest-but-curious
+    mode) this works, as the threat model says; with ``active`` the keys carry their
+    owners' signatures and the victim refuses to share."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__secure_aggregation__active=active), run_dir=None)
+    run.align()
+    server, selected = run.server, run.server.select_clients(1)
+    replies, _ = run.exchange(1, sa.SA_KEYS, server.configure_sa_keys(1, selected))
+    server.aggregate_sa_keys(1, replies, {})
+    attacker_sk, attacker_pk = secagg.new_keypair()
+    messages = server.configure_sa_shares(1, selected)
+    for key in [k for k in messages[VICTIM].arrays if k.startswith("c_pk.") and k != f"c_pk.{VICTIM}"]:
+        messages[VICTIM].arrays[key] = sa._tensor(attacker_pk)
+    replies, failures = run.exchange(1, sa.SA_SHARES, messages)
+    if active:
+        assert VICTIM not in replies and "signature" in failures[VICTIM]
+        return
+    server.aggregate_sa_shares(1, replies, failures)
+    st = server._round
+    shares = {}
+    for i, peer in enumerate(st.parties):
+        if peer != VICTIM:
+            lo, hi = sorted((VICTIM, peer))
+            key = secagg.derive_key(secagg.agree(attacker_sk, st.c_pk[VICTIM]), f"fedkg-sa-share|1|{lo}|{hi}")
+            shares[i + 1] = secagg.decrypt(key, sa._bytes(st.ciphertexts[peer][VICTIM]), f"1|{VICTIM}->{peer}")
+    seed = secagg.combine_secret({i: s[:secagg.CHUNK] for i, s in shares.items()}, 2)
+    s_sk = secagg.combine_secret({i: s[secagg.CHUNK:] for i, s in shares.items()}, 2)
+    # the peers' shares to the victim, made up under the substituted keys so that it uploads
+    messages = server.configure_train(1, selected)
+    for peer in st.parties:
+        if peer != VICTIM:
+            lo, hi = sorted((VICTIM, peer))
+            key = secagg.derive_key(secagg.agree(attacker_sk, st.c_pk[VICTIM]), f"fedkg-sa-share|1|{lo}|{hi}")
+            made_up = secagg.encrypt(key, bytes(3 * secagg.CHUNK), f"1|{peer}->{VICTIM}")
+            messages[VICTIM].arrays[f"sa.ct.{peer}"] = sa._tensor(made_up)
+    replies, _ = run.exchange(1, "train", messages)
+    st.uploads = {n: {t: secagg.from_wire(v) for t, v in r.arrays.items()} for n, r in replies.items()}
+    assert torch.equal(read_upload(server, st, VICTIM, seed, s_sk), seen[VICTIM])
+
+
+def test_with_active_a_split_view_of_the_survivors_reveals_nothing():
+    """Attack (``active``): after the uploads the server asks the clients to sign two
+    different survivor lists, to unmask each half against the other's list. Each client
+    signs one list per round, and reveals shares only with t signatures on the list it
+    signed itself."""
+    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=None)
+    run.align()
+    st = until_unmask(run)
+    everyone = sorted(st.uploads)
+    signed, failures = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": everyone}})
+                                                     for n in everyone})
+    assert set(signed) == set(everyone)
+    others = [n for n in everyone if n != VICTIM]
+    again, failures = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": others}})
+                                                    for n in others})
+    assert not again and all("signed the survivors" in failures[n] for n in others)
+    # unmasking "without the victim" with the signatures the server has: not the signed list
+    sigs = {f"check.{n}": signed[n].arrays["sig"] for n in others}
+    asked = {n: Message(arrays=dict(sigs), config=unmask_request(others, [VICTIM]).config) for n in others}
+    replies, failures = run.exchange(1, sa.SA_UNMASK, asked)
+    assert not replies and all("signed" in failures[n] for n in others), failures
+    # the honest unmask, with t signatures on the signed list, still completes the round
+    run.server.aggregate_sa_check(1, signed, {})
+    replies, failures = run.exchange(1, sa.SA_UNMASK, run.server.configure_sa_unmask(1, everyone))
+    assert set(replies) == set(everyone) and not failures
+
+
+# ---------------------------------------------------------------- 4. hide_aggregate
+def hidden_run(monkeypatch, mode="shared_rows", clients=4):
+    rounds = {}
+    original = SecureClient._mask
+
+    def spy(self, stage, arrays, extra, info):
+        x = arrays[T]
+        rounds.setdefault(int(info["round"]), {})[self.party.name] = secagg.quantise(
+            x.reshape(x.shape[0], -1), BITS, secagg.MODULUS)
+        return original(self, stage, arrays, extra, info)
+
+    monkeypatch.setattr(SecureClient, "_mask", spy)
+    run = FederatedRun(secure(data__num_clients=clients, federated__secure_aggregation__hide_aggregate=True,
+                              federated__secure_aggregation__mode=mode, federated__federation_key="k"),
+                       run_dir=None)
+    run.align()
+    return run, rounds
+
+
+def plain_sum(run, quantised: dict) -> torch.Tensor:
+    index = run.server.alignment.index
+    rows, width = run.server.table[T].shape[0], next(iter(quantised.values())).shape[1]
+    total = torch.zeros(rows, width, dtype=torch.int64)
+    for n, q in quantised.items():
+        total.index_add_(0, index[n], q)
+    return torch.remainder(total, secagg.MODULUS)
+
+
+@pytest.mark.parametrize("mode", ["shared_rows", "dense"])
+def test_the_stored_sums_low_bits_are_independent_of_the_plaintext(monkeypatch, mode):
+    """Leak: the server stored Σq + c·O with one offset O per aggregation; for an even
+    holder count c the low bit of the sum was the plaintext sum's (100% of the coordinates
+    for c = 2 and c = 4, and the low 2 bits for c = 4). Each holder now adds its own offset."""
+    run, rounds = hidden_run(monkeypatch, mode)
+    run.train_round(1)
+    stored, count = run.server.hidden[T]["sum"], run.server.hidden[T]["count"]
+    plain = plain_sum(run, rounds[1])
+    for c, bits in ((2, 1), (4, 3)):
+        rows = count == c
+        same = ((stored[rows] & bits) == (plain[rows] & bits)).double().flatten()
+        n, p = same.numel(), 1 / (bits + 1)
+        assert n >= 64, (c, n)
+        assert abs(float(same.mean()) - p) < 5 * (p * (1 - p) / n) ** 0.5, (c, float(same.mean()))
+
+
+def test_a_server_that_reuses_a_serial_learns_no_difference_of_aggregates(monkeypatch):
+    """Attack: the offset's serial came from the server; setting its counter back made
+    round 2's sums carry round 1's offset, and S2 − S1 was exactly the difference of the
+    two plaintext aggregates on every row with the same holders. The offsets now come from
+    each holder's own fresh key of that attempt, whatever the server sends."""
+    run, rounds = hidden_run(monkeypatch, clients=3)
+    run.train_round(1)
+    first = run.server.hidden[T]["sum"].clone()
+    run.server.serial = 0
+    run.train_round(2)
+    second = run.server.hidden[T]["sum"]
+    assert int(run.server.hidden[T]["serial"].max()) == 1  # the server did reuse serial 1
+    leak = torch.remainder(second - first, secagg.MODULUS)
+    truth = torch.remainder(plain_sum(run, rounds[2]) - plain_sum(run, rounds[1]), secagg.MODULUS)
+    assert float((leak == truth).double().mean()) < 0.01
+    # and the clients still read the true aggregate back
+    run.load_evaluation_state(2, "val")
+    index = run.server.alignment.index
+    count = run.server.hidden[T]["count"]
+    expected = secagg.signed(plain_sum(run, rounds[2])).double() / (1 << BITS) / count[:, None]
+    rows = run.pool.halves["client_0"].shared()["entity"].read()[T]
+    assert float((rows.double() - expected[index["client_0"]]).abs().max()) <= 2e-5
