@@ -315,7 +315,10 @@ class DPConfig:
     the L2 bound; set ``noise_multiplier`` (σ) or a target ``epsilon`` at ``delta`` (σ is
     then calibrated over ``federated.rounds``); ``placement``: ``local`` noise on every
     upload, or ``distributed`` shares under secure aggregation; ``accountant``: ``rdp`` or
-    ``pld``.
+    ``pld``; ``neighbours``: the relation ε is stated under, ``replace`` (one unit's data
+    replaced by any other: sensitivity 2·clip, what a server that knows who participates
+    can exploit) or ``add_remove`` (present or absent: sensitivity clip); ``metrics.json``
+    gives the add/remove figure beside the configured one.
     """
 
     enabled: bool = False
@@ -326,6 +329,7 @@ class DPConfig:
     delta: float = field(default=1e-5, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
     placement: Literal["local", "distributed"] = "local"
     accountant: Literal["rdp", "pld"] = "rdp"
+    neighbours: Literal["replace", "add_remove"] = "replace"
 
 
 @dataclass

@@ -44,7 +44,9 @@ HIDDEN = SECURE + ["federated.secure_aggregation.hide_aggregate=true", "federate
 
 
 def variants(clip: float) -> dict[str, tuple[Path, list[str]]]:
-    dp = ["federated.dp.enabled=true", "federated.dp.unit=row", f"federated.dp.clip={clip}"]
+    # add_remove: the relation the published table's σ were calibrated under (replace doubles σ)
+    dp = ["federated.dp.enabled=true", "federated.dp.unit=row", f"federated.dp.clip={clip}",
+          "federated.dp.neighbours=add_remove"]
     return {
         "fede": (FEDE, []),
         "fede_secure": (FEDE, SECURE),

@@ -2,26 +2,36 @@
 
 Each selected client clips its update (trained rows minus the rows it downloaded, per row
 or per client: :mod:`lightning_fedkg.privacy.dp`) to norm ``clip`` and adds Gaussian noise
-before it uploads; the noise comes from a generator seeded by the OS, fresh per client, so
-no party can reproduce it. ``placement``:
+before it uploads. The noise is drawn from ``os.urandom`` and the release is snapped to a
+grid (:mod:`lightning_fedkg.privacy.noise`), so no party can reproduce or predict it and its
+low-order bits carry nothing. ``placement``:
 
-* ``local``: every upload carries noise ``σ·clip`` per coordinate, so the guarantee holds
-  against a server that sees each upload (no secure aggregation needed).
+* ``local``: every upload carries noise ``σ·clip`` per coordinate. Threat model: the server
+  and any coalition of other clients see each upload; the guarantee holds against all of
+  them (no secure aggregation needed).
 * ``distributed`` (needs ``federated.secure_aggregation``): each of the ``k`` holders of a
-  row adds ``σ·clip/√k``, so the sum the server unmasks carries ``σ·clip``: the same
-  guarantee on the aggregate at ``1/√k`` of the noise per client. When holders drop after
-  the shares, the sum carries less: the server tells each survivor its realised multiplier
-  ``σ·√(min over its rows of k_survived/k_shared)`` and the client accounts that.
+  row adds ``σ·clip/√k``, so the sum the server unmasks carries ``σ·clip``. Threat model:
+  the server follows the protocol and the clients are honest (they all add their share);
+  ``metrics.json``'s ``epsilon`` is stated under it. The holder counts ``k`` and the
+  realised σ after dropouts come from the server, which could lie to shrink the noise: a
+  client refuses a ``k`` above the number of parties it shared its mask secrets with (it
+  knows those from secure aggregation's key stage) and a realised σ above the requested
+  one, and it also accounts ``epsilon_deviating_server``: the ε its own share alone gives
+  (``σ/√k`` with the largest ``k`` it used), which holds whatever the server claimed and
+  whoever else dropped or colluded.
 
-Every client keeps its own ledger (the list of its Gaussian events) and reports ε at
-``delta`` with each upload (``privacy/epsilon`` in its TensorBoard); ``metrics.json``'s
-``privacy`` block has ε per client, the mechanism and the accountant.
+ε is stated under ``neighbours`` (``replace`` by default, sensitivity ``2·clip``; the
+add/remove figure is given beside it). The server's selection is public (seeded from
+``cfg.seed``), so ε has no amplification by sampling: each upload is one Gaussian event, a
+round without an upload costs nothing, and a client's final ε composes every upload it made,
+to the end of the run. Every client keeps its own ledger and reports ε with each upload
+(``privacy/epsilon`` in its TensorBoard); ``metrics.json``'s ``privacy`` block has ε per
+client, the relation, the mechanism, the accountant and what crosses unprotected.
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 
 import torch
 from torch import Tensor
@@ -30,14 +40,32 @@ from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategy import num_selected
 from lightning_fedkg.privacy import dp as dplib
+from lightning_fedkg.privacy import noise as noiselib
 
-__all__ = ["DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms"]
+__all__ = ["DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms",
+           "UNPROTECTED", "DROPPED"]
 
 PREFIX = "dp."
 MASKED = ("train", "upload")
 EPSILON = "privacy/epsilon"
+EPSILON_ADD_REMOVE = "privacy/epsilon_add_remove"
+EPSILON_DEVIATING = "privacy/epsilon_deviating_server"
+_REPORTED = (EPSILON, EPSILON_ADD_REMOVE, EPSILON_DEVIATING)
+
+#: Upload metrics a DP client does not send: the training loss and example count are
+#: functions of its data that no noise covers, and holder-mean aggregation does not need them.
+DROPPED = ("examples", "loss")
+
+#: What still crosses in clear under ``federated.dp`` (``metrics.json`` → ``privacy.unprotected``).
+UNPROTECTED = (
+    "evaluation replies: each client's validation and test MRR, MR and Hits@k (functions of its "
+    "data and model, sent unnoised; the server needs them for early stopping and the report)",
+    "who uploads in each round and which rows each client holds (the alignment)",
+    "message sizes and timing",
+    "anything a strategy sends outside the train and upload stages (e.g. unlearning or "
+    "distillation phases): DP noises those two stages only",
+)
 
 
 def check_dp_config(cfg, strategy) -> None:
@@ -55,19 +83,29 @@ def check_dp_config(cfg, strategy) -> None:
                           "without it the server sees each upload, whose noise is a fraction of the target")
 
 
-def sampling_rate(cfg, num_clients: int) -> float:
-    """q: the fraction of the ``num_clients`` clients selected per round."""
-    return num_selected(cfg.federated.fraction, num_clients) / num_clients
-
-
-def noise_multiplier(cfg, num_clients: int) -> float:
-    """σ: ``federated.dp.noise_multiplier``, or calibrated to ``epsilon`` at ``delta`` over
-    ``federated.rounds`` rounds at the sampling rate."""
+def noise_multiplier(cfg, num_clients: int, coordinates: int = 1) -> float:
+    """σ: ``federated.dp.noise_multiplier``, or calibrated to ``epsilon`` at ``delta`` under
+    ``neighbours`` for a client that uploads in every one of ``federated.rounds`` rounds (the
+    selection is public, so a selected client gets no amplification and may be selected every
+    round). ``coordinates``: the most values clipped together (a row's width, or a client's
+    whole upload), whose rounding to the release grid the calibration covers too.
+    ``num_clients`` is kept for callers; the figure does not depend on it."""
     dc = cfg.federated.dp
     if dc.noise_multiplier is not None:
         return float(dc.noise_multiplier)
-    return dplib.calibrate_noise_multiplier(dc.epsilon, dc.delta, sampling_rate(cfg, num_clients),
-                                            cfg.federated.rounds, dc.accountant)
+    base = dplib.calibrate_noise_multiplier(dc.epsilon, dc.delta, 1.0, cfg.federated.rounds, dc.accountant,
+                                            dc.neighbours)
+    scale = dplib.sensitivity(dc.neighbours)
+    return base * (scale + noiselib.grid_slack(dc.clip, coordinates)) / scale
+
+
+def event_epsilon(events, delta: float, accountant: str, neighbours: str, deviating: bool = False) -> float:
+    """ε of a client's ledger ``[(round, σ_sum, slack, σ_own)]`` under ``neighbours``: each
+    upload a Gaussian of multiplier ``σ_sum`` on the released sum (``deviating``: ``σ_own``,
+    the client's own share alone), its sensitivity ``Δ`` widened by the grid's ``slack``."""
+    scale = dplib.sensitivity(neighbours)
+    sigmas = [(own if deviating else s) * scale / (scale + slack) for _, s, slack, own in events]
+    return dplib.epsilon([(1.0, z) for z in sigmas], delta, accountant, neighbours)
 
 
 def update_norms(update: dict[str, Tensor], unit: str) -> Tensor:
@@ -77,6 +115,13 @@ def update_norms(update: dict[str, Tensor], unit: str) -> Tensor:
     if unit == "client":
         return torch.stack([sum(r.pow(2).sum() for r in rows)]).sqrt()
     return torch.cat([r.norm(dim=1) for r in rows]) if rows else torch.zeros(0, dtype=torch.float64)
+
+
+def clipped_coordinates(update: dict[str, Tensor], unit: str) -> int:
+    """How many values one clip bounds together: the widest row, or the whole update."""
+    if unit == "client":
+        return sum(int(u.numel()) for u in update.values())
+    return max((int(u[0].numel()) if u.dim() > 1 else int(u.numel()) for u in update.values()), default=1)
 
 
 def clip_update(update: dict[str, Tensor], clip: float, unit: str) -> dict[str, Tensor]:
@@ -103,10 +148,19 @@ class DPServer:
         super().__init__(ctx, strategy)
         check_dp_config(ctx.cfg, strategy)
         self.dp = ctx.cfg.federated.dp
-        self.sigma = noise_multiplier(ctx.cfg, len(ctx.clients))
-        self.q = sampling_rate(ctx.cfg, len(ctx.clients))
-        self.epsilons: dict[str, float] = {}
+        self._num_clients = len(ctx.clients)
+        self._sigma: float | None = None
+        self.epsilons: dict[str, dict[str, float]] = {}
         self._shared: list[str] = []
+
+    @property
+    def sigma(self) -> float:
+        """σ, calibrated once the table (and so the widest clipped unit) is known."""
+        if self._sigma is None:
+            tables = {t: v for t, v in self.table.items()}
+            coords = clipped_coordinates(tables, self.dp.unit) if tables else 1
+            self._sigma = noise_multiplier(self.cfg, self._num_clients, coords)
+        return self._sigma
 
     def _row_counts(self, tensor: str, among: list[str]) -> Tensor:
         """How many of ``among`` hold each row of ``tensor`` (one count for a whole tensor)."""
@@ -117,7 +171,7 @@ class DPServer:
 
     def _with_dp(self, messages: dict[str, Message]) -> dict[str, Message]:
         self._shared = sorted(messages)
-        config = {"sigma": self.sigma, "q": self.q}
+        config = {"sigma": self.sigma}
         counts = {t: self._row_counts(t, self._shared) for t in self.table} \
             if self.dp.placement == "distributed" else {}
         for name, message in messages.items():
@@ -136,8 +190,9 @@ class DPServer:
 
     def _collect(self, replies) -> None:
         for name, reply in replies.items():
-            if EPSILON in reply.metrics:
-                self.epsilons[name] = float(reply.metrics[EPSILON])
+            got = {k: float(reply.metrics[k]) for k in _REPORTED if k in reply.metrics}
+            if got:
+                self.epsilons[name] = got
 
     def aggregate_train(self, round, replies, failures) -> None:
         self._collect(replies)
@@ -161,7 +216,7 @@ class DPServer:
                         mine = (k3.double() / k2.double().clamp(min=1)) if idx is None else \
                             (k3[idx].double() / k2[idx].double().clamp(min=1))
                         ratio = min(ratio, float(mine.min()))
-                message.config["dp"] = {"sigma": self.sigma * math.sqrt(ratio), "q": self.q}
+                message.config["dp"] = {"sigma": self.sigma * math.sqrt(ratio)}
         return messages
 
     def aggregate_sa_unmask(self, round, replies, failures) -> None:
@@ -170,32 +225,58 @@ class DPServer:
 
     def round_scalars(self, round: int) -> dict:
         out = super().round_scalars(round)
-        out.update({f"privacy/epsilon/{n}": e for n, e in self.epsilons.items()})
+        out.update({f"privacy/epsilon/{n}": e[EPSILON] for n, e in self.epsilons.items() if EPSILON in e})
         return out
+
+    def _column(self, key: str) -> dict[str, float]:
+        return {n: e[key] for n, e in sorted(self.epsilons.items()) if key in e}
 
     def report(self) -> dict:
         out = super().report()
-        out["privacy"] = {
-            "epsilon": max(self.epsilons.values(), default=0.0), "delta": self.dp.delta,
+        clients, add_remove = self._column(EPSILON), self._column(EPSILON_ADD_REMOVE)
+        relation = self.dp.neighbours
+        privacy = {
+            "epsilon": max(clients.values(), default=0.0), "delta": self.dp.delta,
+            "neighbours": relation,
+            "epsilon_add_remove": max(add_remove.values(), default=0.0),
             "accountant": f"dp-accounting {self.dp.accountant.upper()}",
             "mechanism": (f"Gaussian, noise multiplier {self.sigma:.4g}, clip {self.dp.clip} per {self.dp.unit}, "
-                          f"{self.dp.placement} noise" + (f", Poisson-sampled at q={self.q:.3g}" if self.q < 1 else "")),
+                          f"{self.dp.placement} noise from os.urandom, released on a grid of clip·2^-{noiselib.GRID_BITS}; "
+                          f"sensitivity {'2·clip (replace one)' if relation == 'replace' else 'clip (add/remove one)'}"),
+            "amplification": "none: the selection is seeded from the run's config, public to the server and "
+                             "to anyone with config.yaml; each upload is one Gaussian event, a round without "
+                             "an upload costs nothing, ε composes every upload to the end of the run",
             "unit": self.dp.unit, "noise_multiplier": self.sigma, "clip": self.dp.clip,
-            "placement": self.dp.placement, "clients": dict(sorted(self.epsilons.items())),
+            "placement": self.dp.placement, "clients": clients, "clients_add_remove": add_remove,
+            "dropped_from_uploads": list(DROPPED), "unprotected": list(UNPROTECTED),
         }
+        if self.dp.placement == "distributed":
+            deviating = self._column(EPSILON_DEVIATING)
+            privacy["threat_model"] = ("epsilon: the server follows the protocol and every client adds its share; "
+                                       "epsilon_deviating_server: any server (it may inflate holder counts or "
+                                       "claim dropouts) and any coalition of the other clients")
+            privacy["epsilon_deviating_server"] = max(deviating.values(), default=0.0)
+            privacy["clients_deviating_server"] = deviating
+        else:
+            privacy["threat_model"] = "the server and any coalition of other clients see every upload"
+        out["privacy"] = privacy
         return out
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["dp"] = {"epsilons": dict(self.epsilons)}
+        state["dp"] = {"epsilons": {n: dict(e) for n, e in self.epsilons.items()}}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         # Privacy spent never goes back: restoring the best round's state for the test
         # keeps the ε of every round run since (a resume starts from nothing and takes it).
-        for name, eps in (state.get("dp") or {}).get("epsilons", {}).items():
-            self.epsilons[name] = max(self.epsilons.get(name, 0.0), float(eps))
+        for name, saved in (state.get("dp") or {}).get("epsilons", {}).items():
+            if not isinstance(saved, dict):  # a checkpoint from before the relation was reported
+                continue
+            mine = self.epsilons.setdefault(name, {})
+            for key, eps in saved.items():
+                mine[key] = max(mine.get(key, 0.0), float(eps))
 
 
 class DPClient:
@@ -205,32 +286,55 @@ class DPClient:
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
         self.dp = party.cfg.federated.dp
-        self.generator = torch.Generator().manual_seed(secrets.randbits(63))
         self._reference: dict[str, Tensor] | None = None
-        #: ``[(round, q, σ)]``: the Gaussian events of this client's uploads.
-        self.events: list[tuple[int, float, float]] = []
+        #: ``[(round, σ_sum, slack, σ_own)]``: one Gaussian event per upload: the multiplier
+        #: on the released sum, the grid's slack (:func:`~lightning_fedkg.privacy.noise.grid_slack`)
+        #: and the multiplier of this client's own share (``σ/√k`` with the largest holder
+        #: count it divided by; ``σ`` for local noise).
+        self.events: list[tuple[int, float, float, float]] = []
+        self._pending: tuple[float, float, float] | None = None
 
     def before_fit(self, message) -> None:
         self._reference = {k: v.detach().clone() for k, v in self.upload().items()}
         super().before_fit(message)
 
-    def epsilon(self) -> float:
-        """ε at ``delta`` over this client's events so far. With sampling (q < 1) every
-        round is an event whether or not the client was selected (the sampling is the
-        mechanism), so the rounds up to the last one count."""
-        if not self.events:
-            return 0.0
-        q = self.events[-1][1]
-        if q < 1.0:
-            sigma = min(s for _, _, s in self.events)
-            return dplib.epsilon([(q, sigma)] * self.events[-1][0], self.dp.delta, self.dp.accountant)
-        return dplib.epsilon([(q, s) for _, q, s in self.events], self.dp.delta, self.dp.accountant)
+    def epsilon(self, neighbours: str | None = None, deviating: bool = False) -> float:
+        """ε at ``delta`` over every upload so far, under ``neighbours`` (default the
+        configured relation); ``deviating``: of this client's own noise share alone."""
+        return event_epsilon(self.events, self.dp.delta, self.dp.accountant, neighbours or self.dp.neighbours,
+                             deviating)
 
-    def _record(self, round: int, q: float, sigma: float) -> float:
-        self.events.append((int(round), float(q), float(sigma)))
-        eps = self.epsilon()
-        self.party.log({EPSILON: eps}, round)
-        return eps
+    def _record(self, round: int, sigma: float, slack: float, own: float) -> dict[str, float]:
+        self.events.append((int(round), float(sigma), float(slack), float(own)))
+        out = {EPSILON: self.epsilon(), EPSILON_ADD_REMOVE: self.epsilon("add_remove")}
+        if self.dp.placement == "distributed":
+            out[EPSILON_DEVIATING] = self.epsilon(deviating=True)
+        self.party.log(out, round)
+        return out
+
+    def _holder_bound(self) -> int:
+        """The most holders any row can have this round, from what this client did itself:
+        the parties it split its mask secrets among in secure aggregation's key stage (the
+        secure half's round state, on this same object)."""
+        parties = getattr(getattr(self, "_round", None), "parties", None)
+        if not parties:
+            raise RuntimeError(f"{self.party.name}: distributed DP needs secure aggregation's round state")
+        return len(parties)
+
+    def _noise_std(self, key: str, u: Tensor, counts: dict[str, Tensor], sigma: float):
+        """Per coordinate (broadcast): ``σ·clip``, or ``σ·clip/√k`` per row (distributed)."""
+        std = sigma * self.dp.clip
+        if self.dp.placement != "distributed":
+            return std, 1
+        k_rows = counts[key].to(torch.float64).clamp(min=1)
+        bound = self._holder_bound()
+        if float(k_rows.max()) > bound:
+            raise RuntimeError(f"{self.party.name}: the server claims {int(k_rows.max())} holders of a row of "
+                               f"{key!r}, more than the {bound} parties this client shared its secrets with; "
+                               "refusing to shrink the noise")
+        # one count per row (a tensor shared whole has one), broadcast over the row's values
+        std = std / (k_rows.view(-1, *([1] * (u.dim() - 1))) if u.dim() else k_rows[0]).sqrt()
+        return std, int(k_rows.max())
 
     def handle(self, stage, message, round):
         counts = {k[len(PREFIX) + 2:]: v.long() for k, v in message.arrays.items() if k.startswith(f"{PREFIX}k.")}
@@ -239,41 +343,51 @@ class DPClient:
         dp = message.config.get("dp")
         if stage == "sa_unmask" and self.dp.placement == "distributed":
             reply = super().handle(stage, message, round) or Message()
-            eps = self._record(round, dp["q"], dp["sigma"])
-            return Message(arrays=reply.arrays, metrics={**reply.metrics, EPSILON: eps}, config=reply.config)
+            sigma, slack, own = self._pending
+            self._pending = None
+            # a realised σ above the one this client's share was computed for is a lie
+            realised = min(float(dp["sigma"]), sigma)
+            return Message(arrays=reply.arrays, metrics={**reply.metrics, **self._record(round, realised, slack, own)},
+                           config=reply.config)
         if stage not in MASKED:
             return super().handle(stage, message, round)
         reply = super().handle(stage, Message(arrays=message.arrays, metrics=message.metrics,
                                               config={k: v for k, v in message.config.items() if k != "dp"}), round)
         if self._reference is None:
             raise RuntimeError(f"{self.party.name}: federated.dp needs a download before the first upload")
+        sigma = float(dp["sigma"])
         raw = {k: v - self._reference[k] for k, v in reply.arrays.items()}
         norms = update_norms(raw, self.dp.unit)
         update = clip_update(raw, self.dp.clip, self.dp.unit)
-        noisy = {}
-        for k, u in update.items():
-            std = dp["sigma"] * self.dp.clip
-            if self.dp.placement == "distributed":
-                # one count per row (a tensor shared whole has one), broadcast over the row's values
-                k_rows = counts[k].to(torch.float64).clamp(min=1)
-                std = std / (k_rows.view(-1, *([1] * (u.dim() - 1))) if u.dim() else k_rows[0]).sqrt()
-            noise = torch.randn(u.shape, generator=self.generator, dtype=torch.float64)
-            noisy[k] = (self._reference[k].double() + u.double() + noise * std).to(u.dtype)
+        step = noiselib.grid(self.dp.clip)
+        slack = noiselib.grid_slack(self.dp.clip, clipped_coordinates(update, self.dp.unit))
+        noisy, k_used = {}, 1
+        for key, u in update.items():
+            std, k = self._noise_std(key, u, counts, sigma)
+            k_used = max(k_used, k)
+            noisy[key] = (self._reference[key].double() + noiselib.snapped_release(u, std, step)).to(u.dtype)
         # what a user tunes ``clip`` by (the client's own TensorBoard, not the wire)
         self.party.log({"privacy/clipped_fraction": float((norms > self.dp.clip).double().mean()),
                         "privacy/median_update_norm": float(norms.median())}, round)
-        metrics = dict(reply.metrics)
+        metrics = {k: v for k, v in reply.metrics.items() if k not in DROPPED}
         if self.dp.placement == "local":
-            metrics[EPSILON] = self._record(round, dp["q"], dp["sigma"])
+            metrics.update(self._record(round, sigma, slack, sigma))
+        else:  # accounted when the unmasking says how many holders' noise the sum kept
+            self._pending = (sigma, slack, sigma / math.sqrt(k_used))
         return Message(arrays=noisy, metrics=metrics, config=reply.config)
 
     def state_dict(self) -> dict:
         state = super().state_dict()
         state["dp_events"] = [list(e) for e in self.events]
+        state["dp_pending"] = None if self._pending is None else list(self._pending)
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        saved = [tuple(e) for e in state.get("dp_events", [])]
+        # events written before the grid and holder counts were recorded: (round, q, σ)
+        saved = [tuple(e) if len(e) == 4 else (int(e[0]), float(e[2]), 0.0, float(e[2]))
+                 for e in state.get("dp_events", [])]
         if len(saved) >= len(self.events):  # as the server's ε: what was spent is kept
             self.events = saved
+        pending = state.get("dp_pending")
+        self._pending = None if pending is None else tuple(float(x) for x in pending)

@@ -5,9 +5,20 @@ The mechanism is DP-FedAvg's (McMahan et al., "Learning Differentially Private R
 Language Models", ICLR 2018): each selected client clips its update (the trained rows
 minus the rows it downloaded) to L2 norm ``C`` and Gaussian noise of standard deviation
 ``σ·C`` covers what the server can see. Every round is one Gaussian event of noise
-multiplier ``σ``; with ``federated.fraction`` ``q < 1`` a Poisson-sampled one (our
-selection draws a fixed number of clients without replacement; the Poisson event is the
-standard approximation, as in DP-FedAvg, and says so in ``metrics.json``).
+multiplier ``σ`` for each client that uploads in it. No amplification by sampling: the
+server's selection is seeded from the run's config, so it is public to the server and to
+anyone holding ``config.yaml``, and a sample known to the adversary amplifies nothing; a
+round in which a client is not selected releases nothing of its data and costs it nothing.
+
+The neighbouring relation (``federated.dp.neighbours``) says what ε is a guarantee about:
+
+* ``add_remove``: the protected unit's data is present or absent (its clipped update is
+  there or is zero): L2 sensitivity ``C``, the relation DP-SGD and DP-FedAvg state.
+* ``replace`` (default): the unit's data is replaced by any other: the update moves from
+  one point of the clip ball to another, L2 sensitivity ``2C``. The server knows who
+  participates and which rows each client holds, so "absent" is not a secret it can be
+  kept from; what must stay hidden is *which* data produced the update: replace-one.
+  The same σ gives a larger ε (ε 4 under add/remove is 9.06 under replace, 100 rounds).
 
 The unit protected (``federated.dp.unit``):
 
@@ -22,10 +33,20 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["require", "epsilon", "calibrate_noise_multiplier", "ORDERS"]
+__all__ = ["require", "epsilon", "calibrate_noise_multiplier", "sensitivity", "ORDERS", "NEIGHBOURS"]
 
 #: Integer Rényi orders (fractional ones make dp-accounting's series warn and drop them).
 ORDERS = tuple(range(2, 257))
+
+#: The neighbouring relations, and the L2 sensitivity of a clipped update under each, in units of the clip.
+NEIGHBOURS = {"add_remove": 1.0, "replace": 2.0}
+
+
+def sensitivity(neighbours: str) -> float:
+    """The L2 sensitivity of an update clipped to 1 under ``neighbours`` (1 or 2)."""
+    if neighbours not in NEIGHBOURS:
+        raise ValueError(f"unknown neighbouring relation {neighbours!r}; valid: {', '.join(NEIGHBOURS)}")
+    return NEIGHBOURS[neighbours]
 
 
 def require() -> None:
@@ -55,13 +76,21 @@ def _accountant(kind: str):
     raise ValueError(f"unknown accountant {kind!r}; valid: rdp, pld")
 
 
-def epsilon(events: list[tuple[float, float]], delta: float, accountant: str = "rdp") -> float:
+def epsilon(events: list[tuple[float, float]], delta: float, accountant: str = "rdp",
+            neighbours: str = "add_remove") -> float:
     """ε at ``delta`` of the composition of ``events``, each ``(q, σ)``: a Gaussian of noise
-    multiplier σ, Poisson-sampled at rate q when q < 1. 0 for no event; inf for σ = 0."""
+    multiplier σ (noise σ·C on an update clipped to C), Poisson-sampled at rate q when q < 1
+    (only for ``add_remove``, the relation dp-accounting's sampled Gaussian is stated in).
+    Under ``replace`` each σ counts as σ/2 (sensitivity 2C). 0 for no event; inf for σ = 0."""
     if not events:
         return 0.0
     if any(sigma <= 0 for _, sigma in events):
         return math.inf
+    scale = sensitivity(neighbours)
+    if scale != 1.0:
+        if any(q < 1.0 for q, _ in events):
+            raise ValueError("a Poisson-sampled event is accounted only under add_remove")
+        events = [(q, sigma / scale) for q, sigma in events]
     acc = _accountant(accountant)
     counts: dict[tuple[float, float], int] = {}
     for q, sigma in events:
@@ -72,11 +101,15 @@ def epsilon(events: list[tuple[float, float]], delta: float, accountant: str = "
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, q: float, rounds: int,
-                               accountant: str = "rdp") -> float:
-    """The smallest σ whose ``rounds`` events at rate ``q`` spend at most ``target_epsilon``."""
+                               accountant: str = "rdp", neighbours: str = "add_remove") -> float:
+    """The smallest σ whose ``rounds`` events at rate ``q`` spend at most ``target_epsilon``
+    under ``neighbours`` (``replace``: twice the add/remove σ)."""
     import dp_accounting as dpa
 
-    return float(dpa.calibrate_dp_mechanism(
+    scale = sensitivity(neighbours)
+    if scale != 1.0 and q < 1.0:
+        raise ValueError("a Poisson-sampled event is accounted only under add_remove")
+    return scale * float(dpa.calibrate_dp_mechanism(
         lambda: _accountant(accountant),
         lambda sigma: dpa.SelfComposedDpEvent(_event(q, sigma), int(rounds)),
         float(target_epsilon), float(delta),
