@@ -298,7 +298,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     read_run_config(source)  # a run directory, or an error that says so
     out = Path(args.out) if args.out else source.with_name(source.name + "-audit")
     settings = AuditSettings(known=args.known, seed=args.seed, epochs=args.epochs)
-    result = run_audit(source, out, settings, victims=args.victim or None)
+    result = run_audit(source, out, settings, victims=args.victim or None,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_audit_table(result))
     print(f"audit written to {out / 'audit.json'}")
     return 0
@@ -466,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a finished run with federated.record_payloads=true (only read)")
     audit.add_argument("--out", help="output folder for audit.json (default: RUN_DIR-audit)")
     audit.add_argument("--known", type=float, default=0.1,
-                       help="fraction of the victim's training triples the attacker knows (default 0.1)")
+                       help="fraction of the victim's training triples the attacker knows, in (0, 1) (default 0.1)")
     audit.add_argument("--victim", action="append", help="a client to attack (repeatable; default: every client)")
     audit.add_argument("--seed", type=int, default=0, help="which triples are known; the attacker's init")
     audit.add_argument("--epochs", type=int, default=300, help="the attacker's fitting epochs (default 300)")

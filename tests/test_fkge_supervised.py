@@ -11,8 +11,10 @@ import torch
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.orchestrator import run_federated
-from lightning_fedkg.methods.fkge.supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
-from lightning_fedkg.privacy import epsilon_from_log_moments, sampled_gaussian_log_moments
+from lightning_fedkg.methods.fkge.supervised import (CROSSCOV, ROWS, AlignmentHost, procrustes, release_moments,
+                                                     unit_rows)
+from lightning_fedkg.privacy import (PrivacyLedger, calibrate_gaussian_noise, epsilon_from_log_moments,
+                                     sampled_gaussian_log_moments)
 
 from test_fkge_federation import BASE
 
@@ -98,10 +100,14 @@ def test_a_supervised_run_sends_rows_and_one_crosscov_per_handshake_and_accounts
     for h in metrics["handshakes"]:
         per_host[h["host"]] = per_host.get(h["host"], 0) + 1
         assert h["translation_cosine"] > h["mismatched_cosine"]
-    one = sampled_gaussian_log_moments(1.0, metrics["handshakes"][0]["sigma"])
+    sigma = metrics["handshakes"][0]["sigma"]  # the noise's std: twice the multiplier under replace-one
+    one, one_add_remove = release_moments(sigma, "replace"), release_moments(sigma, "add_remove")
     for kg in metrics["kgs"]:
         n = per_host[kg["name"]]
         assert kg["epsilon"] == pytest.approx(epsilon_from_log_moments(one * n, 1e-5))
+        assert kg["privacy"]["neighbours"] == "replace" and kg["privacy"]["unit"] == "one aligned entity's row"
+        assert kg["privacy"]["epsilon_add_remove"] == pytest.approx(epsilon_from_log_moments(one_add_remove * n, 1e-5))
+        assert "triple level" in kg["privacy"]["not_covered"]
         assert kg["privacy"]["gaussian_releases"] == n and kg["privacy"]["pate_queries"] == 0
         assert kg["privacy"]["unprotected"]["translated_rows"] > 0  # what it sent as a client, declared
     crosscov = [r for r in log if r["name"] == "dp_crosscov"]
@@ -190,3 +196,70 @@ def test_pretraining_stops_at_patience_and_a_later_run_starts_from_its_files(tmp
     assert all(kg["pretrain"]["from"] for kg in second["kgs"])
     with pytest.raises(Exception, match="does not exist"):
         _run(tmp_path, "missing", *SUPERVISED, f"federated.fkge.pretrained_from={tmp_path / 'nowhere'}")
+
+
+def test_replacing_one_row_moves_the_crosscov_by_two_and_the_release_is_calibrated_for_it():
+    """Reproduces review finding 6b: replacing one of the host's aligned rows (``y_j`` by
+    ``-y_j``) moves ``M`` by exactly 2, while the release was calibrated at sensitivity 1, so
+    under replace-one a release "at epsilon 4" cost 8.59 (this test failed on the old code:
+    the replace-one epsilon of its sigma, 8.59, was above 4). Now ``dp_neighbours: replace`` (the
+    default) calibrates at sensitivity 2 and ``add_remove`` keeps the old noise."""
+    g = torch.Generator().manual_seed(4)
+    y, z = torch.randn(20, 6, generator=g), torch.randn(20, 6, generator=g)
+    flipped = torch.cat([y[:-1], -y[-1:]])
+    full = AlignmentHost(y, None).on_rows(Message(arrays={ROWS: z})).arrays[CROSSCOV]
+    other = AlignmentHost(flipped, None).on_rows(Message(arrays={ROWS: z})).arrays[CROSSCOV]
+    assert float((full - other).norm()) == pytest.approx(2.0, abs=1e-5)
+    host = AlignmentHost(y, 4.0)
+    # the Gaussian at noise std sigma and sensitivity 2 is the one at multiplier sigma / 2
+    replace = epsilon_from_log_moments(sampled_gaussian_log_moments(1.0, host.sigma / 2), 1e-5)
+    assert replace <= 4.0 and host.neighbours == "replace"
+    assert epsilon_from_log_moments(host.log_moments, 1e-5) == pytest.approx(replace)
+    old = AlignmentHost(y, 4.0, neighbours="add_remove")
+    assert host.sigma == pytest.approx(2 * old.sigma)
+    assert epsilon_from_log_moments(sampled_gaussian_log_moments(1.0, old.sigma / 2), 1e-5) == pytest.approx(8.594, abs=1e-3)
+    # the add/remove figure of the replace-calibrated release, reported beside it
+    assert epsilon_from_log_moments(host.log_moments_add_remove, 1e-5) < 4.0 / 2
+
+
+@pytest.mark.parametrize("sigma,steps", [(2.6, 1), (2.6, 4), (5.0, 3)])
+def test_the_replace_one_cost_is_dp_accountings_gaussian_at_sensitivity_two(sigma, steps):
+    """``steps`` releases at noise std ``sigma`` under replace-one: dp-accounting's
+    ``GaussianDpEvent`` with noise multiplier ``sigma / 2`` (sensitivity 2), order by order
+    (the conversion term as in tests/test_privacy_ledger.py), and the ledger's epsilon."""
+    pytest.importorskip("dp_accounting", reason="dp-accounting (test extra) is not installed")
+    import math
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import RdpAccountant
+
+    delta, ours = 1e-5, release_moments(sigma, "replace", 20) * steps
+    event = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(sigma / 2), steps)
+    for l in (1, 2, 5, 9, 19):
+        a = l + 1
+        theirs = RdpAccountant(orders=[a]).compose(event).get_epsilon(delta)
+        mine = (ours[l - 1].item() + math.log(1 / delta)) / l + math.log1p(-1 / a) - math.log(a) / (a - 1)
+        if theirs > 0:
+            assert mine == pytest.approx(theirs, rel=1e-7)
+    ledger = PrivacyLedger(0.05, delta, max_order=20)
+    for _ in range(steps):
+        ledger.charge_gaussian(release_moments(sigma, "replace", 20), add_remove=release_moments(sigma, "add_remove", 20))
+    assert ledger.epsilon() == pytest.approx(epsilon_from_log_moments(ours, delta))
+    assert ledger.summary()["epsilon_add_remove"] < ledger.epsilon()
+    # the published composition: 3 and 4 releases at FKGE's old add/remove calibration for
+    # epsilon 4 (sigma 1.2969) were 7.34 and 8.59 per party; under replace-one they are
+    # 16.46 / 20.03 by our tail bound, 15.50 / 19.07 by dp-accounting's tighter conversion
+    old = calibrate_gaussian_noise(4.0, delta)
+    for k, add_remove, replace, tighter in ((3, 7.34, 16.46, 15.50), (4, 8.59, 20.03, 19.07)):
+        assert epsilon_from_log_moments(release_moments(old, "add_remove") * k, delta) == pytest.approx(add_remove, abs=5e-3)
+        assert epsilon_from_log_moments(release_moments(old, "replace") * k, delta) == pytest.approx(replace, abs=5e-3)
+        tight = RdpAccountant(orders=list(range(2, 34))).compose(
+            dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(old / 2), k)).get_epsilon(delta)
+        assert tight == pytest.approx(tighter, abs=5e-3)
+
+
+def test_the_default_config_is_replace_one_and_a_bad_relation_is_a_config_error():
+    from lightning_fedkg.config import ConfigError
+
+    assert load_config(None, BASE).federated.fkge.dp_neighbours == "replace"
+    with pytest.raises(ConfigError, match="dp_neighbours"):
+        load_config(None, [*BASE, "federated.fkge.dp_neighbours=swap"])

@@ -77,3 +77,25 @@ def test_ledger_without_noise_is_infinite_and_survives_a_round_trip():
     restored = PrivacyLedger(0.05)
     restored.load_state_dict(ledger.state_dict())
     assert restored.epsilon() == math.inf
+
+
+def test_ledger_keeps_the_add_remove_cost_beside_and_converts_an_old_add_remove_state():
+    """An FKGE ledger saved before the relation was recorded charged full-batch Gaussians
+    under add/remove; resumed under replace-one each costs what sensitivity 2 gives (its
+    log moments times 4, the Gaussian at half the multiplier), and a state saved under the
+    other relation is refused."""
+    sigma = 2.5
+    old = PrivacyLedger(0.05, neighbours="add_remove")
+    old.charge_gaussian(sampled_gaussian_log_moments(1.0, sigma))
+    state = old.state_dict()
+    state.pop("neighbours"), state.pop("gaussian_add_remove")  # the old format
+    resumed = PrivacyLedger(0.05)
+    resumed.load_state_dict(state)
+    assert resumed.epsilon() == pytest.approx(
+        epsilon_from_log_moments(sampled_gaussian_log_moments(1.0, sigma / 2), 1e-5))
+    assert resumed.epsilon_add_remove() == pytest.approx(old.epsilon())
+    assert resumed.summary()["neighbours"] == "replace" and old.summary()["neighbours"] == "add_remove"
+    with pytest.raises(ValueError, match="neighbours mismatch"):
+        PrivacyLedger(0.05).load_state_dict(old.state_dict())
+    with pytest.raises(ValueError, match="add_remove"):
+        PrivacyLedger(0.05, neighbours="swap")

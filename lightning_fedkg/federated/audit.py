@@ -8,8 +8,17 @@ function fits the missing parameters on those known triples, with what it saw fr
 ranks every candidate ``(h, r, t)`` over the victim's entities and the known relations. Its
 ``k`` guesses (``k`` = the number of the victim's other training triples, spread over the
 relations as the known triples are: :func:`top_candidates`) are scored by precision,
-recall and F1 against those other triples. Views, each from the payloads the
-server holds (``federated.record_payloads``):
+recall and F1 against those other triples (the *training targets*).
+
+Leakage, not generalisation: a model that predicts links well also "recovers" true triples
+it never trained on, so recall on training targets alone mixes what the view leaks about
+the victim's training data with how well it generalises. The same guesses are therefore
+also scored against the victim's *held-out* triples (its valid and test splits), and both
+recalls are taken in the same candidate space (:func:`candidate_space`: the known
+relations, not a known triple, no self-loop the guesses cannot contain); their difference,
+``leakage = recall_train - recall_heldout``, is what the view reveals about membership in
+the victim's training set. The baseline's leakage (about 0) is the control. Views, each
+from the payloads the server holds (``federated.record_payloads``):
 
 * ``uploads``: the victim's last upload as received. Masked words (secure aggregation) are
   read as fixed point, which is all the server can do with them.
@@ -18,8 +27,10 @@ server holds (``federated.record_payloads``):
   without the offset.
 * ``baseline``: nothing observed; the same attacker trained on the known triples alone.
 
-An attack that beats the baseline in a view shows what that view leaks. The audit reads
-the run and writes only to its own output folder. Scoring every candidate is
+An attack that beats the baseline in a view shows what the view gives the server; a
+leakage above the baseline's shows that part of it is the victim's training data. The
+audit reads the run and writes only to its own output folder, never over an earlier
+``audit.json``. Scoring every candidate is
 ``|E|² · |R|`` scores per victim: meant for KGs of the size of UMLS, Nations, Kinship.
 """
 
@@ -27,9 +38,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,11 +52,13 @@ from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.models.kge import build_model
 
-__all__ = ["AuditSettings", "observed_views", "fit_attacker", "top_candidates", "attack_scores", "run_audit",
-           "format_audit_table"]
+__all__ = ["AuditSettings", "observed_views", "fit_attacker", "top_candidates", "attack_scores", "candidate_space",
+           "run_audit", "format_audit_table"]
 
 _PAYLOAD = re.compile(r"^r(\d+)_(\d+)_(.+)_to_(.+)_([a-z_]+)$")
 DOWNLOADS = ("download", "eval_download", "test_download")
+#: The per-view figures averaged over victims in ``audit.json``'s ``mean``.
+MEANS = ("precision", "recall", "f1", "recall_train", "recall_heldout", "leakage")
 
 
 @dataclass
@@ -56,6 +72,13 @@ class AuditSettings:
     epochs: int = 300
     lr: float = 0.01
     negatives: int = 64
+
+    def __post_init__(self):
+        if not 0 < self.known < 1:
+            raise ConfigError(f"--known (audit known) must lie strictly between 0 and 1 (the fraction of the "
+                              f"victim's training triples the attacker knows), got {self.known}")
+        if self.epochs < 0:
+            raise ConfigError(f"--epochs (audit epochs) must be >= 0, got {self.epochs}")
 
 
 def _payloads(payload_dir: Path) -> list[tuple[int, int, str, str, str, Path]]:
@@ -185,17 +208,22 @@ def top_candidates(model, num_entities: int, known: Tensor, k: int, chunk: int =
     return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.long)
 
 
+def _keys(triples: Tensor, size: Tensor) -> Tensor:
+    """One integer per ``(h, r, t)``, for ids below ``size`` per position."""
+    triples = triples.reshape(-1, 3).long()
+    return (triples[:, 0] * size[1] + triples[:, 1]) * size[2] + triples[:, 2]
+
+
+def _size(*sets: Tensor) -> Tensor:
+    both = torch.cat([t.reshape(-1, 3).long() for t in sets])
+    return both.max(dim=0).values + 1 if both.numel() else torch.ones(3, dtype=torch.long)
+
+
 def attack_scores(guesses: Tensor, targets: Tensor) -> dict:
     """Precision, recall and F1 of the guesses against the (distinct) target triples."""
-    both = torch.cat([guesses.reshape(-1, 3), targets.reshape(-1, 3)]).long()
-    size = both.max(dim=0).values + 1 if both.numel() else torch.ones(3, dtype=torch.long)
-
-    def keys(triples: Tensor) -> Tensor:
-        triples = triples.reshape(-1, 3).long()
-        return (triples[:, 0] * size[1] + triples[:, 1]) * size[2] + triples[:, 2]
-
-    target_keys = torch.unique(keys(targets))
-    hits = int(torch.isin(keys(guesses), target_keys).sum())
+    size = _size(guesses, targets)
+    target_keys = torch.unique(_keys(targets, size))
+    hits = int(torch.isin(_keys(guesses, size), target_keys).sum())
     precision = hits / max(len(guesses), 1)
     recall = hits / max(len(target_keys), 1)
     f1 = 0.0 if hits == 0 else 2 * precision * recall / (precision + recall)
@@ -203,17 +231,75 @@ def attack_scores(guesses: Tensor, targets: Tensor) -> dict:
             "targets": int(len(target_keys))}
 
 
+def candidate_space(triples: Tensor, known: Tensor) -> Tensor:
+    """``BoolTensor [len(triples)]``: which triples :func:`top_candidates` could guess from
+    ``known``: a relation of the known triples, not a known triple, and not a self-loop
+    unless the known triples of that relation have one."""
+    triples = triples.reshape(-1, 3).long()
+    size = _size(triples, known)
+    loops = known[:, 0] == known[:, 2]
+    allowed = torch.isin(triples[:, 1], known[:, 1])
+    allowed &= (triples[:, 0] != triples[:, 2]) | torch.isin(triples[:, 1], known[loops, 1])
+    return allowed & ~torch.isin(_keys(triples, size), _keys(known, size))
+
+
+def _leakage(guesses: Tensor, targets: Tensor, heldout: Tensor, known: Tensor) -> dict:
+    """Recall on the training targets and on the held-out triples, both in the guesses'
+    candidate space, and their difference (what is specific to training membership)."""
+    train = targets[candidate_space(targets, known)]
+    held = heldout[candidate_space(heldout, known)]
+    recall_train = attack_scores(guesses, train)["recall"]
+    recall_heldout = attack_scores(guesses, held)["recall"]
+    return {"recall_train": recall_train, "recall_heldout": recall_heldout,
+            "leakage": recall_train - recall_heldout, "train_in_space": int(len(train)),
+            "heldout_in_space": int(len(held)), "heldout": attack_scores(guesses, heldout)}
+
+
+def _is_audit(path: Path) -> bool:
+    """Whether ``path`` holds a complete audit (a damaged file may be replaced)."""
+    try:
+        return "victims" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _refuse_overwrite(path: Path) -> None:
+    if path.exists() and _is_audit(path):
+        raise ConfigError(f"{path} holds an earlier audit; the audit never overwrites one: "
+                          f"choose another --out, or move that file away")
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write ``path`` unless an audit appeared there meanwhile: the text goes to a temporary
+    file that is then hard-linked in place, which fails rather than replace a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        if path.exists() and not _is_audit(path):
+            path.unlink()  # a damaged file, not an audit
+        os.link(tmp, path)
+    except FileExistsError:
+        _refuse_overwrite(path)
+        raise
+    finally:
+        tmp.unlink()
+
+
 def run_audit(run_dir: str | Path, out_dir: str | Path, settings: AuditSettings | None = None,
-              victims: list[str] | None = None) -> dict:
+              victims: list[str] | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Attack every victim (default: every client) of the run in ``run_dir`` in each view of
-    its payloads and in the baseline; write and return ``<out_dir>/audit.json``."""
+    its payloads and in the baseline; write and return ``<out_dir>/audit.json`` (refused
+    with a :class:`ConfigError` if that file already holds an audit, or a victim is not a
+    client of the run). ``progress``, if given, is called with one line per attack."""
     from lightning_fedkg.federated.party import load_federated_kg
     from lightning_fedkg.rundir import read_run_config
 
     settings = settings or AuditSettings()
+    say = progress or (lambda line: None)
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if out_dir.resolve() == run_dir.resolve() or run_dir.resolve() in out_dir.resolve().parents:
         raise ConfigError(f"the audit writes outside the run it audits; choose --out outside {run_dir}")
+    _refuse_overwrite(out_dir / "audit.json")  # before minutes of work, and again when writing
     payload_dir = run_dir / "payloads"
     if not payload_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} recorded no payloads: run it with federated.record_payloads=true")
@@ -221,6 +307,10 @@ def run_audit(run_dir: str | Path, out_dir: str | Path, settings: AuditSettings 
     bits = cfg.federated.secure_aggregation.fractional_bits
     fkg = load_federated_kg(cfg)
     names = [f"client_{k}" for k in range(len(fkg.clients))]
+    victims = list(dict.fromkeys(victims or names))
+    unknown = [v for v in victims if v not in names]
+    if unknown:
+        raise ConfigError(f"--victim {', '.join(unknown)}: not a client of this run; valid: {', '.join(names)}")
     result = {"run": str(run_dir), "strategy": cfg.federated.strategy, "settings": asdict(settings),
               "protections": {"secure_aggregation": asdict(cfg.federated.secure_aggregation),
                               "dp": asdict(cfg.federated.dp)},
@@ -228,37 +318,50 @@ def run_audit(run_dir: str | Path, out_dir: str | Path, settings: AuditSettings 
     metrics_path = run_dir / "metrics.json"
     if metrics_path.is_file():
         result["test_mrr"] = json.loads(metrics_path.read_text()).get("test", {}).get("mrr")
-    for victim in victims or names:
+    for number, victim in enumerate(victims, 1):
         kg = fkg.clients[names.index(victim)]
         train = kg.triples("train")
+        heldout = torch.cat([kg.triples(s) for s in ("valid", "test") if s in kg.split_names]
+                            or [torch.zeros(0, 3, dtype=torch.long)])
         generator = torch.Generator().manual_seed(settings.seed)
         perm = torch.randperm(train.shape[0], generator=generator)
-        n_known = max(1, int(round(settings.known * train.shape[0])))
+        n_known = min(max(1, int(round(settings.known * train.shape[0]))), train.shape[0] - 1)
         known, targets = train[perm[:n_known]], train[perm[n_known:]]
         views = observed_views(payload_dir, victim, bits)
-        entry = {"known": int(n_known), "targets": int(targets.shape[0])}
+        entry = {"known": int(n_known), "targets": int(targets.shape[0]), "heldout": int(heldout.shape[0])}
         for view, observed in [("baseline", {}), *sorted(views.items())]:
+            tic = time.perf_counter()
+            say(f"audit: {victim} ({number}/{len(victims)}), view {view}: fitting the attacker ...")
             model, frozen = fit_attacker(cfg, kg.num_entities, kg.num_relations, known, observed, settings)
             guesses = top_candidates(model, kg.num_entities, known, int(targets.shape[0]))
-            entry[view] = {**attack_scores(guesses, targets), "observed": frozen}
+            entry[view] = {**attack_scores(guesses, targets), "observed": frozen,
+                           **_leakage(guesses, targets, heldout, known)}
+            say(f"audit: {victim}, view {view}: F1 {entry[view]['f1']:.4f}, leakage {entry[view]['leakage']:+.4f} "
+                f"({time.perf_counter() - tic:.0f} s)")
         result["victims"][victim] = entry
     for view in ("baseline", "uploads", "aggregate"):
         rows = [e[view] for e in result["victims"].values() if view in e]
         if rows:
-            result.setdefault("mean", {})[view] = {k: sum(r[k] for r in rows) / len(rows)
-                                                   for k in ("precision", "recall", "f1")}
+            result.setdefault("mean", {})[view] = {k: sum(r[k] for r in rows) / len(rows) for k in MEANS}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "audit.json").write_text(json.dumps(result, indent=1))
+    _write_new(out_dir / "audit.json", json.dumps(result, indent=1))
     return result
 
 
 def format_audit_table(result: dict) -> str:
-    """The attack's F1 per victim and view, the baseline first."""
+    """Per victim and view, the baseline first: the attack's F1 on the training targets,
+    its recall on them and on the held-out triples (same candidate space), and the gap."""
     views = [v for v in ("baseline", "uploads", "aggregate") if v in result.get("mean", {})]
     lines = [f"audit of {result['run']} ({result['strategy']}): attack F1 with "
-             f"{result['settings']['known']:.0%} of each victim's triples known",
-             f"{'victim':<10}" + "".join(f"{v:>12}" for v in views)]
+             f"{result['settings']['known']:.0%} of each victim's triples known; recall on its training "
+             f"targets and on its held-out (valid+test) triples, and their gap (leakage)",
+             f"{'victim':<10}{'view':<11}{'F1':>8}{'recall train':>14}{'held-out':>10}{'leakage':>9}"]
+
+    def row(name: str, view: str, s: dict) -> str:
+        return (f"{name:<10}{view:<11}{s['f1']:>8.4f}{s['recall_train']:>14.4f}{s['recall_heldout']:>10.4f}"
+                f"{s['leakage']:>+9.4f}")
+
     for victim, entry in result["victims"].items():
-        lines.append(f"{victim:<10}" + "".join(f"{entry[v]['f1']:>12.4f}" if v in entry else f"{'-':>12}" for v in views))
-    lines.append(f"{'mean':<10}" + "".join(f"{result['mean'][v]['f1']:>12.4f}" for v in views))
+        lines += [row(victim, v, entry[v]) for v in views if v in entry]
+    lines += [row("mean", v, result["mean"][v]) for v in views]
     return "\n".join(lines)

@@ -15,6 +15,15 @@ Releases that no mechanism protects are not hidden: :meth:`declare` counts them 
 (e.g. un-noised translated rows sent as a client, the accept/reject bit a broadcast
 reveals), and :meth:`summary` reports them beside epsilon, so a reader sees what the
 epsilon does *not* cover.
+
+The unit of the epsilon is one record of the mechanisms' input: for FKGE, one aligned
+entity's row of the party's embedding. The ledger composes under one neighbouring relation
+(``neighbours``: ``replace`` one record, or ``add_remove`` one) and keeps the Gaussian
+releases' cost under add/remove beside it (``epsilon_add_remove``). PATE's per-query bound
+(a ``2 lambda``-DP answer) holds under both relations: one record changes one teacher's
+vote. What neither covers, stated in :meth:`summary` (``not_covered``): one triple of a
+party's knowledge graph can move every row of its embedding, so the epsilon does not bound
+what the graph reveals at triple level.
 """
 
 from __future__ import annotations
@@ -27,7 +36,12 @@ from torch import Tensor
 from .accountant import PateMomentsAccountant
 from .gaussian import epsilon_from_log_moments
 
-__all__ = ["PrivacyLedger"]
+__all__ = ["PrivacyLedger", "NEIGHBOURS", "UNIT", "NOT_COVERED"]
+
+NEIGHBOURS = ("replace", "add_remove")
+UNIT = "one aligned entity's row"
+NOT_COVERED = ("a party's knowledge graph at triple level: one triple can move every row of its embedding, "
+               "so changing one triple may change every aligned row at once")
 
 
 class PrivacyLedger:
@@ -37,13 +51,18 @@ class PrivacyLedger:
         lam: PATE's noise parameter (the ``pate`` component's).
         delta: the ledger's ``delta``.
         max_order: moment orders ``l = 1 .. max_order`` (Renyi orders ``2 .. max_order + 1``).
+        neighbours: the relation ``gaussian`` charges are under (``replace`` or ``add_remove``).
     """
 
-    def __init__(self, lam: float, delta: float = 1e-5, max_order: int = 32):
+    def __init__(self, lam: float, delta: float = 1e-5, max_order: int = 32, neighbours: str = "replace"):
+        if neighbours not in NEIGHBOURS:
+            raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
+        self.neighbours = neighbours
         self.delta = float(delta)
         self.max_order = int(max_order)
         self.pate = PateMomentsAccountant(lam, delta=delta, max_order=max_order)
         self.gaussian = torch.zeros(self.max_order, dtype=torch.float64)
+        self.gaussian_add_remove = torch.zeros(self.max_order, dtype=torch.float64)
         self.gaussian_releases = 0
         self.unprotected: dict[str, int] = {}
 
@@ -67,11 +86,22 @@ class PrivacyLedger:
         """``epsilon`` if a release with these log moments were added."""
         return epsilon_from_log_moments(self.log_moments + log_moments, self.delta)
 
-    def charge_gaussian(self, log_moments: Tensor, releases: int = 1) -> None:
-        """Add a Gaussian release's log moments (``releases`` counts what was charged)."""
-        if log_moments.numel() != self.max_order:
-            raise ValueError(f"expected {self.max_order} orders, got {log_moments.numel()}")
+    def epsilon_add_remove(self) -> float:
+        """The party's ``epsilon`` with the Gaussian releases counted under add/remove."""
+        if not (self.pate.queries or self.gaussian_releases):
+            return 0.0
+        return epsilon_from_log_moments(self.pate.log_moments + self.gaussian_add_remove, self.delta)
+
+    def charge_gaussian(self, log_moments: Tensor, releases: int = 1, add_remove: Tensor | None = None) -> None:
+        """Add a Gaussian release's log moments under ``neighbours`` (``releases`` counts what
+        was charged) and, as ``add_remove``, under add/remove (default: the same moments, exact
+        when ``neighbours`` is ``add_remove`` and an upper bound under ``replace``)."""
+        add_remove = log_moments if add_remove is None else add_remove
+        for moments in (log_moments, add_remove):
+            if moments.numel() != self.max_order:
+                raise ValueError(f"expected {self.max_order} orders, got {moments.numel()}")
         self.gaussian = self.gaussian + log_moments.to(torch.float64)
+        self.gaussian_add_remove = self.gaussian_add_remove + add_remove.to(torch.float64)
         self.gaussian_releases += int(releases)
 
     def declare(self, kind: str, count: int = 1) -> None:
@@ -79,23 +109,40 @@ class PrivacyLedger:
         self.unprotected[kind] = self.unprotected.get(kind, 0) + int(count)
 
     def summary(self) -> dict:
-        """``{"epsilon", "delta", "epsilon_pate", "epsilon_gaussian", "pate_queries",
-        "gaussian_releases", "unprotected"}`` (per-mechanism epsilons alone, for reading;
-        ``epsilon`` is the composed total, not their sum)."""
+        """``{"epsilon", "delta", "neighbours", "unit", "epsilon_add_remove", "not_covered",
+        "epsilon_pate", "epsilon_gaussian", "pate_queries", "gaussian_releases", "unprotected"}``
+        (per-mechanism epsilons alone, for reading; ``epsilon`` is the composed total, not
+        their sum)."""
         eps = epsilon_from_log_moments
-        return {"epsilon": self.epsilon(), "delta": self.delta,
+        return {"epsilon": self.epsilon(), "delta": self.delta, "neighbours": self.neighbours, "unit": UNIT,
+                "epsilon_add_remove": self.epsilon_add_remove(), "not_covered": NOT_COVERED,
                 "epsilon_pate": eps(self.pate.log_moments, self.delta) if self.pate.queries else 0.0,
                 "epsilon_gaussian": eps(self.gaussian, self.delta) if self.gaussian_releases else 0.0,
                 "pate_queries": self.pate.queries, "gaussian_releases": self.gaussian_releases,
                 "unprotected": dict(sorted(self.unprotected.items()))}
 
     def state_dict(self) -> dict:
-        return {"pate": self.pate.state_dict(),
-                "gaussian": [x if math.isfinite(x) else "inf" for x in self.gaussian.tolist()],
+        def plain(moments: Tensor) -> list:
+            return [x if math.isfinite(x) else "inf" for x in moments.tolist()]
+
+        return {"pate": self.pate.state_dict(), "neighbours": self.neighbours, "gaussian": plain(self.gaussian),
+                "gaussian_add_remove": plain(self.gaussian_add_remove),
                 "gaussian_releases": self.gaussian_releases, "unprotected": dict(self.unprotected)}
 
     def load_state_dict(self, state: dict) -> None:
+        def tensor(moments: list) -> Tensor:
+            return torch.tensor([math.inf if x == "inf" else x for x in moments], dtype=torch.float64)
+
+        if state.get("neighbours", self.neighbours) != self.neighbours:
+            raise ValueError(f"ledger neighbours mismatch: saved {state['neighbours']!r}, here {self.neighbours!r}")
         self.pate.load_state_dict(state["pate"])
-        self.gaussian = torch.tensor([math.inf if x == "inf" else x for x in state["gaussian"]], dtype=torch.float64)
+        if "neighbours" in state:
+            self.gaussian, self.gaussian_add_remove = tensor(state["gaussian"]), tensor(state["gaussian_add_remove"])
+        else:
+            # A state from before the relation was recorded charged add/remove moments, each
+            # a single full-batch Gaussian (q = 1) whose log moments scale as 1/sigma^2:
+            # under replace (sensitivity 2) they are exactly 4 times as large.
+            self.gaussian_add_remove = tensor(state["gaussian"])
+            self.gaussian = self.gaussian_add_remove * (4.0 if self.neighbours == "replace" else 1.0)
         self.gaussian_releases = int(state["gaussian_releases"])
         self.unprotected = dict(state["unprotected"])

@@ -56,13 +56,20 @@ class FKGEConfig:
     of its aligned rows' directions with the client's rotated ones under the Gaussian
     mechanism, noise calibrated so one handshake costs ``dp_epsilon`` at ``delta``;
     ``null``: exact, not private; the client fits ``W`` by orthogonal Procrustes).
+    ``dp_neighbours``: the neighbouring relation that ``dp_epsilon`` and the ledger are under,
+    on the unit "one aligned entity's row" of the host: ``replace`` (default; one row
+    replaced by any other, sensitivity 2) or ``add_remove`` (one aligned pair added or
+    removed, sensitivity 1: half the noise for the same ``dp_epsilon``). ``metrics.json``
+    reports the add/remove figure beside (``privacy.epsilon_add_remove``).
 
     Privacy per party: one :class:`~lightning_fedkg.privacy.PrivacyLedger` per KG composes
     everything it releases under a mechanism (PATE labels, DP targets) into the
     ``epsilon`` of ``metrics.json`` and lists what no mechanism covers (``privacy.unprotected``:
     translated rows sent as a client, accept broadcasts, exact targets). With
     ``max_epsilon`` a party whose next accounted release would pass it releases nothing
-    more: it stops hosting, declines to serve as a client and stops broadcasting.
+    more: it stops hosting, declines to serve as a client and stops broadcasting. The
+    epsilon's unit is one aligned entity's row; it does not bound what a party's KG reveals
+    at triple level (one triple can move every row of its embedding).
 
     ``schedule``: the ``metrics.json`` (or run folder) of an earlier run; each KG then hosts
     exactly the partners it hosted there, in the same order, whatever its updates' outcomes
@@ -114,4 +121,5 @@ class FKGEConfig:
     max_epsilon: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
     alignment: Literal["ppat", "supervised"] = "ppat"
     dp_epsilon: Optional[float] = field(default=4.0, metadata={"range": Range(min=0, min_exclusive=True)})
+    dp_neighbours: Literal["replace", "add_remove"] = "replace"
     schedule: Optional[str] = None

@@ -168,7 +168,7 @@ class FKGEPeer(PeerHalf):
         self.before: dict | None = None
         self.hosted = 0
         self.handshakes: list[dict] = []
-        self.ledger = PrivacyLedger(self.fk.lam, delta=self.fk.delta)
+        self.ledger = PrivacyLedger(self.fk.lam, delta=self.fk.delta, neighbours=self.fk.dp_neighbours)
         self.planned = planned_partners(self.fk.schedule, self.name) if self.fk.schedule else None
         self.host: dict[str, Any] | None = None  # the handshake this peer hosts
         self.serving: dict[str, dict[str, Any]] = {}  # host name -> this peer's client side
@@ -332,7 +332,7 @@ class FKGEPeer(PeerHalf):
         if self.fk.max_epsilon is None:
             return False
         if self.fk.alignment == "supervised":
-            moments = release_cost(self.fk.dp_epsilon, self.fk.delta, self.ledger.max_order)[1]
+            moments = release_cost(self.fk.dp_epsilon, self.fk.delta, self.ledger.max_order, self.fk.dp_neighbours)[1]
             return self.ledger.epsilon_after_gaussian(moments) > self.fk.max_epsilon
         return self.ledger.epsilon_after_pate(1) > self.fk.max_epsilon
 
@@ -422,12 +422,13 @@ class FKGEPeer(PeerHalf):
         noise_seed = self._seed(host["partner"], host["number"], "dp_noise") if fk.reproducible_noise else None
         # no budget check here: _next hosted only if this release fits (spent()), and nothing
         # else charges a supervised host's ledger in between
-        align = AlignmentHost(host["y"], fk.dp_epsilon, fk.delta, self.ledger.max_order, noise_seed=noise_seed)
+        align = AlignmentHost(host["y"], fk.dp_epsilon, fk.delta, self.ledger.max_order, noise_seed=noise_seed,
+                              neighbours=fk.dp_neighbours)
         reply = align.on_rows(message)
         if fk.dp_epsilon is None:
             self.ledger.declare("exact_crosscov", 1)
         else:
-            self.ledger.charge_gaussian(align.log_moments)
+            self.ledger.charge_gaussian(align.log_moments, add_remove=align.log_moments_add_remove)
         host["batches"], host["sigma"] = 1, align.sigma
         host["seconds"] += time.perf_counter() - tic
         host["bytes"] += tensor_bytes(reply.arrays)

@@ -101,7 +101,9 @@ epochs of 8 batches; small discriminators, ``hidden = 32``):
   fake by the last epoch; a plain MUSE-style GAN without PATE (one discriminator, 5
   discriminator steps per generator step, 3,000 steps) ends at 0.97-1.74. The supervised
   alignment (:mod:`.supervised`) on the same task: 0.18-0.45 at ``epsilon = 4``, 0.07-0.22
-  at 16, 0.01 exact. Measured by ``python scripts/bench_ppat_synthetic.py --task clusters``.
+  at 16, 0.01 exact, with the release calibrated under add/remove (``neighbours=
+  "add_remove"``; the default replace-one doubles the noise for the same epsilon). Measured
+  by ``python scripts/bench_ppat_synthetic.py --task clusters`` when add/remove was its default.
 * With the paper's ``lambda = 0.05`` and 4 teachers a label equals the teachers'
   plurality with probability at most 0.55 (REFERENCE §5.3), and ``W`` does not move
   (``|change of cosine| <= 0.007``): the privacy noise drowns the signal.
