@@ -16,7 +16,7 @@ from lightning_fedkg.federated.alignment import federation_key
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.orchestrator import FederatedRun
-from lightning_fedkg.federated.secure import _offset
+from lightning_fedkg.federated.secure import _bytes as secagg_bytes, _offset
 from lightning_fedkg.federated.strategy import ClientHalf
 from lightning_fedkg.methods.fedcqa import FedCQA
 from lightning_fedkg.methods.fedcqa.paper_secret import paper_mask
@@ -178,7 +178,11 @@ def test_one_colluding_client_unmasks_everyone_but_not_under_secure_aggregation(
         download = decode(down.read_bytes())
         gidx = download.arrays[f"sa.gidx.{ENTITY}"].long()
         truth = party.module.encoder.entity_emb.detach().double()
-        offset = _offset(stolen, download.config["sa"]["serial"], ENTITY, int(gidx.max()) + 1, truth.shape[1])[gidx]
+        # the offset is keyed by the client's own round key too, which the server saw advertised
+        (advert,) = [a for a in (decode(p.read_bytes()).arrays for p in (tmp_path / "secure" / "payloads").glob(
+            f"r0001_*_{party.name}_to_server_*.safetensors")) if "s_pk" in a]
+        offset = _offset(stolen, 1, "train", ENTITY, party.name, secagg_bytes(advert["s_pk"]), int(gidx.max()) + 1,
+                         truth.shape[1])[gidx]
         guess = secagg.signed(secagg.from_wire(up[ENTITY]) - offset).double() / 2 ** bits
         assert (guess - truth).abs().mean() > 1.0
     secure.close()
