@@ -72,6 +72,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
@@ -509,15 +510,39 @@ class SecureClient:
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
         self.sa = party.cfg.federated.secure_aggregation
-        # t from this client's own config: a server-sent t is checked against it, never used
+        #: the policy provisioned beside this client (:mod:`.identities`), or None
+        self.roster = identities.read_roster(party.identities) if identities.has_roster(party.identities) else None
+        # t from what this client holds itself, never from the server: the roster where there
+        # is one (a Flower client's config came from the server at registration), else this
+        # process's own config (an in-process run). A server-sent t is checked against it.
         self.threshold = check_secure_config(party.cfg, strategy)
+        if self.roster is not None:
+            self.threshold = self.roster.threshold
         self._round: _ClientRound | None = None
         self._gidx: dict[str, Tensor] = {}
-        self._identity = secagg.identity_key(self._key, party.name) if self.sa.active else b""
+        self._identity = self._own_identity(party) if self.sa.active else b""
+
+    def _own_identity(self, party) -> bytes:
+        """active: this client's private identity key, checked against its roster entry."""
+        if self.roster is None:
+            raise ConfigError(f"federated.secure_aggregation.active: {party.name} has no identity roster in "
+                              f"{party.identities}; active mode needs each client's own private key and the "
+                              "roster of its peers' public keys (lightning_fedkg.federated.identities)")
+        private = identities.read_private_key(party.identities, party.name)
+        try:
+            listed = self.roster.public_key(party.name)
+        except KeyError as err:
+            raise ConfigError(f"{party.identities}: {err.args[0]}") from None
+        if secagg.identity_public(private) != listed:
+            raise ConfigError(f"{party.identities}: {party.name}'s private key does not match its roster entry")
+        return private
 
     def _identity_of(self, peer: str) -> bytes:
-        """A peer's identity public key, from the provisioning (the federation secret)."""
-        return secagg.identity_public(secagg.identity_key(self._key, peer))
+        """A peer's identity public key, from the roster only; a peer not in it is refused."""
+        try:
+            return self.roster.public_key(peer)
+        except KeyError as err:
+            raise RuntimeError(f"secure aggregation: {err.args[0]}; {self.party.name} refuses it as a peer") from None
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -608,6 +633,14 @@ class SecureClient:
         parties = list(sa["parties"])
         if me not in parties or len(parties) < st.threshold or st.parties:
             raise RuntimeError(f"secure aggregation: {me} is asked to share among {parties} (t={st.threshold})")
+        if 2 * st.threshold <= len(parties):
+            # t must stay a strict majority of those who share: else a split view of the
+            # survivors gets t shares of both secrets of one client
+            raise RuntimeError(f"secure aggregation: {me} is asked to share t={st.threshold}-of-{len(parties)}, "
+                               "not a strict majority; refusing")
+        unknown = sorted(set(parties) - set(self.roster.members)) if self.roster is not None else []
+        if unknown:
+            raise RuntimeError(f"secure aggregation: {unknown} are not in {me}'s roster; refusing to share with them")
         if self.sa.active:
             st.s_pk_of = self._verified_keys(parties, message.arrays, st.round)
         st.parties = parties
