@@ -126,12 +126,13 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     the victim's s shares."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.engine import client_config_text, provision_identities, write_key_file
 
     seen = spy_plaintext(monkeypatch)
     cfg = secure()
     run = FederatedRun(cfg, run_dir=None)
     key = write_key_file("secret", tmp_path / "key")
+    provision_identities(cfg, key, write_client_folders(cfg, tmp_path / "data"))
     runtimes, digests, after_train = {}, {}, {}
     for folder in write_client_folders(cfg, tmp_path / "data"):
         client = ClientRuntime(folder, key, tmp_path / "work", "run1")
