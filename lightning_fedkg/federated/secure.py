@@ -596,7 +596,7 @@ class SecureClient:
         sa = message.config["sa"]
         if int(sa["threshold"]) != self.threshold:
             raise RuntimeError(f"secure aggregation: the server asks for threshold t={sa['threshold']}, this "
-                               f"client's config gives t={self.threshold}; refusing")
+                               f"client's {'roster' if self.roster is not None else 'config'} gives t={self.threshold}; refusing")
         c_sk, c_pk = secagg.new_keypair()
         s_sk, s_pk = secagg.new_keypair()
         self._round = _ClientRound(round=int(sa["round"]), threshold=self.threshold, c_sk=c_sk, c_pk=c_pk,
