@@ -406,6 +406,53 @@ def test_a_server_colluding_with_a_client_cannot_add_peers_outside_the_roster(tm
     assert VICTIM not in replies and "strict majority" in failures[VICTIM], failures
 
 
+def _split_view_with_an_insider(run, told_alive, told_dropped):
+    """Attack (``active``, the server colluding with client_2): the honest ``told_alive``
+    sign the full survivor list, the honest ``told_dropped`` the list without the victim;
+    client_2's key signs both. Returns ``(b shares, s shares)`` of the victim the coalition
+    then holds (its own, plus what the honest clients revealed), by Shamir index."""
+    st = until_unmask(run)
+    everyone = sorted(st.uploads)
+    without = [n for n in everyone if n != VICTIM]
+    insider = run.pool.halves[INSIDER]
+    requests = {}
+    for signers, survivors, dropped in ((told_alive, everyone, []), (told_dropped, without, [VICTIM])):
+        signed, _ = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": survivors}})
+                                                  for n in signers})
+        sigs = {f"check.{n}": r.arrays["sig"] for n, r in signed.items()}
+        sigs[f"check.{INSIDER}"] = sa._tensor(secagg.sign(insider._identity, sa._check_statement(1, "train", survivors)))
+        requests.update({n: Message(arrays=dict(sigs), config=unmask_request(survivors, dropped).config)
+                         for n in signers})
+    replies, _ = run.exchange(1, sa.SA_UNMASK, requests)
+    order = {n: i + 1 for i, n in enumerate(st.parties)}
+    own_b, own_s = insider._round.received[VICTIM]
+    b = {order[INSIDER]: own_b, **{order[h]: sa._bytes(r.arrays[f"b.{VICTIM}"]) for h, r in replies.items()
+                                    if f"b.{VICTIM}" in r.arrays}}
+    s = {order[INSIDER]: own_s, **{order[h]: sa._bytes(r.arrays[f"s.{VICTIM}"]) for h, r in replies.items()
+                                    if f"s.{VICTIM}" in r.arrays}}
+    return st, b, s
+
+
+def test_with_active_a_colluding_client_needs_2t_above_n_plus_the_coalition(tmp_path, monkeypatch):
+    """The bound of the signed survivor list, shown both ways. A coalition C signs any list,
+    so two lists each signed by t clients exist when 2t <= n + |C|: at n = 3, t = 2 (the
+    default) one insider and a split view read the victim's exact upload (the documented
+    limit); at n = 4, t = 3 (6 > 4 + 1) every split leaves the coalition short of t shares
+    of one of the victim's two secrets."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=tmp_path / "three")
+    run.align()
+    st, b, s = _split_view_with_an_insider(run, [VICTIM], ["client_0"])
+    seed, s_sk = secagg.combine_secret(b, 2), secagg.combine_secret(s, 2)
+    assert torch.equal(read_upload(run.server, st, VICTIM, seed, s_sk), seen[VICTIM])
+    for told_alive, told_dropped in (([VICTIM], ["client_0", "client_3"]), ([VICTIM, "client_0"], ["client_3"])):
+        run = FederatedRun(secure(data__num_clients=4, federated__secure_aggregation__active=True),
+                           run_dir=tmp_path / f"four{len(told_alive)}")
+        run.align()
+        st, b, s = _split_view_with_an_insider(run, told_alive, told_dropped)
+        assert st.threshold == 3 and min(len(b), len(s)) < 3, (len(b), len(s))
+
+
 # ---------------------------------------------------------------- 4. hide_aggregate
 def hidden_run(monkeypatch, mode="shared_rows", clients=4):
     rounds = {}

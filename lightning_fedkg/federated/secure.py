@@ -30,12 +30,18 @@ then ``federated.max_retries``). Fresh keys every attempt, from the OS.
 Threat model (docs/DESIGN.md, "Secure aggregation"): by default the server is honest but
 curious (it runs the protocol, reads all it receives); with ``active`` it may deviate
 (send any message, substitute keys, show clients different survivor lists, restore a
-client's saved states). Defences against a deviating server that hold in both modes:
-t > n/2, checked by every client against its own config, never taken from the server; a
+client's saved states) and collude with clients. Defences against a deviating server that
+hold in both modes: t comes from what the client holds itself, never from the server (the
+roster of :mod:`.identities` where there is one: a Flower client's config is the server's;
+an in-process client's own config otherwise), and a client refuses to share unless t is a
+strict majority of the parties it is asked to share among, all of them in the roster; a
 client answers one unmasking per round, whose secrets it then forgets, and no saved
 (restorable) state ever holds a round's secrets (:meth:`SecureClient.state_dict`), so a
 rollback cannot unmask a round twice. What ``active`` adds is authentication: without it a
-server can substitute its own key for a peer's and read the shares.
+server can substitute its own key for a peer's and read the shares. Each client signs with
+its own random Ed25519 identity key and checks its peers against the roster's public keys
+(:mod:`.identities`, provisioned out of band; the server reads neither), so a server
+colluding with a set C of clients can sign only as the members of C.
 
 What the server learns, per mode (README, "Privacy"):
 
@@ -54,14 +60,20 @@ What the server learns, per mode (README, "Privacy"):
   clients remove those offsets. The server learns neither the uploads nor the aggregate
   (it still knows the holder sets from alignment, the sizes and the timing).
 
-Collusion: the server with a client knows that client's pair keys and, under
-``hide_aggregate``, the federation key: it then learns the aggregate, and on a row that
-only the two of them hold, the other holder's value. Fewer than t colluding clients learn
-nothing from the shares; t of them with the server can rebuild any peer's masks. The
-identity keys are derived from the federation secret (:func:`~lightning_fedkg.privacy.secagg.identity_key`):
-they authenticate clients to one another against a server without the secret; a client
-colluding with the server can forge its peers' signatures, so ``active`` does not hold
-against that coalition.
+Collusion: the server with a set C of clients knows C's inputs, pair keys and identity
+keys and, under ``hide_aggregate``, the federation key: it then learns the aggregate, and
+on a row that only C and one honest client hold, that client's value (the sum minus C's).
+With ``active`` it can sign only as the members of C: it cannot substitute an honest
+client's keys or seat a peer outside the roster. It can still drop honest clients (down to
+t survivors), abort any round, and sign or answer as C. The signed survivor list stops a
+split view only while 2t > n + |C| (n: the clients that shared): C signs both lists, so
+with 2t <= n + |C| two lists each signed by t clients exist and the server gets t shares of
+both secrets of an honest client (at the default t = ⌊n/2⌋ + 1 that is one insider for
+n = 3; t = ⌊2n/3⌋ + 1 tolerates |C| < n/3, the paper's setting). t or more colluding
+clients rebuild any peer's masks outright. The roster
+is trusted as provisioned: whoever writes and hands out the identities (each client its
+own key, every client the same roster) is assumed honest; a roster the server wrote
+would let it choose every "peer" key.
 """
 
 from __future__ import annotations
