@@ -420,7 +420,8 @@ def _split_view_with_an_insider(run, told_alive, told_dropped):
         signed, _ = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": survivors}})
                                                   for n in signers})
         sigs = {f"check.{n}": r.arrays["sig"] for n, r in signed.items()}
-        sigs[f"check.{INSIDER}"] = sa._tensor(secagg.sign(insider._identity, sa._check_statement(1, "train", survivors)))
+        statement = sa._check_statement(1, "train", survivors)
+        sigs[f"check.{INSIDER}"] = sa._tensor(secagg.sign(insider._identity, statement))
         requests.update({n: Message(arrays=dict(sigs), config=unmask_request(survivors, dropped).config)
                          for n in signers})
     replies, _ = run.exchange(1, sa.SA_UNMASK, requests)

@@ -156,4 +156,3 @@ def read_private_key(folder: str | Path, name: str) -> bytes:
     if len(key) != _KEY_BYTES:
         raise ConfigError(f"{path} is not an identity key (hex of {_KEY_BYTES} bytes)")
     return key
-

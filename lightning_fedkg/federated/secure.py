@@ -70,10 +70,9 @@ split view only while 2t > n + |C| (n: the clients that shared): C signs both li
 with 2t <= n + |C| two lists each signed by t clients exist and the server gets t shares of
 both secrets of an honest client (at the default t = ⌊n/2⌋ + 1 that is one insider for
 n = 3; t = ⌊2n/3⌋ + 1 tolerates |C| < n/3, the paper's setting). t or more colluding
-clients rebuild any peer's masks outright. The roster
-is trusted as provisioned: whoever writes and hands out the identities (each client its
-own key, every client the same roster) is assumed honest; a roster the server wrote
-would let it choose every "peer" key.
+clients rebuild any peer's masks outright. The roster is trusted as provisioned: whoever
+writes and hands out the identities (each client its own key, every client the same
+roster) is assumed honest; a roster the server wrote would let it choose every peer's key.
 """
 
 from __future__ import annotations
@@ -607,8 +606,9 @@ class SecureClient:
     def on_sa_keys(self, message: Message, round: int) -> Message:
         sa = message.config["sa"]
         if int(sa["threshold"]) != self.threshold:
+            source = "roster" if self.roster is not None else "config"
             raise RuntimeError(f"secure aggregation: the server asks for threshold t={sa['threshold']}, this "
-                               f"client's {'roster' if self.roster is not None else 'config'} gives t={self.threshold}; refusing")
+                               f"client's {source} gives t={self.threshold}; refusing")
         c_sk, c_pk = secagg.new_keypair()
         s_sk, s_pk = secagg.new_keypair()
         self._round = _ClientRound(round=int(sa["round"]), threshold=self.threshold, c_sk=c_sk, c_pk=c_pk,

@@ -5,8 +5,8 @@ folder, :mod:`.data`; ``key-file``: the federation secret; ``work-dir``: where t
 keeps its states) and runs :data:`client_app`. With secure aggregation the client also
 reads ``identities/`` beside its key file (its own ``<name>.key`` and ``roster.json``,
 :mod:`lightning_fedkg.federated.identities`): the threshold and, with ``active``, the
-peers' public keys come from there, never from the server. Every Flower message it receives is one
-request of the server's (:mod:`.wire`):
+peers' public keys come from there, never from the server. Every Flower message it
+receives is one request of the server's (:mod:`.wire`):
 
 * ``hello``: the experiment config (not secret: the settings everyone agreed on) and the
   run's id; the client answers its name and :func:`~.data.data_digest` of its folder. A
@@ -135,9 +135,10 @@ class ClientRuntime:
         from lightning_fedkg.federated.identities import ROSTER, has_roster
 
         if cfg.federated.secure_aggregation.enabled and not has_roster(self.identities):
-            raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no {self.identities / ROSTER} "
-                              "beside this client's key file; the threshold it checks comes from that roster, never "
-                              "from the server's config (README, 'Running across organisations')")
+            raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no "
+                              f"{self.identities / ROSTER} beside this client's key file; the threshold it checks "
+                              "comes from that roster, never from the server's config (README, 'Running across "
+                              "organisations')")
 
     def latest(self) -> int:
         """The newest saved state number, or -1."""
