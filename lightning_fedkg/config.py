@@ -293,7 +293,8 @@ class SecureAggregationConfig:
     ``federated.federation_key`` (which must then be set), so the server learns neither
     the uploads nor their aggregate. ``active``: against a server that deviates from the
     protocol, signed key advertisements and a signed survivor list before any share is
-    revealed (Bonawitz et al. §6; one more exchange per round).
+    revealed (Bonawitz et al. §6; one more exchange per round), under each client's own
+    identity key checked against a provisioned roster (:mod:`~lightning_fedkg.federated.identities`).
     ``fractional_bits``: fixed-point precision; a mean is exact to ``2^-(bits+1)``.
     """
 

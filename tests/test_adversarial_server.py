@@ -126,12 +126,13 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     the victim's s shares."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.engine import client_config_text, provision_identities, write_key_file
 
     seen = spy_plaintext(monkeypatch)
     cfg = secure()
     run = FederatedRun(cfg, run_dir=None)
     key = write_key_file("secret", tmp_path / "key")
+    provision_identities(cfg, key, write_client_folders(cfg, tmp_path / "data"))
     runtimes, digests, after_train = {}, {}, {}
     for folder in write_client_folders(cfg, tmp_path / "data"):
         client = ClientRuntime(folder, key, tmp_path / "work", "run1")
@@ -212,6 +213,50 @@ def test_threshold_at_most_half_is_refused_and_a_split_view_at_the_default_fails
                                run.strategy)
 
 
+def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
+    """A Flower client registered with ``registered_cfg`` (the config the server sends in
+    ``hello``), with the identities of ``roster_cfg`` beside its key file (none: no roster)."""
+    from lightning_fedkg.flower.client import ClientRuntime
+    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+
+    folders = write_client_folders(registered_cfg, tmp_path / "data")
+    key = write_key_file("secret", tmp_path / "org" / "federation.key")
+    if roster_cfg is not None:
+        from lightning_fedkg.flower.engine import provision_identities
+
+        provision_identities(roster_cfg, key, folders)
+    client = ClientRuntime(folders[0], key, tmp_path / "work", "run1")
+    answer, _ = client.handle({"kind": "hello", "config": client_config_text(registered_cfg)}, b"")
+    return client, answer["digest"]
+
+
+def _ask_keys(client, digest, threshold):
+    message = Message(config={"sa": {"round": 1, "threshold": threshold}})
+    return client.handle({"kind": "stage", "stage": sa.SA_KEYS, "round": 1, "digest": digest}, encode(message))
+
+
+def test_a_flower_client_checks_the_threshold_against_its_roster_not_the_registration(tmp_path):
+    """Attack (Flower): the server registers the client with a config whose t is 2 (still
+    valid for n = 3) where the clients agreed on t = 3, then asks for t = 2. The client's
+    whole config comes from that registration, so before the fix the client "checked" t
+    against the server's own word and answered; now t is the roster's beside its key file."""
+    agreed = secure(federated__secure_aggregation__threshold=3)
+    client, digest = _registered_runtime(tmp_path, secure(federated__secure_aggregation__threshold=2), agreed)
+    with pytest.raises(RuntimeError, match=r"threshold t=2.*t=3"):
+        _ask_keys(client, digest, 2)
+    answer, reply = _ask_keys(client, digest, 3)  # the agreed t is answered
+    assert set(decode(reply).arrays) == {"c_pk", "s_pk"}
+
+
+def test_a_flower_client_without_a_roster_refuses_secure_aggregation(tmp_path):
+    """Without a roster the only t a Flower client has is the server's; it refuses to run
+    secure aggregation on it (before the fix it answered the server's t = 2)."""
+    client, digest = _registered_runtime(tmp_path, secure(federated__secure_aggregation__threshold=2))
+    with pytest.raises(ConfigError, match="roster"):
+        _ask_keys(client, digest, 2)
+
+
 # ---------------------------------------------------------------- 3. key substitution
 @pytest.mark.parametrize("active", [False, True], ids=["honest_but_curious", "active"])
 def test_a_substituted_share_key_reads_the_victim_only_without_active(monkeypatch, active):
@@ -284,6 +329,131 @@ def test_with_active_a_split_view_of_the_survivors_reveals_nothing():
     assert set(replies) == set(everyone) and not failures
 
 
+# ---------------------------------------------------------------- 3b. a server colluding with a client
+INSIDER, IMPERSONATED = "client_2", "client_0"
+
+
+def _forged_shares_request(server, victim: str, party: str, private: bytes, names=None):
+    """``sa_shares`` for ``victim`` in which the server's own keys stand for ``party``'s,
+    signed as ``party`` with ``private``; ``names``: the party list the server claims."""
+    c_sk, c_pk = secagg.new_keypair()
+    _, s_pk = secagg.new_keypair()
+    message = server.configure_sa_shares(1, server._round.parties)[victim]
+    if names is not None:
+        message.config["sa"]["parties"] = sorted(names)
+    message.arrays[f"c_pk.{party}"], message.arrays[f"s_pk.{party}"] = sa._tensor(c_pk), sa._tensor(s_pk)
+    message.arrays[f"sig.{party}"] = sa._tensor(secagg.sign(private, sa._keys_statement(1, party, c_pk, s_pk)))
+    return message, c_sk
+
+
+def _keyed_round(tmp_path):
+    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=tmp_path / "run")
+    run.align()
+    server = run.server
+    replies, _ = run.exchange(1, sa.SA_KEYS, server.configure_sa_keys(1, server.select_clients(1)))
+    server.aggregate_sa_keys(1, replies, {})
+    return run
+
+
+def _coalition_keys(run) -> list[bytes]:
+    """Every signing key a server colluding with the insider can make: the insider's own, and
+    the identity of the impersonated client as the federation secret derived it before the fix."""
+    insider = run.pool.halves[INSIDER]
+    return [insider._identity, secagg.derive_key(insider._key, f"fedkg-sa-identity|{IMPERSONATED}")]
+
+
+def test_a_server_colluding_with_a_client_cannot_sign_for_another(tmp_path):
+    """Attack (``active``): the server colludes with client_2, so it holds client_2's
+    private identity key and the federation secret. In ``sa_shares`` it gives the victim
+    its own keys in place of client_0's, signed as client_0 with every key the coalition
+    can make. Before the fix identity keys were derived from the federation secret: the
+    forgery verified, the victim encrypted its shares "for client_0" under the server's key
+    (which the server then decrypts: the share key substitution of test 3, now signed).
+    Each client's key is now its own random one: the victim refuses every forgery, and
+    only client_0's real key (which the coalition lacks) would be accepted."""
+    run = _keyed_round(tmp_path)
+    server = run.server
+    for private in _coalition_keys(run):
+        message, _ = _forged_shares_request(server, VICTIM, IMPERSONATED, private)
+        replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
+        assert VICTIM not in replies and "signature" in failures[VICTIM], failures
+    # the control: the same request signed with client_0's own key is answered, and the
+    # server reads the share the victim meant for client_0 (what the forgery would have got)
+    message, c_sk = _forged_shares_request(server, VICTIM, IMPERSONATED, run.pool.halves[IMPERSONATED]._identity)
+    replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
+    assert VICTIM in replies and not failures
+    key = secagg.derive_key(secagg.agree(c_sk, server._round.c_pk[VICTIM]), f"fedkg-sa-share|1|{IMPERSONATED}|{VICTIM}")
+    assert len(secagg.decrypt(key, sa._bytes(replies[VICTIM].arrays[f"ct.{IMPERSONATED}"]),
+                              f"1|{VICTIM}->{IMPERSONATED}")) == 3 * secagg.CHUNK
+
+
+def test_a_server_colluding_with_a_client_cannot_add_peers_outside_the_roster(tmp_path):
+    """Attack (``active``): the server seats a made-up peer, client_9, in place of client_0
+    (its keys signed with whatever the coalition holds), or adds made-up peers until t is no
+    longer a strict majority of the parties. Before the fix client_9's identity was derived
+    from the federation secret, so its signature verified and the victim shared with it;
+    now a peer outside the roster is refused, and so is t ≤ |parties| / 2."""
+    run = _keyed_round(tmp_path)
+    server, sybil = run.server, "client_9"
+    derived = secagg.derive_key(run.pool.halves[INSIDER]._key, f"fedkg-sa-identity|{sybil}")
+    for private in (derived, *_coalition_keys(run)):
+        message, _ = _forged_shares_request(server, VICTIM, sybil, private, names=[sybil, VICTIM, INSIDER])
+        replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
+        assert VICTIM not in replies and "roster" in failures[VICTIM], failures
+    crowd = [*server._round.parties, "client_8", sybil]
+    message, _ = _forged_shares_request(server, VICTIM, sybil, _coalition_keys(run)[1], names=crowd)
+    replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
+    assert VICTIM not in replies and "strict majority" in failures[VICTIM], failures
+
+
+def _split_view_with_an_insider(run, told_alive, told_dropped):
+    """Attack (``active``, the server colluding with client_2): the honest ``told_alive``
+    sign the full survivor list, the honest ``told_dropped`` the list without the victim;
+    client_2's key signs both. Returns ``(b shares, s shares)`` of the victim the coalition
+    then holds (its own, plus what the honest clients revealed), by Shamir index."""
+    st = until_unmask(run)
+    everyone = sorted(st.uploads)
+    without = [n for n in everyone if n != VICTIM]
+    insider = run.pool.halves[INSIDER]
+    requests = {}
+    for signers, survivors, dropped in ((told_alive, everyone, []), (told_dropped, without, [VICTIM])):
+        signed, _ = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": survivors}})
+                                                  for n in signers})
+        sigs = {f"check.{n}": r.arrays["sig"] for n, r in signed.items()}
+        statement = sa._check_statement(1, "train", survivors)
+        sigs[f"check.{INSIDER}"] = sa._tensor(secagg.sign(insider._identity, statement))
+        requests.update({n: Message(arrays=dict(sigs), config=unmask_request(survivors, dropped).config)
+                         for n in signers})
+    replies, _ = run.exchange(1, sa.SA_UNMASK, requests)
+    order = {n: i + 1 for i, n in enumerate(st.parties)}
+    own_b, own_s = insider._round.received[VICTIM]
+    b = {order[INSIDER]: own_b, **{order[h]: sa._bytes(r.arrays[f"b.{VICTIM}"]) for h, r in replies.items()
+                                    if f"b.{VICTIM}" in r.arrays}}
+    s = {order[INSIDER]: own_s, **{order[h]: sa._bytes(r.arrays[f"s.{VICTIM}"]) for h, r in replies.items()
+                                    if f"s.{VICTIM}" in r.arrays}}
+    return st, b, s
+
+
+def test_with_active_a_colluding_client_needs_2t_above_n_plus_the_coalition(tmp_path, monkeypatch):
+    """The bound of the signed survivor list, shown both ways. A coalition C signs any list,
+    so two lists each signed by t clients exist when 2t <= n + |C|: at n = 3, t = 2 (the
+    default) one insider and a split view read the victim's exact upload (the documented
+    limit); at n = 4, t = 3 (6 > 4 + 1) every split leaves the coalition short of t shares
+    of one of the victim's two secrets."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=tmp_path / "three")
+    run.align()
+    st, b, s = _split_view_with_an_insider(run, [VICTIM], ["client_0"])
+    seed, s_sk = secagg.combine_secret(b, 2), secagg.combine_secret(s, 2)
+    assert torch.equal(read_upload(run.server, st, VICTIM, seed, s_sk), seen[VICTIM])
+    for told_alive, told_dropped in (([VICTIM], ["client_0", "client_3"]), ([VICTIM, "client_0"], ["client_3"])):
+        run = FederatedRun(secure(data__num_clients=4, federated__secure_aggregation__active=True),
+                           run_dir=tmp_path / f"four{len(told_alive)}")
+        run.align()
+        st, b, s = _split_view_with_an_insider(run, told_alive, told_dropped)
+        assert st.threshold == 3 and min(len(b), len(s)) < 3, (len(b), len(s))
+
+
 # ---------------------------------------------------------------- 4. hide_aggregate
 def hidden_run(monkeypatch, mode="shared_rows", clients=4):
     rounds = {}
@@ -351,3 +521,59 @@ def test_a_server_that_reuses_a_serial_learns_no_difference_of_aggregates(monkey
     expected = secagg.signed(plain_sum(run, rounds[2])).double() / (1 << BITS) / count[:, None]
     rows = run.pool.halves["client_0"].shared()["entity"].read()[T]
     assert float((rows.double() - expected[index["client_0"]]).abs().max()) <= 2e-5
+
+
+# ---------------------------------------------------------------- 5. provisioning
+def test_identities_are_private_files_with_a_public_roster_and_survive_a_resume(tmp_path):
+    """The run writes ``<run_dir>/identities/`` once: each client's private key readable by
+    its owner only, the roster by everyone, and a resumed run signs with the same keys."""
+    import json
+    import stat
+
+    from lightning_fedkg.federated import identities
+
+    cfg = secure(federated__secure_aggregation__active=True)
+    first = FederatedRun(cfg, run_dir=tmp_path / "run")
+    folder = tmp_path / "run" / "identities"
+    names = sorted(first.pool.halves)
+    for name in names:
+        assert stat.S_IMODE((folder / f"{name}.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((folder / "roster.json").stat().st_mode) & 0o044 == 0o044
+    roster = json.loads((folder / "roster.json").read_text())
+    assert sorted(roster["members"]) == names and roster["threshold"] == 2 and roster["num_clients"] == 3
+    for name in names:  # each client signs with its own key, the one the roster lists
+        assert secagg.identity_public(first.pool.halves[name]._identity).hex() == roster["members"][name]
+    assert len({first.pool.halves[n]._identity for n in names}) == len(names)
+    resumed = FederatedRun(cfg, run_dir=tmp_path / "run")
+    assert all(resumed.pool.halves[n]._identity == first.pool.halves[n]._identity for n in names)
+    # a folder written for another policy is refused, not silently replaced
+    with pytest.raises(ConfigError, match="Remove"):
+        identities.provision(folder, secure(federated__secure_aggregation__active=True,
+                                            federated__secure_aggregation__threshold=3), names)
+
+
+def test_identity_files_errors_name_the_file(tmp_path):
+    from lightning_fedkg.federated import identities
+
+    identities.write_identities(tmp_path, ["a", "b", "c"], threshold=2)
+    with pytest.raises(ConfigError, match=r"no identity key for d at .*d\.key"):
+        identities.read_private_key(tmp_path, "d")
+    with pytest.raises(KeyError, match="not in the roster"):
+        identities.read_roster(tmp_path).public_key("d")
+    (tmp_path / "roster.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"roster\.json is not an identity roster"):
+        identities.read_roster(tmp_path)
+    with pytest.raises(ConfigError, match="no identity roster"):
+        identities.read_roster(tmp_path / "elsewhere")
+
+
+def test_an_active_client_without_a_roster_refuses_to_start(monkeypatch):
+    """With ``active`` and no identities where the client reads them, building the client
+    half is a ConfigError (it has no key of its own and no peer keys to check)."""
+    import contextlib
+
+    from lightning_fedkg.federated import orchestrator
+
+    monkeypatch.setattr(orchestrator, "local_identities", lambda *a: contextlib.nullcontext())
+    with pytest.raises(ConfigError, match="no identity roster"):
+        FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=None)

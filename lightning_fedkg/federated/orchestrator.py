@@ -29,12 +29,14 @@ client evaluates the state its own fit left, as the official FedLU code validate
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import lightning as L
 
@@ -126,6 +128,38 @@ class EarlyStopping:
         return self.bad_evaluations >= self.patience
 
 
+@contextlib.contextmanager
+def local_identities(cfg: ExperimentConfig, run_dir: Path | None, parties: list[Party]) -> Iterator[None]:
+    """While the block builds the client halves of ``parties`` (all in this process), the
+    identities of secure aggregation's ``active`` mode are on disk where they read them.
+
+    The run is the provisioner here: ``<run_dir>/identities/`` is written at the start and
+    reused on resume (:func:`~.identities.provision`). Without a run folder (tests, an
+    evaluation) the keys go to a private temporary folder that the halves read as they are
+    built and that is deleted after. The server half reads none of it.
+    """
+    from lightning_fedkg.federated.identities import IDENTITIES, provision
+
+    sa = cfg.federated.secure_aggregation
+    if not (sa.enabled and sa.active):
+        yield
+        return
+    names = [p.name for p in parties]
+    if run_dir is not None:
+        provision(run_dir / IDENTITIES, cfg, names)
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="fedkg-identities-") as folder:
+        provision(folder, cfg, names)
+        for p in parties:
+            p.identities = Path(folder)
+        try:
+            yield
+        finally:
+            for p in parties:
+                p.identities = None
+
+
 class FederatedRun:
     """All parties of one federated experiment and the steps of the round loop.
 
@@ -163,8 +197,9 @@ class FederatedRun:
         server_half, self.client_half_class = self.task.halves(*protected_halves(self.strategy, cfg))
         if clients is None:
             parties = build_client_parties(cfg, self.task, self.fkg, self.run_dir, purge_step)
-            self.pool: ClientPool = LocalClients(
-                parties, {p.name: self.client_half_class(p, self.strategy) for p in parties})
+            with local_identities(cfg, self.run_dir, parties):
+                self.pool: ClientPool = LocalClients(
+                    parties, {p.name: self.client_half_class(p, self.strategy) for p in parties})
         else:
             self.pool = clients(self)
         unknown = set(fc.parties or {}) - set(self.pool.names)

@@ -125,12 +125,16 @@ class Party:
         cfg: its config (the experiment config with its per-party overrides).
         run_dir: the run's folder (``None`` for a party built without one); a method may keep
             party-private files under ``run_dir / <its own sub-folder>``.
+        identities: the folder of the party's secure-aggregation identity (its own private
+            key and the roster, :mod:`.identities`): ``run_dir / "identities"`` by default;
+            a Flower client points it beside its federation-key file.
     """
 
     def __init__(self, name: str, kg: Any, task: Any, cfg: Any, names: dict[str, list[str]],
                  writer: RoundWriter | None = None, run_dir: str | Path | None = None) -> None:
         self.name, self.kg, self.task, self.cfg, self.names = name, kg, task, cfg, names
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.identities = self.run_dir / "identities" if self.run_dir is not None else None
         # Each party's init depends only on (seed, name), not on how many were built before.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.seed, name, "model"))

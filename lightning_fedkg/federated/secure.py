@@ -30,12 +30,18 @@ then ``federated.max_retries``). Fresh keys every attempt, from the OS.
 Threat model (docs/DESIGN.md, "Secure aggregation"): by default the server is honest but
 curious (it runs the protocol, reads all it receives); with ``active`` it may deviate
 (send any message, substitute keys, show clients different survivor lists, restore a
-client's saved states). Defences against a deviating server that hold in both modes:
-t > n/2, checked by every client against its own config, never taken from the server; a
+client's saved states) and collude with clients. Defences against a deviating server that
+hold in both modes: t comes from what the client holds itself, never from the server (the
+roster of :mod:`.identities` where there is one: a Flower client's config is the server's;
+an in-process client's own config otherwise), and a client refuses to share unless t is a
+strict majority of the parties it is asked to share among, all of them in the roster; a
 client answers one unmasking per round, whose secrets it then forgets, and no saved
 (restorable) state ever holds a round's secrets (:meth:`SecureClient.state_dict`), so a
 rollback cannot unmask a round twice. What ``active`` adds is authentication: without it a
-server can substitute its own key for a peer's and read the shares.
+server can substitute its own key for a peer's and read the shares. Each client signs with
+its own random Ed25519 identity key and checks its peers against the roster's public keys
+(:mod:`.identities`, provisioned out of band; the server reads neither), so a server
+colluding with a set C of clients can sign only as the members of C.
 
 What the server learns, per mode (README, "Privacy"):
 
@@ -54,14 +60,19 @@ What the server learns, per mode (README, "Privacy"):
   clients remove those offsets. The server learns neither the uploads nor the aggregate
   (it still knows the holder sets from alignment, the sizes and the timing).
 
-Collusion: the server with a client knows that client's pair keys and, under
-``hide_aggregate``, the federation key: it then learns the aggregate, and on a row that
-only the two of them hold, the other holder's value. Fewer than t colluding clients learn
-nothing from the shares; t of them with the server can rebuild any peer's masks. The
-identity keys are derived from the federation secret (:func:`~lightning_fedkg.privacy.secagg.identity_key`):
-they authenticate clients to one another against a server without the secret; a client
-colluding with the server can forge its peers' signatures, so ``active`` does not hold
-against that coalition.
+Collusion: the server with a set C of clients knows C's inputs, pair keys and identity
+keys and, under ``hide_aggregate``, the federation key: it then learns the aggregate, and
+on a row that only C and one honest client hold, that client's value (the sum minus C's).
+With ``active`` it can sign only as the members of C: it cannot substitute an honest
+client's keys or seat a peer outside the roster. It can still drop honest clients (down to
+t survivors), abort any round, and sign or answer as C. The signed survivor list stops a
+split view only while 2t > n + |C| (n: the clients that shared): C signs both lists, so
+with 2t <= n + |C| two lists each signed by t clients exist and the server gets t shares of
+both secrets of an honest client (at the default t = ⌊n/2⌋ + 1 that is one insider for
+n = 3; t = ⌊2n/3⌋ + 1 tolerates |C| < n/3, the paper's setting). t or more colluding
+clients rebuild any peer's masks outright. The roster is trusted as provisioned: whoever
+writes and hands out the identities (each client its own key, every client the same
+roster) is assumed honest; a roster the server wrote would let it choose every peer's key.
 """
 
 from __future__ import annotations
@@ -72,6 +83,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
@@ -509,15 +521,39 @@ class SecureClient:
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
         self.sa = party.cfg.federated.secure_aggregation
-        # t from this client's own config: a server-sent t is checked against it, never used
+        #: the policy provisioned beside this client (:mod:`.identities`), or None
+        self.roster = identities.read_roster(party.identities) if identities.has_roster(party.identities) else None
+        # t from what this client holds itself, never from the server: the roster where there
+        # is one (a Flower client's config came from the server at registration), else this
+        # process's own config (an in-process run). A server-sent t is checked against it.
         self.threshold = check_secure_config(party.cfg, strategy)
+        if self.roster is not None:
+            self.threshold = self.roster.threshold
         self._round: _ClientRound | None = None
         self._gidx: dict[str, Tensor] = {}
-        self._identity = secagg.identity_key(self._key, party.name) if self.sa.active else b""
+        self._identity = self._own_identity(party) if self.sa.active else b""
+
+    def _own_identity(self, party) -> bytes:
+        """active: this client's private identity key, checked against its roster entry."""
+        if self.roster is None:
+            raise ConfigError(f"federated.secure_aggregation.active: {party.name} has no identity roster in "
+                              f"{party.identities}; active mode needs each client's own private key and the "
+                              "roster of its peers' public keys (lightning_fedkg.federated.identities)")
+        private = identities.read_private_key(party.identities, party.name)
+        try:
+            listed = self.roster.public_key(party.name)
+        except KeyError as err:
+            raise ConfigError(f"{party.identities}: {err.args[0]}") from None
+        if secagg.identity_public(private) != listed:
+            raise ConfigError(f"{party.identities}: {party.name}'s private key does not match its roster entry")
+        return private
 
     def _identity_of(self, peer: str) -> bytes:
-        """A peer's identity public key, from the provisioning (the federation secret)."""
-        return secagg.identity_public(secagg.identity_key(self._key, peer))
+        """A peer's identity public key, from the roster only; a peer not in it is refused."""
+        try:
+            return self.roster.public_key(peer)
+        except KeyError as err:
+            raise RuntimeError(f"secure aggregation: {err.args[0]}; {self.party.name} refuses it as a peer") from None
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -570,8 +606,9 @@ class SecureClient:
     def on_sa_keys(self, message: Message, round: int) -> Message:
         sa = message.config["sa"]
         if int(sa["threshold"]) != self.threshold:
+            source = "roster" if self.roster is not None else "config"
             raise RuntimeError(f"secure aggregation: the server asks for threshold t={sa['threshold']}, this "
-                               f"client's config gives t={self.threshold}; refusing")
+                               f"client's {source} gives t={self.threshold}; refusing")
         c_sk, c_pk = secagg.new_keypair()
         s_sk, s_pk = secagg.new_keypair()
         self._round = _ClientRound(round=int(sa["round"]), threshold=self.threshold, c_sk=c_sk, c_pk=c_pk,
@@ -608,6 +645,14 @@ class SecureClient:
         parties = list(sa["parties"])
         if me not in parties or len(parties) < st.threshold or st.parties:
             raise RuntimeError(f"secure aggregation: {me} is asked to share among {parties} (t={st.threshold})")
+        if 2 * st.threshold <= len(parties):
+            # t must stay a strict majority of those who share: else a split view of the
+            # survivors gets t shares of both secrets of one client
+            raise RuntimeError(f"secure aggregation: {me} is asked to share t={st.threshold}-of-{len(parties)}, "
+                               "not a strict majority; refusing")
+        unknown = sorted(set(parties) - set(self.roster.members)) if self.roster is not None else []
+        if unknown:
+            raise RuntimeError(f"secure aggregation: {unknown} are not in {me}'s roster; refusing to share with them")
         if self.sa.active:
             st.s_pk_of = self._verified_keys(parties, message.arrays, st.round)
         st.parties = parties

@@ -2,8 +2,11 @@
 
 A SuperNode is started with three paths in its node config (``data-path``: the client's
 folder, :mod:`.data`; ``key-file``: the federation secret; ``work-dir``: where the client
-keeps its states) and runs :data:`client_app`. Every Flower message it receives is one
-request of the server's (:mod:`.wire`):
+keeps its states) and runs :data:`client_app`. With secure aggregation the client also
+reads ``identities/`` beside its key file (its own ``<name>.key`` and ``roster.json``,
+:mod:`lightning_fedkg.federated.identities`): the threshold and, with ``active``, the
+peers' public keys come from there, never from the server. Every Flower message it
+receives is one request of the server's (:mod:`.wire`):
 
 * ``hello``: the experiment config (not secret: the settings everyone agreed on) and the
   run's id; the client answers its name and :func:`~.data.data_digest` of its folder. A
@@ -62,6 +65,9 @@ class ClientRuntime:
     def __init__(self, data_path: str | Path, key_file: str | Path, work_dir: str | Path, run_id: str) -> None:
         self.data_path, self.run_id = Path(data_path), run_id
         self.secret = read_key_file(key_file)
+        # The client's identity and the roster (secure aggregation's policy) sit beside its
+        # key file, on its own disk: never from a command line or the server's messages.
+        self.identities = Path(key_file).parent / "identities"
         self.name, self.kg, self.names = load_client_folder(self.data_path)
         self.dir = Path(work_dir) / run_id / self.name
         self.state_dir = self.dir / "states"
@@ -115,9 +121,24 @@ class ClientRuntime:
         task = TASKS.get(cfg.federated.task)()
         _, client_half = task.halves(*protected_halves(strategy, cfg))
         party = build_party(cfg, task, self.name, self.kg, self.names, run_dir=self.dir)
+        party.identities = self.identities
+        self.check_roster(cfg)
         self.half = client_half(party, strategy)
         self.counter = -1
         self._timed("build", start)
+
+    def check_roster(self, cfg) -> None:
+        """Refuse secure aggregation without a roster beside the key file: the config came
+        from the server at registration, so its threshold is the server's word; the roster's
+        is the clients' own (:class:`~lightning_fedkg.federated.secure.SecureClient` uses it)."""
+        from lightning_fedkg.config import ConfigError
+        from lightning_fedkg.federated.identities import ROSTER, has_roster
+
+        if cfg.federated.secure_aggregation.enabled and not has_roster(self.identities):
+            raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no "
+                              f"{self.identities / ROSTER} beside this client's key file; the threshold it checks "
+                              "comes from that roster, never from the server's config (README, 'Running across "
+                              "organisations')")
 
     def latest(self) -> int:
         """The newest saved state number, or -1."""

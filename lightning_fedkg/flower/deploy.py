@@ -317,7 +317,8 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
        port: int | None = None, timeout: float | None = None, tls: TLSFiles | None = None) -> dict:
     """Run ``cfg`` as a deployment on this machine and return its ``metrics.json``.
 
-    Writes each client's data folder (``<run>/flower/data/client_<k>``), starts the
+    Writes each client's data folder (``<run>/flower/data/client_<k>``) and, with secure
+    aggregation, the clients' identities beside the key file (``identities/``), starts the
     SuperLink and one SuperNode per client, submits the run and waits for it; all
     processes are stopped at the end. A run folder that holds a committed round resumes.
     ``tls``: run every connection to the SuperLink over TLS with these files
@@ -326,7 +327,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     import json
 
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import check_flower_config, client_config_text, require
+    from lightning_fedkg.flower.engine import check_flower_config, client_config_text, provision_identities, require
 
     require()
     check_flower_config(cfg)
@@ -335,6 +336,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
     key = key_for(cfg, folder, key_file)
+    provision_identities(cfg, key, data)
     app = write_app_project(folder / "app")
     (run_dir / "metrics.json").unlink(missing_ok=True)
     with Deployment(folder, port, tls) as d:

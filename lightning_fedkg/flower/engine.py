@@ -28,7 +28,7 @@ from lightning_fedkg.federated.orchestrator import RoundEngine
 from lightning_fedkg.federated.runner import run_engine
 
 __all__ = ["FlowerEngine", "FlowerRoundEngine", "FlowerNotInstalledError", "require", "serve", "run_identity",
-           "client_config_text", "write_key_file", "simulate"]
+           "client_config_text", "write_key_file", "provision_identities", "simulate"]
 
 
 class FlowerNotInstalledError(ConfigError, ImportError):
@@ -93,6 +93,20 @@ def write_key_file(secret: str, path: str | Path) -> Path:
     return path
 
 
+def provision_identities(cfg: ExperimentConfig, key_file: str | Path, data: list[Path]) -> None:
+    """With secure aggregation, the clients' identities and roster (:mod:`~lightning_fedkg.federated.identities`)
+    beside ``key_file``, where each :class:`~.client.ClientRuntime` reads them: written once
+    for the clients of the data folders ``data``, reused afterwards. On one machine this
+    process is the provisioner; across organisations each one receives its own key and the
+    roster out of band (README, "Running across organisations")."""
+    from lightning_fedkg.federated.identities import IDENTITIES, provision
+    from lightning_fedkg.flower.data import CLIENT_FILE
+
+    if cfg.federated.secure_aggregation.enabled:
+        names = [json.loads((Path(d) / CLIENT_FILE).read_text())["name"] for d in data]
+        provision(Path(key_file).parent / IDENTITIES, cfg, names)
+
+
 def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run ``cfg`` on Flower's simulation engine: a ServerApp in this process and one
     SuperNode per client (Ray workers), each ClientApp reading only its own folder."""
@@ -109,6 +123,7 @@ def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) ->
     # In simulation the secret comes from the config (or the seed, as in-process); the
     # clients still read it from a file only they are given.
     key_file = str(write_key_file(federation_secret(cfg.federated.federation_key, cfg.seed), folder / "federation.key"))
+    provision_identities(cfg, key_file, data)
     work = str(folder / "clients")
     outcome: dict = {}
 

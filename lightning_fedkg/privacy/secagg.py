@@ -13,7 +13,8 @@ Aggregation for Privacy-Preserving Machine Learning", CCS 2017), from maintained
 * Share encryption: ChaCha20-Poly1305 (``cryptography``), so a share forwarded by the server
   can be neither read nor altered by it.
 * Signatures (``active``): Ed25519 (``cryptography``), for the signed key advertisements and
-  the signed survivor list of the paper's actively secure variant (its §6).
+  the signed survivor list of the paper's actively secure variant (its §6), under each
+  client's own random identity key (:func:`new_identity`).
 
 Uploads are fixed-point integers in ℤ_{2^32}: :func:`quantise` rounds ``x·2^bits`` to the
 nearest integer, masks are added modulo 2^32, and :func:`signed` reads a sum back as a
@@ -48,7 +49,7 @@ __all__ = [
     "to_wire",
     "from_wire",
     "quantisation_error",
-    "identity_key",
+    "new_identity",
     "identity_public",
     "sign",
     "verify",
@@ -205,16 +206,19 @@ def quantisation_error(bits: int) -> float:
 
 
 # ---------------------------------------------------------------- identity (active mode)
-def identity_key(secret: bytes, name: str) -> bytes:
-    """Client ``name``'s long-term Ed25519 signing key (32 raw private bytes), derived from
-    the federation ``secret`` by HKDF. Every holder of the secret can derive it: it
-    authenticates a client against the server, which lacks the secret, not against a
-    client that colludes with the server."""
-    return derive_key(secret, f"fedkg-sa-identity|{name}")
+def new_identity() -> tuple[bytes, bytes]:
+    """A fresh Ed25519 ``(private, public)`` identity pair, 32 raw bytes each, from the OS's
+    randomness. Each client gets its own at provisioning
+    (:mod:`lightning_fedkg.federated.identities`): nothing it is derived from is shared, so
+    only its holder can sign for it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    return key.private_bytes_raw(), key.public_key().public_bytes_raw()
 
 
 def identity_public(private: bytes) -> bytes:
-    """The Ed25519 public key (32 raw bytes) of :func:`identity_key`'s ``private``."""
+    """The Ed25519 public key (32 raw bytes) of the identity ``private`` key."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return Ed25519PrivateKey.from_private_bytes(bytes(private)).public_key().public_bytes_raw()
