@@ -289,7 +289,7 @@ class SecureAggregationConfig:
     ``threshold``: t of the t-of-n secret sharing, in ``[⌊n/2⌋ + 1, n]`` of the selected
     clients (at most half would let a server that splits the clients' views rebuild both
     secrets of one client): the round survives up to n − t dropouts (default
-    ``⌊n/2⌋ + 1``). ``hide_aggregate``: every client adds its own offset derived from
+    ``⌊n/2⌋ + 1``; with ``active``, ``⌊2n/3⌋ + 1``). ``hide_aggregate``: every client adds its own offset derived from
     ``federated.federation_key`` (which must then be set), so the server learns neither
     the uploads nor their aggregate. ``active``: against a server that deviates from the
     protocol, signed key advertisements and a signed survivor list before any share is

@@ -32,8 +32,9 @@ traffic does not depend on how many batches a client trains).
 adds the hidden aggregate) and splits its cost per round: *key agreement* (the ``sa_keys``
 and ``sa_shares`` exchanges: key pairs, agreements, Shamir shares, encryption, transport),
 *masking* (every client's quantisation and masks, inside the ``train`` exchange) and
-*unmasking* (the ``sa_unmask`` exchange and the server's reconstruction), and the bytes of
-each exchange.
+*unmasking* (the ``sa_unmask`` exchange and the server's reconstruction), the *survivor
+check* (``sa_check``, with ``federated.secure_aggregation.active=true`` as an override), and
+the bytes of each exchange.
 """
 
 from __future__ import annotations
@@ -138,8 +139,10 @@ def instrument_secure(run: FederatedRun, timings: dict) -> None:
             return out
 
         half._mask = timed_mask
-    for name in ("sa_keys", "sa_shares", "sa_unmask"):
-        original = getattr(run.server, f"aggregate_{name}")
+    for name in ("sa_keys", "sa_shares", "sa_check", "sa_unmask"):
+        original = getattr(run.server, f"aggregate_{name}", None)
+        if original is None:
+            continue
 
         def timed_aggregate(*a, _original=original, _name=name, **k):
             start = time.perf_counter()
@@ -289,6 +292,8 @@ def main(argv=None) -> dict:
                 + secure_round.get("server:sa_keys", 0.0) + secure_round.get("server:sa_shares", 0.0),
                 "masking": secure_round.get("mask", 0.0),
                 "unmasking": secure_round.get("stage:sa_unmask", 0.0) + secure_round.get("server:sa_unmask", 0.0),
+                # active only: the signed survivor list
+                "check": secure_round.get("stage:sa_check", 0.0) + secure_round.get("server:sa_check", 0.0),
             }
 
         eval_s, avg, per_client = None, None, None
@@ -321,7 +326,8 @@ def main(argv=None) -> dict:
         if args.secure:
             sec = rec["secure_s"]
             print(f"      secure aggregation: key agreement {sec['key_agreement']:.3f}s, masking {sec['masking']:.3f}s, "
-                  f"unmasking {sec['unmasking']:.3f}s; bytes by exchange {rec['bytes_by_name']}", flush=True)
+                  f"unmasking {sec['unmasking']:.3f}s, survivor check {sec['check']:.3f}s; "
+                  f"bytes by exchange {rec['bytes_by_name']}", flush=True)
 
     evals = [rec["eval_s"] for rec in rounds if "eval_s" in rec]
     train_key = "train_s_extrapolated" if bounded else "train_s"

@@ -6,7 +6,9 @@ variant's own config) with ``federated.record_payloads=true``, then runs ``fedkg
 attack (:func:`lightning_fedkg.federated.audit.run_audit`) on it, every client a victim, with
 10% of its triples known. It prints one row per variant: test MRR and Hits@10, ε spent
 (DP variants), and the attack's F1 in each view (the victim's uploads, the aggregate sent to
-it, and the baseline that saw nothing), each a mean over seeds with its spread. Finished
+it, and the baseline that saw nothing) and its leakage in each view (recall on the victim's
+training targets minus recall on its held-out triples, with the same guesses), each a mean
+over seeds with its spread. Finished
 runs and audits in ``--out`` are reused.
 
     python scripts/bench_privacy.py --seeds 0 1 2 3 4 --out runs/privacy_umls \\
@@ -108,24 +110,28 @@ def main(argv=None) -> dict:
             record = {"seed": seed, "test_mrr": metrics["test"]["mrr"], "test_hits@10": metrics["test"].get("hits@10"),
                       "rounds": metrics.get("rounds"), "fit_s": fit_s,
                       "epsilon": (metrics.get("privacy") or {}).get("epsilon"),
-                      "attack_f1": {v: audit["mean"][v]["f1"] for v in audit["mean"]}}
+                      "attack_f1": {v: audit["mean"][v]["f1"] for v in audit["mean"]},
+                      "leakage": {v: audit["mean"][v]["leakage"] for v in audit["mean"]}}
             rows.setdefault(name, []).append(record)
             print(f"{name} seed {seed}: test MRR {record['test_mrr']:.4f}, attack F1 "
                   + ", ".join(f"{v} {f:.3f}" for v, f in record["attack_f1"].items())
+                  + ", leakage " + ", ".join(f"{v} {g:+.3f}" for v, g in record["leakage"].items())
                   + (f", epsilon {record['epsilon']:.2f}" if record["epsilon"] is not None else ""), flush=True)
 
     print(f"\n{'variant':<18}{'test MRR':>16}{'H@10':>16}{'epsilon':>10}{'F1 uploads':>16}{'F1 aggregate':>16}"
-          f"{'F1 baseline':>16}")
+          f"{'F1 baseline':>16}{'leak uploads':>16}{'leak aggregate':>16}{'leak baseline':>16}")
     summary = {}
     for name, recs in rows.items():
         def col(key, view=None):
-            return [r["attack_f1"][view] for r in recs if view in r["attack_f1"]] if view else \
-                [r[key] for r in recs if r[key] is not None]
+            if view:
+                return [r[key][view] for r in recs if view in r[key]]
+            return [r[key] for r in recs if r[key] is not None]
         eps = col("epsilon")
         summary[name] = {"runs": recs, "seeds": len(recs)}
         print(f"{name:<18}{spread(col('test_mrr')):>16}{spread(col('test_hits@10')):>16}"
               f"{(f'{statistics.fmean(eps):.2f}' if eps else '-'):>10}"
-              + "".join(f"{spread(col(None, v)):>16}" for v in ("uploads", "aggregate", "baseline")))
+              + "".join(f"{spread(col('attack_f1', v)):>16}" for v in ("uploads", "aggregate", "baseline"))
+              + "".join(f"{spread(col('leakage', v)):>16}" for v in ("uploads", "aggregate", "baseline")))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps({"settings": vars(args), "variants": summary}, indent=1))

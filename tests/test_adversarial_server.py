@@ -33,6 +33,11 @@ def secure(**overrides):
     return umls_config(**{"federated__secure_aggregation__enabled": True, **overrides})
 
 
+#: ``active`` at t = 2 of 3, the smallest t allowed: the mechanisms below are shown at the
+#: threshold where an attack has the most room (``active`` defaults to t = ⌊2n/3⌋ + 1 = 3).
+ACTIVE_T2 = {"federated__secure_aggregation__active": True, "federated__secure_aggregation__threshold": 2}
+
+
 def spy_plaintext(monkeypatch) -> dict:
     """``{client: quantised plaintext words of entity_emb}`` as each client masks it."""
     seen = {}
@@ -307,7 +312,7 @@ def test_with_active_a_split_view_of_the_survivors_reveals_nothing():
     different survivor lists, to unmask each half against the other's list. Each client
     signs one list per round, and reveals shares only with t signatures on the list it
     signed itself."""
-    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=None)
+    run = FederatedRun(secure(**ACTIVE_T2), run_dir=None)
     run.align()
     st = until_unmask(run)
     everyone = sorted(st.uploads)
@@ -347,7 +352,7 @@ def _forged_shares_request(server, victim: str, party: str, private: bytes, name
 
 
 def _keyed_round(tmp_path):
-    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=tmp_path / "run")
+    run = FederatedRun(secure(**ACTIVE_T2), run_dir=tmp_path / "run")
     run.align()
     server = run.server
     replies, _ = run.exchange(1, sa.SA_KEYS, server.configure_sa_keys(1, server.select_clients(1)))
@@ -436,12 +441,12 @@ def _split_view_with_an_insider(run, told_alive, told_dropped):
 
 def test_with_active_a_colluding_client_needs_2t_above_n_plus_the_coalition(tmp_path, monkeypatch):
     """The bound of the signed survivor list, shown both ways. A coalition C signs any list,
-    so two lists each signed by t clients exist when 2t <= n + |C|: at n = 3, t = 2 (the
-    default) one insider and a split view read the victim's exact upload (the documented
+    so two lists each signed by t clients exist when 2t <= n + |C|: at n = 3, t = 2 (allowed,
+    not ``active``'s default) one insider and a split view read the victim's exact upload (the documented
     limit); at n = 4, t = 3 (6 > 4 + 1) every split leaves the coalition short of t shares
     of one of the victim's two secrets."""
     seen = spy_plaintext(monkeypatch)
-    run = FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=tmp_path / "three")
+    run = FederatedRun(secure(**ACTIVE_T2), run_dir=tmp_path / "three")
     run.align()
     st, b, s = _split_view_with_an_insider(run, [VICTIM], ["client_0"])
     seed, s_sk = secagg.combine_secret(b, 2), secagg.combine_secret(s, 2)
@@ -532,7 +537,7 @@ def test_identities_are_private_files_with_a_public_roster_and_survive_a_resume(
 
     from lightning_fedkg.federated import identities
 
-    cfg = secure(federated__secure_aggregation__active=True)
+    cfg = secure(**ACTIVE_T2)
     first = FederatedRun(cfg, run_dir=tmp_path / "run")
     folder = tmp_path / "run" / "identities"
     names = sorted(first.pool.halves)
@@ -548,8 +553,7 @@ def test_identities_are_private_files_with_a_public_roster_and_survive_a_resume(
     assert all(resumed.pool.halves[n]._identity == first.pool.halves[n]._identity for n in names)
     # a folder written for another policy is refused, not silently replaced
     with pytest.raises(ConfigError, match="Remove"):
-        identities.provision(folder, secure(federated__secure_aggregation__active=True,
-                                            federated__secure_aggregation__threshold=3), names)
+        identities.provision(folder, names, 3)
 
 
 def test_identity_files_errors_name_the_file(tmp_path):
@@ -576,4 +580,15 @@ def test_an_active_client_without_a_roster_refuses_to_start(monkeypatch):
 
     monkeypatch.setattr(orchestrator, "local_identities", lambda *a: contextlib.nullcontext())
     with pytest.raises(ConfigError, match="no identity roster"):
-        FederatedRun(secure(federated__secure_aggregation__active=True), run_dir=None)
+        FederatedRun(secure(**ACTIVE_T2), run_dir=None)
+
+
+def test_active_defaults_to_a_two_thirds_threshold():
+    """``active`` defaults to t = ⌊2n/3⌋ + 1 (the signed survivor list then holds against a
+    coalition of fewer than n/3 clients); without it the default stays a strict majority."""
+    from lightning_fedkg.methods.fede import FedE
+
+    for n, plain, active in ((3, 2, 3), (4, 3, 3), (6, 4, 5), (10, 6, 7)):
+        assert sa.check_secure_config(secure(data__num_clients=n), FedE) == plain
+        assert sa.check_secure_config(secure(data__num_clients=n, federated__secure_aggregation__active=True),
+                                      FedE) == active

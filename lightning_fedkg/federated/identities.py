@@ -88,17 +88,13 @@ def write_identities(folder: str | Path, names: list[str], threshold: int, num_c
     return roster
 
 
-def provision(folder: str | Path, cfg, names: list[str]) -> Roster:
-    """The identities of the federation ``cfg`` with clients ``names`` in ``folder``: written
-    once (t from :func:`~lightning_fedkg.federated.secure.check_secure_config`, n =
-    ``len(names)``) and reused as they are afterwards (a resumed run keeps its keys). A
-    folder written for other clients or another t is refused rather than replaced: the
-    clients may already hold its keys."""
-    from lightning_fedkg.federated.secure import check_secure_config
-    from lightning_fedkg.federated.strategy import STRATEGIES
-
+def provision(folder: str | Path, names: list[str], t: int) -> Roster:
+    """The identities of a federation of clients ``names`` with threshold ``t`` in
+    ``folder``: written once and reused as they are afterwards (a resumed run keeps its
+    keys). A folder written for other clients or another t is refused rather than
+    replaced: the clients may already hold its keys.
+    :func:`~lightning_fedkg.federated.secure.provision_identities` takes t from a config."""
     folder = Path(folder)
-    t = check_secure_config(cfg, STRATEGIES.get(cfg.federated.strategy), len(names))
     if not has_roster(folder):
         return write_identities(folder, list(names), t, len(names))
     roster = read_roster(folder)

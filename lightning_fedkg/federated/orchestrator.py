@@ -138,7 +138,8 @@ def local_identities(cfg: ExperimentConfig, run_dir: Path | None, parties: list[
     evaluation) the keys go to a private temporary folder that the halves read as they are
     built and that is deleted after. The server half reads none of it.
     """
-    from lightning_fedkg.federated.identities import IDENTITIES, provision
+    from lightning_fedkg.federated.identities import IDENTITIES
+    from lightning_fedkg.federated.secure import provision_identities as provision
 
     sa = cfg.federated.secure_aggregation
     if not (sa.enabled and sa.active):

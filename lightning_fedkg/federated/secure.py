@@ -68,8 +68,9 @@ client's keys or seat a peer outside the roster. It can still drop honest client
 t survivors), abort any round, and sign or answer as C. The signed survivor list stops a
 split view only while 2t > n + |C| (n: the clients that shared): C signs both lists, so
 with 2t <= n + |C| two lists each signed by t clients exist and the server gets t shares of
-both secrets of an honest client (at the default t = ⌊n/2⌋ + 1 that is one insider for
-n = 3; t = ⌊2n/3⌋ + 1 tolerates |C| < n/3, the paper's setting). t or more colluding
+both secrets of an honest client (at t = ⌊n/2⌋ + 1 that is one insider for n = 3). So with
+``active`` the default is t = ⌊2n/3⌋ + 1, which tolerates |C| < n/3 (the paper's setting)
+and as many dropouts as n − t. t or more colluding
 clients rebuild any peer's masks outright. The roster is trusted as provisioned: whoever
 writes and hands out the identities (each client its own key, every client the same
 roster) is assumed honest; a roster the server wrote would let it choose every peer's key.
@@ -87,10 +88,10 @@ from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategy import RetryRound, num_selected
+from lightning_fedkg.federated.strategy import STRATEGIES, RetryRound, num_selected
 from lightning_fedkg.privacy import secagg
 
-__all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold"]
+__all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold", "provision_identities"]
 
 SA_KEYS, SA_SHARES, SA_CHECK, SA_UNMASK = "sa_keys", "sa_shares", "sa_check", "sa_unmask"
 #: The stages whose replies are masked (a training round's and a phase's upload).
@@ -100,9 +101,11 @@ SA_STAGES = (SA_KEYS, SA_SHARES, SA_CHECK, SA_UNMASK)
 PREFIX = "sa."
 
 
-def default_threshold(parties: int) -> int:
-    """t of t-of-n when ``threshold`` is unset: a strict majority, ``⌊n/2⌋ + 1``."""
-    return parties // 2 + 1
+def default_threshold(parties: int, active: bool = False) -> int:
+    """t of t-of-n when ``threshold`` is unset: a strict majority, ``⌊n/2⌋ + 1``; with
+    ``active``, ``⌊2n/3⌋ + 1``, so that the signed survivor list holds against a server
+    colluding with fewer than n/3 clients (it needs 2t > n + |C|, see the module doc)."""
+    return 2 * parties // 3 + 1 if active else parties // 2 + 1
 
 
 def _sign(me: str, peer: str) -> int:
@@ -163,7 +166,7 @@ def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
         raise ConfigError(f"federated.secure_aggregation wraps a one-stage training round; {strategy.name!r} "
                           f"runs {tuple(strategy.Server.stages)}")
     n = num_selected(cfg.federated.fraction, num_clients or cfg.data.num_clients)
-    t = sc.threshold if sc.threshold is not None else default_threshold(n)
+    t = sc.threshold if sc.threshold is not None else default_threshold(n, sc.active)
     if n >= 2 and not default_threshold(n) <= t <= n:
         raise ConfigError(f"federated.secure_aggregation.threshold={t} must be in [{default_threshold(n)}, {n}] "
                           f"(a strict majority of the {n} clients selected per round): with t <= n/2 a server "
@@ -176,6 +179,13 @@ def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
         raise ConfigError("federated.secure_aggregation.hide_aggregate needs federated.aggregation="
                           "selected_holders: the damped mean needs the server's current rows, which it cannot see")
     return min(t, n)
+
+
+def provision_identities(folder, cfg, names: list[str]) -> identities.Roster:
+    """:func:`~.identities.provision` for the clients ``names`` of ``cfg``, with the t that
+    :func:`check_secure_config` gives for them."""
+    t = check_secure_config(cfg, STRATEGIES.get(cfg.federated.strategy), len(names))
+    return identities.provision(folder, names, t)
 
 
 # ====================================================================== server

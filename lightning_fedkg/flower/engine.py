@@ -99,7 +99,8 @@ def provision_identities(cfg: ExperimentConfig, key_file: str | Path, data: list
     for the clients of the data folders ``data``, reused afterwards. On one machine this
     process is the provisioner; across organisations each one receives its own key and the
     roster out of band (README, "Running across organisations")."""
-    from lightning_fedkg.federated.identities import IDENTITIES, provision
+    from lightning_fedkg.federated.identities import IDENTITIES
+    from lightning_fedkg.federated.secure import provision_identities as provision
     from lightning_fedkg.flower.data import CLIENT_FILE
 
     if cfg.federated.secure_aggregation.enabled:
