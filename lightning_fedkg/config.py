@@ -677,9 +677,21 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
     layers = []
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+            hint = (f"; the YAML files in it: {', '.join(found[:10])}{', ...' if len(found) > 10 else ''}"
+                    if found else "; it holds no .yaml file")
+            raise ConfigError(f"config {path} is a directory, not a YAML file{hint}")
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append((parse_yaml(path.read_text(encoding="utf-8"), str(path)), str(path)))
+        text = path.read_text(encoding="utf-8")
+        layer = parse_yaml(text, str(path))
+        # A file with nothing in it (or only comments) would silently run every default: far
+        # more likely a wrong or truncated file than an intent. `{}` says "defaults" on purpose.
+        if yaml.compose(text, Loader=yaml.SafeLoader) is None:
+            raise ConfigError(f"{path}: the config file is empty (no sections); give the sections to run "
+                              f"(data:, model:, train:, ...), or write {{}} to run every default")
+        layers.append((layer, str(path)))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
