@@ -211,17 +211,56 @@ def cmd_test(args: argparse.Namespace) -> int:
 
         cfg = read_run_config(args.from_run)
         ckpt = best_state(args.from_run, cfg)
+        stopped = unfinished(Path(args.from_run), cfg)
     else:
         if not args.config or not args.ckpt:
             raise ConfigError("fedkg test needs -c CONFIG and --ckpt PATH, or --from RUN_DIR")
         cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
+        stopped = None
     cfg = resolve_auto_settings(cfg)
     configure_torch(cfg.trainer, config_table_elements(cfg))
     from lightning_fedkg.run import evaluate
 
     metrics = evaluate(cfg, ckpt)
+    if stopped is not None:
+        # A killed run's best state so far is not its result: say so where the numbers go.
+        metrics["unfinished"] = stopped
+        print(stopped["message"], file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics, cfg))
     return 0
+
+
+def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:
+    """None for a finished run (its ``metrics.json``, written last, exists); else where it
+    stopped: ``{"unit", "stopped_after", "of", "best", "message"}`` (``best``: the round of
+    the best state so far, None where there is no ``best.json``)."""
+    import shlex
+
+    if (run_dir / "metrics.json").is_file():
+        return None
+    ckpt_dir = run_dir / "checkpoints"
+    if cfg.federated.strategy == "none":
+        # Lightning's last.ckpt records the 0-based epoch it was saved in, at that epoch's end.
+        import torch
+
+        last = ckpt_dir / "last.ckpt"
+        epoch = torch.load(last, map_location="cpu", weights_only=False)["epoch"] + 1 if last.is_file() else None
+        unit, stopped, total, best = "epoch", epoch, cfg.train.max_epochs, None
+    else:
+        from lightning_fedkg.federated.checkpoint import latest_manifest, read_manifest
+        from lightning_fedkg.federated.peer import is_peer_strategy
+
+        manifest = latest_manifest(ckpt_dir)
+        stopped = read_manifest(manifest)["round"] if manifest is not None else None
+        best_path = ckpt_dir / "best.json"
+        best = read_manifest(best_path).get("round") if best_path.is_file() else None
+        unit = "event" if is_peer_strategy(cfg.federated.strategy) else "round"
+        total = cfg.federated.rounds
+    where = f"stopped after {unit} {stopped} of {total}" if stopped is not None else "stopped before its first commit"
+    so_far = f" ({unit} {best})" if best is not None else ""
+    message = (f"unfinished run: {run_dir} {where} (no metrics.json); these are its best state so far{so_far}; "
+               f"resume it with: {shlex.join(['fedkg', 'fit', '-c', str(run_dir / 'config.yaml'), '--out', str(run_dir)])}")
+    return {"unit": unit, "stopped_after": stopped, "of": total, "best": best, "message": message}
 
 
 def format_kgs_table(metrics: dict) -> str:
