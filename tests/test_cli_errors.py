@@ -167,3 +167,16 @@ def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsy
     # The printed command resumes the run (here with a budget that ends it one round later).
     assert main([*command[1:], f"federated.rounds={stopped + 1}"]) == 0
     assert json.loads((run / "metrics.json").read_text())["rounds"] == stopped + 1
+
+
+def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
+    # A process that runs our Flower code (here: building the ClientApp, as every simulation
+    # and deployment process does), its stderr a pipe, then one of Flower's deprecation warnings.
+    script = ("from lightning_fedkg.flower.client import make_client_app\n"
+              "from flwr.common.logger import warn_deprecated_feature\n"
+              "make_client_app()\nwarn_deprecated_feature('the old thing')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "the old thing" in proc.stderr and "WARNING" in proc.stderr
+    assert "\033[" not in proc.stderr
