@@ -180,3 +180,18 @@ def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
     assert proc.returncode == 0, proc.stderr
     assert "the old thing" in proc.stderr and "WARNING" in proc.stderr
     assert "\033[" not in proc.stderr
+
+
+@pytest.mark.parametrize("overrides", [["model.dimm=3"], ["model.name=rotate", "model.p_normm=1"]],
+                         ids=["transe", "rotate"])
+def test_a_misspelled_model_key_of_a_builtin_model_is_reported_before_torch(overrides):
+    # README's own example of a misspelled key: reported without importing torch (seconds).
+    script = ("import sys\nfrom lightning_fedkg.cli import main\n"
+              f"status = main(['fit', '-c', {FEDE_CONFIG!r}, *{overrides!r}])\n"
+              "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules))\n"
+              "sys.exit(status)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    key = overrides[-1].split("=")[0]
+    assert proc.returncode == 2 and f"unknown config key '{key}'. Valid keys here: dim," in proc.stderr, proc.stderr
+    assert "HEAVY []" in proc.stdout
