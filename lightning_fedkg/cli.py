@@ -49,7 +49,16 @@ def check_data_name(cfg: ExperimentConfig) -> None:
     """
     name = cfg.data.name
     bundled = bundled_datasets()
-    if name.lower() in bundled or Path(name).exists():
+    if name.lower() in bundled:
+        # The bundled files are named triples: another data.format cannot be honoured (the
+        # loader refuses it too; lightning_fedkg.data.kg.bundled_format_error, not imported:
+        # it loads torch).
+        if cfg.data.format not in ("auto", "triples"):
+            raise ConfigError(f"data.format={cfg.data.format}: the bundled dataset {name!r} is stored as named "
+                              f"triples; use data.format=auto or triples with it, or set data.name to a folder "
+                              f"in the {cfg.data.format} format")
+        return
+    if Path(name).exists():
         return
     where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
     raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
@@ -176,6 +185,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     check_data_name(core)
     run_dir = resolve_run_dir(core, args.out)
     check_unlocked(run_dir)
+    # What an interrupt's message names: the run directory and the command that resumes it.
+    args.run_dir, args.resume_words = run_dir, ["fedkg", "fit", "-c", args.config, "--out", str(run_dir),
+                                                *args.overrides]
     cfg = load_config(args.config, args.overrides)
     # Thread pools are per process and fixed once work starts: set them before anything runs.
     configure_torch(cfg.trainer, config_table_elements(cfg))
@@ -199,17 +211,56 @@ def cmd_test(args: argparse.Namespace) -> int:
 
         cfg = read_run_config(args.from_run)
         ckpt = best_state(args.from_run, cfg)
+        stopped = unfinished(Path(args.from_run), cfg)
     else:
         if not args.config or not args.ckpt:
             raise ConfigError("fedkg test needs -c CONFIG and --ckpt PATH, or --from RUN_DIR")
         cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
+        stopped = None
     cfg = resolve_auto_settings(cfg)
     configure_torch(cfg.trainer, config_table_elements(cfg))
     from lightning_fedkg.run import evaluate
 
     metrics = evaluate(cfg, ckpt)
+    if stopped is not None:
+        # A killed run's best state so far is not its result: say so where the numbers go.
+        metrics["unfinished"] = stopped
+        print(stopped["message"], file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics, cfg))
     return 0
+
+
+def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:
+    """None for a finished run (its ``metrics.json``, written last, exists); else where it
+    stopped: ``{"unit", "stopped_after", "of", "best", "message"}`` (``best``: the round of
+    the best state so far, None where there is no ``best.json``)."""
+    import shlex
+
+    if (run_dir / "metrics.json").is_file():
+        return None
+    ckpt_dir = run_dir / "checkpoints"
+    if cfg.federated.strategy == "none":
+        # Lightning's last.ckpt records the 0-based epoch it was saved in, at that epoch's end.
+        import torch
+
+        last = ckpt_dir / "last.ckpt"
+        epoch = torch.load(last, map_location="cpu", weights_only=False)["epoch"] + 1 if last.is_file() else None
+        unit, stopped, total, best = "epoch", epoch, cfg.train.max_epochs, None
+    else:
+        from lightning_fedkg.federated.checkpoint import latest_manifest, read_manifest
+        from lightning_fedkg.federated.peer import is_peer_strategy
+
+        manifest = latest_manifest(ckpt_dir)
+        stopped = read_manifest(manifest)["round"] if manifest is not None else None
+        best_path = ckpt_dir / "best.json"
+        best = read_manifest(best_path).get("round") if best_path.is_file() else None
+        unit = "event" if is_peer_strategy(cfg.federated.strategy) else "round"
+        total = cfg.federated.rounds
+    where = f"stopped after {unit} {stopped} of {total}" if stopped is not None else "stopped before its first commit"
+    so_far = f" ({unit} {best})" if best is not None else ""
+    message = (f"unfinished run: {run_dir} {where} (no metrics.json); these are its best state so far{so_far}; "
+               f"resume it with: {shlex.join(['fedkg', 'fit', '-c', str(run_dir / 'config.yaml'), '--out', str(run_dir)])}")
+    return {"unit": unit, "stopped_after": stopped, "of": total, "best": best, "message": message}
 
 
 def format_kgs_table(metrics: dict) -> str:
@@ -270,6 +321,8 @@ def cmd_unlearn(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """``fedkg query``: answer a typed query with a finished query-answering run."""
+    if args.top < 1:  # checked before torch and the run are loaded: --top 0 would print an empty list
+        raise ConfigError(f"--top: {args.top} answers; give a whole number of at least 1 (default 10)")
     from lightning_fedkg.federated.orchestrator import load_run_from
     from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
 
@@ -400,6 +453,9 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     core = load_config(args.config, args.overrides, core_only=True)
     check_data_name(core)
     run_dir = resolve_run_dir(core, args.out)  # up() waits for a previous server to let go of it
+    args.run_dir, args.resume_words = run_dir, ["fedkg", "flower", "up", "-c", args.config, "--out", str(run_dir),
+                                                *(["--key-file", args.key_file] if args.key_file else []),
+                                                *(["--tls"] if args.tls else []), *args.overrides]
     cfg = load_config(args.config, [*args.overrides, "federated.engine=flower", "federated.flower.mode=deployment"])
     from lightning_fedkg.flower.deploy import localhost_certificates, up
 
@@ -532,11 +588,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_known_warnings()
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        return interrupted(args)
+    except SystemExit as exit:
+        # Lightning's trainer turns Ctrl-C into "graceful shutdown" + sys.exit(1), raised while
+        # it handles the KeyboardInterrupt: that is still an interrupt, not a failure.
+        if isinstance(exit.__context__, KeyboardInterrupt):
+            return interrupted(args)
+        raise
     except Exception as err:
         if not isinstance(err, user_error_types()):
             raise
         print(f"fedkg: error: {err}", file=sys.stderr)
         return 2
+
+
+#: The exit status of a command stopped by Ctrl-C (128 + SIGINT, what shells report).
+INTERRUPTED = 130
+
+
+def interrupted(args: argparse.Namespace) -> int:
+    """Say that ``args``'s command was interrupted and, for a training command whose run
+    directory is known, the command that resumes it; returns :data:`INTERRUPTED`.
+
+    Every round (an epoch for a single-KG run) is committed whole or not at all, so running
+    the same command again continues from the last committed one (see README, Resuming).
+    """
+    import shlex
+
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None:
+        print("fedkg: interrupted", file=sys.stderr)
+    else:
+        print(f"fedkg: interrupted; {run_dir} keeps its last committed round (or epoch), and this command "
+              f"resumes from it: {shlex.join(args.resume_words)}", file=sys.stderr)
+    return INTERRUPTED
 
 
 if __name__ == "__main__":

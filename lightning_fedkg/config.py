@@ -596,6 +596,27 @@ def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[st
     return validate_names(validate_ranges(OmegaConf.to_object(cfg)))
 
 
+def _last_set(layers: Sequence[tuple[DictConfig, str]], section: str, key: str, default: Any) -> Any:
+    """``section.key`` as the last layer that sets it gives it (unresolved), else ``default``."""
+    value = default
+    for layer, _ in layers:
+        node = layer.get(section) if isinstance(layer, DictConfig) else None
+        if isinstance(node, DictConfig) and key in node:
+            value = node.get(key)
+    return value
+
+
+def _is_builtin_model(name: Any) -> bool:
+    """Whether ``model.name`` names one of this package's KGE models (from its entry point's
+    target, without importing it)."""
+    from lightning_fedkg.registry import MODELS
+
+    if not isinstance(name, str) or ":" in name:
+        return False
+    ep = MODELS._declared().get(name.lower())
+    return ep is not None and ep.value.startswith("lightning_fedkg.models.")
+
+
 def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
     """The core sections of ``layers`` (keys, types and ranges checked), without the
     sections a name adds: nothing is imported, so this is fast. A method section is a
@@ -604,6 +625,10 @@ def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
     federated_core = {f.name for f in fields(FederatedConfig)}
     top_core = {f.name for f in fields(ExperimentConfig)}
     model_core = {f.name for f in fields(ModelConfig)}
+    # A user model's own options are known once it is resolved (an import); the built-in
+    # models take no option ModelConfig lacks, so with one of them a misspelled model key
+    # (the commonest slip, model.dimm=...) is reported here, before torch is imported.
+    builtin_model = _is_builtin_model(_last_set(layers, "model", "name", default="transe"))
 
     def strip(layer: DictConfig) -> DictConfig:
         values = OmegaConf.to_container(layer, resolve=False)
@@ -611,7 +636,7 @@ def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
         if isinstance(fed, dict):
             values["federated"] = {k: v for k, v in fed.items() if k in federated_core or not isinstance(v, dict)}
         model = values.get("model")
-        if isinstance(model, dict):  # a user model's own options are known once it is resolved
+        if isinstance(model, dict) and not builtin_model:
             values["model"] = {k: v for k, v in model.items() if k in model_core}
         return OmegaConf.create({k: v for k, v in values.items() if k in top_core or not isinstance(v, dict)})
 
@@ -687,9 +712,21 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
     layers = []
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+            hint = (f"; the YAML files in it: {', '.join(found[:10])}{', ...' if len(found) > 10 else ''}"
+                    if found else "; it holds no .yaml file")
+            raise ConfigError(f"config {path} is a directory, not a YAML file{hint}")
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append((parse_yaml(path.read_text(encoding="utf-8"), str(path)), str(path)))
+        text = path.read_text(encoding="utf-8")
+        layer = parse_yaml(text, str(path))
+        # A file with nothing in it (or only comments) would silently run every default: far
+        # more likely a wrong or truncated file than an intent. `{}` says "defaults" on purpose.
+        if yaml.compose(text, Loader=yaml.SafeLoader) is None:
+            raise ConfigError(f"{path}: the config file is empty (no sections); give the sections to run "
+                              f"(data:, model:, train:, ...), or write {{}} to run every default")
+        layers.append((layer, str(path)))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")

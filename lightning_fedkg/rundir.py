@@ -88,11 +88,26 @@ def _locked(run_dir: Path) -> RunLockedError:
                           "it to finish or use another run directory (fedkg fit --out DIR)")
 
 
+def check_folder_path(run_dir: str | Path) -> None:
+    """Raise :class:`ConfigError` when ``run_dir`` (or the nearest part of it that exists)
+    is a file: a run directory there cannot be created, and ``mkdir`` would otherwise end
+    the command in a ``FileExistsError`` / ``NotADirectoryError`` traceback."""
+    run_dir = Path(run_dir)
+    for part in (run_dir, *run_dir.parents):
+        if part.is_dir():
+            return
+        if part.exists():
+            what = "is a file" if part == run_dir else f"cannot be created: {part} is a file"
+            raise ConfigError(f"run directory {run_dir} {what}, not a folder; give --out a new folder "
+                              f"or an existing run directory")
+
+
 def check_unlocked(run_dir: str | Path) -> None:
     """Raise :class:`RunLockedError` now if another process holds ``run_dir``'s lock (a
     command's early check, before its slow imports; :meth:`RunDirectory.open` takes the
     lock itself later). Creates nothing."""
     run_dir = Path(run_dir)
+    check_folder_path(run_dir)
     lock_path = run_dir / LOCK_FILE
     if not lock_path.is_file() or os.path.realpath(run_dir) in _held:
         return
@@ -193,6 +208,7 @@ class RunDirectory:
         CLI, then the orchestrator) is allowed, shares the lock and writes nothing.
         """
         path = Path(run_dir)
+        check_folder_path(path)
         path.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(path):
             resumed = check_resumable(path, cfg)

@@ -548,6 +548,14 @@ def load_pyg(path: str | Path, dataset: str = "FB15k_237", cache_dir: str | Path
     return kg
 
 
+def bundled_format_error(name: str, fmt: str) -> str:
+    """The message for ``data.format`` naming another format than a bundled dataset's files
+    have: they are named triples, so ``openke`` or a PyG format cannot be honoured, and
+    quietly reading them as triples would hide a mistake in the config."""
+    return (f"data.format={fmt}: the bundled dataset {name!r} is stored as named triples; use "
+            f"data.format=auto or triples with it, or set data.name to a folder in the {fmt} format")
+
+
 def load_kg(name_or_path: str | Path, fmt: str = "auto", **kwargs) -> KnowledgeGraph:
     """Load a bundled dataset (``"umls"``, ``"nations"``, ``"kinship"``) or a folder.
 
@@ -558,6 +566,8 @@ def load_kg(name_or_path: str | Path, fmt: str = "auto", **kwargs) -> KnowledgeG
     """
     fmt = FORMAT_ALIASES.get(fmt, fmt)
     if isinstance(name_or_path, str) and name_or_path.lower() in BUNDLED_DATASETS:
+        if fmt not in ("auto", "named"):
+            raise KGFormatError(bundled_format_error(name_or_path, fmt))
         folder = BUNDLED_ROOT / name_or_path.lower()
         kg = _from_named_files({s: folder / f"{s}.txt" for s in SPLITS}, name_or_path.lower())
         return kg

@@ -11,7 +11,7 @@ Syntax (KGReasoning's grammar with names; whitespace is free)::
     name   := characters other than ``,()"`` and spaces, or a "double-quoted string"
 
 ``(e:aspirin, (r:treats, r:causes))`` is a 2p query, ``i((e:a, (r:x)), (e:b, (r:y)))`` a
-2i, ``((u((e:a, (r:x)), (e:b, (r:y)))), (r:z))`` an up. The query must have one of the
+2i, ``(u((e:a, (r:x)), (e:b, (r:y))), (r:z))`` an up. The query must have one of the
 structures the encoders know (:data:`~lightning_fedkg.data.queries.STRUCTURES`). An
 unknown name is an error listing the closest names; a malformed query says where it breaks.
 """
@@ -25,6 +25,10 @@ import torch
 from lightning_fedkg.data.queries import STRUCTURES
 
 __all__ = ["QuerySyntaxError", "parse_query", "answer_query"]
+
+
+#: The forms a query takes, as errors name them.
+QUERY_FORMS = "'(e:NAME, (r:REL, ...))', 'i(Q, Q, ...)' or 'u(Q, Q, ...)'"
 
 
 class QuerySyntaxError(ValueError):
@@ -47,10 +51,14 @@ class _Parser:
         self.skip()
         return self.text.startswith(token, self.pos)
 
+    def found(self) -> str:
+        """What stands at the current position (for an error), or "the end"."""
+        self.skip()
+        return self.text[self.pos:self.pos + 8] or "the end"
+
     def expect(self, token: str) -> None:
         if not self.peek(token):
-            found = self.text[self.pos:self.pos + 8] or "the end"
-            raise _fail(self.text, self.pos, f"expected {token!r}, found {found!r}")
+            raise _fail(self.text, self.pos, f"expected {token!r}, found {self.found()!r}")
         self.pos += len(token)
 
     def name(self) -> str:
@@ -83,12 +91,18 @@ class _Parser:
                 slots = [s for _, part in parts for s in part]
                 shape = tuple(p for p, _ in parts)
                 return (shape + (("u",),), slots + [None]) if op == "u(" else (shape, slots)
-        self.expect("(")
+        if not self.peek("("):
+            raise _fail(self.text, self.pos, f"expected a query ({QUERY_FORMS}), found {self.found()!r}")
+        self.pos += 1
         if self.peek("e:"):
             self.pos += 2
             source, slots = "e", [("e", self.name())]
-        else:
+        elif self.peek("(") or self.peek("i(") or self.peek("u("):
             source, slots = self.query()
+        else:
+            # A bare name here is the usual slip ("(aspirin, (r:treats))"): say what a chain starts with.
+            raise _fail(self.text, self.pos, f"expected an entity 'e:NAME' or a sub-query ({QUERY_FORMS}) "
+                                             f"as the chain's start, found {self.found()!r}")
         self.expect(",")
         self.expect("(")
         rels = []

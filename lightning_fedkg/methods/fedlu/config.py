@@ -46,7 +46,9 @@ class UnlearnConfig:
     """``unlearn``: federated unlearning of a finished run (``fedkg unlearn``; FedLU §4.3).
 
     ``forget``: ``file`` takes each client's ``unlearn`` split (FedLU's ``unlearn.txt``);
-    ``sample`` draws ``fraction`` of each client's training triples (seeded by ``seed``).
+    ``sample`` draws ``fraction`` of each client's training triples (seeded by ``seed``);
+    ``auto`` (the default) is ``file`` when some client has an ``unlearn`` split, else
+    ``sample`` (so ``fedkg unlearn --from RUN`` works on the bundled KGs as written).
     Retroactive interference runs ``interference_epochs`` over the forgetting set (hard
     confusion with the forgotten triple weighted ``forget_weight``, soft confusion weighted
     ``mu_soft``, and for the avatar distillation from the local side weighted
@@ -66,7 +68,7 @@ class UnlearnConfig:
     is always reported. ``lr``/``batch_size`` None take ``train.lr``/``train.batch_size``.
     """
 
-    forget: Literal["file", "sample"] = "file"
+    forget: Literal["auto", "file", "sample"] = "auto"
     fraction: float = field(default=0.01, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
     seed: int = field(default=0, metadata={"range": SEED_RANGE})
     interference_epochs: int = field(default=10, metadata={"range": Range(min=0)})

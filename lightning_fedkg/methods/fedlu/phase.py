@@ -7,7 +7,8 @@ new run directory:
 
 1. **forgetting sets** per client (:func:`forget_sets`): FedLU's ``unlearn.txt`` split
    (``unlearn.forget: file``) or a seeded sample of ``unlearn.fraction`` of the client's
-   train triples (``sample``); the retain set is the rest of its train triples;
+   train triples (``sample``; ``auto``, the default, is ``file`` where the data has the
+   split, else ``sample``); the retain set is the rest of its train triples;
 2. **before**: each client's filtered metrics on its forgetting set (filter: every true
    triple *except* the forgotten ones, FedLU's protocol) and on its test set, plus the
    membership-inference AUC (:func:`membership_auc`);
@@ -118,13 +119,27 @@ def sample_forget_set(train: Tensor, fraction: float, generator: torch.Generator
     return train[torch.tensor(sorted(chosen), dtype=torch.long)] if chosen else train[:0]
 
 
-def forget_sets(cfg: ExperimentConfig, parties: list[Party]) -> dict[str, Tensor]:
-    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets."""
+def forget_mode(forget: str, parties: list[Party]) -> str:
+    """``unlearn.forget`` made concrete: ``auto`` (the default) is ``file`` when some client's
+    data has an ``unlearn`` split (FedLU's ``unlearn.txt``), else ``sample``, so that
+    ``fedkg unlearn --from RUN`` works on data without one (the bundled KGs)."""
+    if forget != "auto":
+        return forget
+    mode = "file" if any("unlearn" in p.kg.split_names for p in parties) else "sample"
+    log.info("unlearn.forget=auto: %s", "each client's unlearn split" if mode == "file" else
+             "no client has an unlearn split; sampling unlearn.fraction of each client's training triples")
+    return mode
+
+
+def forget_sets(cfg: ExperimentConfig, parties: list[Party], mode: str | None = None) -> dict[str, Tensor]:
+    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets
+    (``mode``: :func:`forget_mode`'s answer, if the caller has it)."""
     u = cfg.unlearn
+    mode = mode or forget_mode(u.forget, parties)
     out = {}
     for party in parties:
         kg, train = party.kg, party.kg.triples("train")
-        if u.forget == "file":
+        if mode == "file":
             if "unlearn" not in kg.split_names:
                 out[party.name] = train[:0]
                 continue
@@ -140,7 +155,7 @@ def forget_sets(cfg: ExperimentConfig, parties: list[Party]) -> dict[str, Tensor
             g = torch.Generator().manual_seed(derive_seed(u.seed, party.name, "forget"))
             out[party.name] = sample_forget_set(train, u.fraction, g, kg.num_entities, kg.num_relations)
     if not any(f.numel() for f in out.values()):
-        hint = " (no client has an 'unlearn' split; use unlearn.forget=sample)" if u.forget == "file" else ""
+        hint = " (no client has an 'unlearn' split; use unlearn.forget=sample)" if mode == "file" else ""
         raise ConfigError(f"nothing to forget{hint}")
     return out
 
@@ -397,7 +412,8 @@ class UnlearnPhase(Phase):
 
     def run(self, ctx: PhaseContext) -> dict:
         cfg, run = ctx.cfg, ctx.run
-        forget = forget_sets(cfg, run.clients)
+        mode = forget_mode(cfg.unlearn.forget, run.clients)
+        forget = forget_sets(cfg, run.clients, mode)
         step = run.last_round
         before = evaluate_unlearning(run.clients, forget, ctx.source.get("seconds"))
         _log(ctx.writer, before, "before", step)
@@ -417,7 +433,7 @@ class UnlearnPhase(Phase):
         _log(ctx.writer, after, "after", step)
         budget = retrain_budget(cfg, ctx.source.get("rounds"), decay)
         block = {"before": before, "after": after,
-                 "forget": {"mode": cfg.unlearn.forget, "triples": int(sum(len(f) for f in forget.values())),
+                 "forget": {"mode": mode, "triples": int(sum(len(f) for f in forget.values())),
                             "clients": {name: int(len(f)) for name, f in forget.items()}},
                  "budget": budget}
         if cfg.unlearn.retrain:
@@ -436,6 +452,10 @@ def check_source_config(cfg: ExperimentConfig, source: ExperimentConfig) -> None
                           + ", ".join(differences) + " (only the unlearn section may change)")
 
 
+#: Runs with no server rounds to propagate through (one KG, or every client's data pooled).
+UNSUPPORTED = ("none", "single", "entire")
+
+
 def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: str | Path) -> dict:
     """Unlearn from the finished run in ``source_dir`` into ``out_dir``; returns its metrics.
 
@@ -443,18 +463,25 @@ def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: s
     section says what and how to forget. ``source_dir`` is only read.
     """
     from lightning_fedkg.federated.orchestrator import load_run_from
-    from lightning_fedkg.rundir import RunDirectory
+    from lightning_fedkg.federated.peer import is_peer_strategy
+    from lightning_fedkg.rundir import RunDirectory, read_run_config
 
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     if out_dir.resolve() == source_dir.resolve():
         raise ConfigError("--out must differ from --from: the source run is never written")
+    # The kind of run is known from its config.yaml alone: checked before its state is
+    # loaded, whose layout (a peer run's per-party files) would otherwise be the error.
+    strategy = read_run_config(source_dir).federated.strategy
+    if strategy in UNSUPPORTED or is_peer_strategy(strategy):
+        kind = {"fkge": "an FKGE run (peer-to-peer: no server)", "none": "a single-KG run"}.get(
+            strategy, f"a {strategy!r} run")
+        raise ConfigError(f"{source_dir} is {kind}, which unlearning does not support: it needs a federated "
+                          f"run whose server aggregates rounds (fedlu, fede, fedr, fedprox, fedec, ...)")
     source_cfg, run = load_run_from(source_dir, sections=(UnlearnPhase.name,))
     if cfg is None:
         cfg = source_cfg
     else:
         check_source_config(cfg, source_cfg)
-    if cfg.federated.strategy in ("single", "entire"):
-        raise ConfigError(f"unlearning needs a federated run (fedlu, fede, ...), got {cfg.federated.strategy!r}")
     source_metrics = source_dir / "metrics.json"
     source = json.loads(source_metrics.read_text()) if source_metrics.is_file() else {}
     with RunDirectory.open(out_dir, cfg):

@@ -1,0 +1,197 @@
+"""A new user's list (issue 34, item 6): bad inputs end in one clear line and exit 2, Ctrl-C
+says how to resume, the README's commands work as written, an unfinished run says so."""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_fedkg.cli import main
+from lightning_fedkg.config import load_config, save_config
+
+REPO = Path(__file__).resolve().parents[1]
+KGE_CONFIG = str(REPO / "configs" / "kge" / "umls_transe.yaml")
+FEDE_CONFIG = str(REPO / "configs" / "fede" / "umls_fede.yaml")
+FKGE_CONFIG = str(REPO / "configs" / "fkge" / "umls_fkge.yaml")
+#: Keeps a run that should not have started (on code without the checks) short.
+TINY_KGE = ["model.dim=8", "train.max_epochs=1", "train.num_negatives=8", "trainer.threads=1",
+            "trainer.progress_bar=false"]
+#: The smallest federated run that trains and evaluates every round.
+TINY_FED = ["model.dim=16", "train.num_negatives=8", "train.batch_size=512", "trainer.threads=1",
+            "trainer.progress_bar=false", "federated.eval_every=1", "federated.patience=1000"]
+
+
+def error_line(capsys) -> str:
+    """The one error line of the command just run (INFO log lines may come before it)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("INFO ")]
+    assert len(lines) == 1 and lines[0].startswith("fedkg: error: "), err
+    return lines[0]
+
+
+def test_out_naming_a_file_is_an_error_and_leaves_it_alone(tmp_path, capsys):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    assert main(["fit", "-c", KGE_CONFIG, "--out", str(afile)]) == 2
+    assert f"run directory {afile} is a file, not a folder" in error_line(capsys)
+    assert main(["fit", "-c", KGE_CONFIG, "--out", str(afile / "run")]) == 2
+    assert f"{afile} is a file" in error_line(capsys)
+    assert afile.read_text() == "mine" and sorted(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"], ids=["empty", "blank", "comment"])
+def test_an_empty_config_file_is_an_error_naming_it(tmp_path, capsys, text):
+    config = tmp_path / "exp.yaml"
+    config.write_text(text)
+    assert main(["fit", "-c", str(config), "--out", str(tmp_path / "run"), *TINY_KGE]) == 2
+    assert f"{config}: the config file is empty" in error_line(capsys)
+    assert not (tmp_path / "run").exists()
+    # An explicit empty mapping is a deliberate "every default": accepted.
+    config.write_text("{}\n")
+    assert load_config(config, core_only=True).data.name == "umls"
+
+
+def test_a_config_directory_is_named_as_one_with_its_yaml_files(capsys):
+    assert main(["fit", "-c", str(REPO / "configs" / "fkge")]) == 2
+    line = error_line(capsys)
+    assert "configs/fkge is a directory, not a YAML file" in line and "umls_fkge.yaml" in line
+    assert "not found" not in line
+
+
+def test_openke_format_on_a_bundled_kg_is_refused_not_ignored(tmp_path, capsys):
+    from lightning_fedkg.data.kg import KGFormatError, load_kg
+
+    run = tmp_path / "run"
+    assert main(["fit", "-c", KGE_CONFIG, "--out", str(run), "data.format=openke", *TINY_KGE]) == 2
+    line = error_line(capsys)
+    assert "data.format=openke" in line and "'umls' is stored as named triples" in line and "auto or triples" in line
+    assert not run.exists()
+    with pytest.raises(KGFormatError, match="stored as named triples"):
+        load_kg("umls", fmt="openke")
+    assert load_kg("umls", fmt="triples").num_entities == 135  # what the bundled files are
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_query_top_below_one_is_an_error_with_the_valid_range(tmp_path, capsys, top):
+    assert main(["query", "--from", str(tmp_path), "(e:a, (r:x))", "--top", top]) == 2
+    assert f"--top: {top} answers; give a whole number of at least 1" in error_line(capsys)
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("(aspirin, (r:treats))", "expected an entity 'e:NAME' or a sub-query"),
+    ("e:aspirin", "expected a query ('(e:NAME, (r:REL, ...))', 'i(Q, Q, ...)' or 'u(Q, Q, ...)')"),
+])
+def test_a_query_without_its_entity_says_what_is_expected(query, expected):
+    from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, parse_query
+
+    with pytest.raises(QuerySyntaxError) as err:
+        parse_query(query)
+    assert expected in str(err.value) and "expected '('" not in str(err.value)
+    # The module docstring's example of each structure parses as that structure.
+    assert parse_query("(u((e:a, (r:x)), (e:b, (r:y))), (r:z))")[0] == "up"
+
+
+def test_unlearn_from_an_fkge_run_says_it_is_not_supported(tmp_path, capsys):
+    run = tmp_path / "fkge_run"
+    run.mkdir()
+    save_config(load_config(FKGE_CONFIG), run / "config.yaml")  # what every run directory starts with
+    (run / "checkpoints").mkdir()
+    for event in (931, 932):  # a peer run's manifests: the old message said none existed
+        (run / "checkpoints" / f"round_{event:04d}.json").write_text("{}")
+    assert main(["unlearn", "--from", str(run), "--out", str(tmp_path / "out")]) == 2
+    line = error_line(capsys)
+    assert "is an FKGE run" in line and "unlearning does not support" in line and "fedlu, fede" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_unlearn_command_works_on_a_bundled_kg(tmp_path, capsys):
+    # README, CLI reference: `fedkg unlearn --from RUN_DIR` (no -c, no unlearn.forget); the
+    # bundled UMLS has no unlearn split, so the default (auto) samples.
+    source = tmp_path / "fede"
+    assert main(["fit", "-c", FEDE_CONFIG, "--out", str(source), *TINY_FED, "federated.rounds=1"]) == 0
+    capsys.readouterr()
+    # The budget overrides only keep the test short; what to forget is not given.
+    assert main(["unlearn", "--from", str(source), "unlearn.retrain=false", "unlearn.interference_epochs=1",
+                 "unlearn.decay_epochs=1", "unlearn.propagate_rounds=0"]) == 0
+    out = source.with_name("fede-unlearn")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["forget"]["mode"] == "sample" and metrics["forget"]["triples"] > 0
+    assert "forgotten triples, ranked by every model above" in capsys.readouterr().out
+    # A finished run tests as one: no "unfinished" note, in the table or the JSON.
+    assert main(["test", "--from", str(source), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "unfinished" not in json.loads(captured.out) and "unfinished" not in captured.err
+
+
+def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsys):
+    run = tmp_path / "run dir"  # a space: the printed command must quote it
+    overrides = [*TINY_FED, "federated.rounds=1000"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_fedkg.cli", "fit", "-c", FEDE_CONFIG, "--out", str(run),
+                             *overrides], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints" / "round_0002.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("fedkg: interrupted; ") and "resumes from it: " in line
+    command = shlex.split(line.split("resumes from it: ", 1)[1])
+    assert command == ["fedkg", "fit", "-c", FEDE_CONFIG, "--out", str(run), *overrides]
+    assert not (run / "metrics.json").exists()
+
+    stopped = max(int(re.search(r"round_(\d+)", p.name).group(1)) for p in (run / "checkpoints").glob("round_*.json"))
+    assert main(["test", "--from", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"unfinished run: {run} stopped after round {stopped} of 1000 (no metrics.json)")
+    assert main(["test", "--from", str(run), "--json"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)["unfinished"]
+    assert record["unit"] == "round" and record["stopped_after"] == stopped and record["of"] == 1000
+    assert 1 <= record["best"] <= stopped and "unfinished run" in captured.err
+
+    # The printed command resumes the run (here with a budget that ends it one round later).
+    assert main([*command[1:], f"federated.rounds={stopped + 1}"]) == 0
+    assert json.loads((run / "metrics.json").read_text())["rounds"] == stopped + 1
+
+
+def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
+    # A process that runs our Flower code (here: building the ClientApp, as every simulation
+    # and deployment process does), its stderr a pipe, then one of Flower's deprecation warnings.
+    script = ("from lightning_fedkg.flower.client import make_client_app\n"
+              "from flwr.common.logger import warn_deprecated_feature\n"
+              "make_client_app()\nwarn_deprecated_feature('the old thing')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "the old thing" in proc.stderr and "WARNING" in proc.stderr
+    assert "\033[" not in proc.stderr
+
+
+@pytest.mark.parametrize("overrides", [["model.dimm=3"], ["model.name=rotate", "model.p_normm=1"]],
+                         ids=["transe", "rotate"])
+def test_a_misspelled_model_key_of_a_builtin_model_is_reported_before_torch(overrides):
+    # README's own example of a misspelled key: reported without importing torch (seconds).
+    script = ("import sys\nfrom lightning_fedkg.cli import main\n"
+              f"status = main(['fit', '-c', {FEDE_CONFIG!r}, *{overrides!r}])\n"
+              "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules))\n"
+              "sys.exit(status)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    key = overrides[-1].split("=")[0]
+    assert proc.returncode == 2 and f"unknown config key '{key}'. Valid keys here: dim," in proc.stderr, proc.stderr
+    assert "HEAVY []" in proc.stdout
