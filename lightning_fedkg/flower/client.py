@@ -362,7 +362,7 @@ def make_client_app(paths_of=node_paths):
     gives the client's paths (default: the node config; a simulation maps partition ids)."""
     from flwr.clientapp import ClientApp
 
-    from lightning_fedkg.flower import plain_logs_unless_terminal
+    from lightning_fedkg.flower.logs import plain_logs_unless_terminal
 
     # Every process that runs our Flower code builds this app (a simulation, a deployment's
     # ServerApp and ClientApp processes, which import lightning_fedkg.flower.apps).

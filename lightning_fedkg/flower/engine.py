@@ -115,7 +115,7 @@ def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) ->
     from flwr.simulation import run_simulation
 
     from lightning_fedkg.federated.alignment import federation_secret
-    from lightning_fedkg.flower import plain_logs_unless_terminal
+    from lightning_fedkg.flower.logs import plain_logs_unless_terminal
     from lightning_fedkg.flower.client import make_client_app
     from lightning_fedkg.flower.data import write_client_folders
 
