@@ -123,6 +123,7 @@ def _proxy(runtime_of, digest):
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["one_process", "process_per_message"])
+@pytest.mark.slow
 def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice(tmp_path, monkeypatch, fresh):
     """The same replay through the Flower client (``{"kind": "restore"}`` to the state saved
     after ``train``, even with ``weights_only``), with the party kept in memory (a client

@@ -57,6 +57,7 @@ def snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_plain_uploads_leak_and_masked_hidden_ones_do_not(tmp_path, capsys):
     base = ["federated.record_payloads=true", "federated.rounds=20", "model.dim=32", "trainer.progress_bar=false",
             "trainer.accelerator=cpu"]

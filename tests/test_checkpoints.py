@@ -26,6 +26,7 @@ def steps(run_dir, party, tag):
     return [e.step for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_corrupt_party_file_is_named_and_the_previous_round_resumes(tmp_path, one_thread):
     run_federated(tiny(3), tmp_path)
     assert [p.name for p in sorted((tmp_path / "checkpoints").glob("round_*.json"))] == [

@@ -153,6 +153,7 @@ def test_test_from_a_finished_federated_run_reproduces_it_and_writes_nothing(tmp
     assert digest() == before
 
 
+@pytest.mark.slow
 def test_piped_single_kg_fit_prints_no_progress_bars_or_tips(tmp_path):
     proc = run_fedkg("fit", "-c", KGE_CONFIG, "model.dim=8", "train.max_epochs=2", "train.eval_every=1",
                      "train.num_negatives=8", "--out", str(tmp_path / "run"))

@@ -111,6 +111,7 @@ def test_unlearn_from_an_fkge_run_says_it_is_not_supported(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_the_readme_unlearn_command_works_on_a_bundled_kg(tmp_path, capsys):
     # README, CLI reference: `fedkg unlearn --from RUN_DIR` (no -c, no unlearn.forget); the
     # bundled UMLS has no unlearn split, so the default (auto) samples.
@@ -130,6 +131,7 @@ def test_the_readme_unlearn_command_works_on_a_bundled_kg(tmp_path, capsys):
     assert "unfinished" not in json.loads(captured.out) and "unfinished" not in captured.err
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsys):
     run = tmp_path / "run dir"  # a space: the printed command must quote it
     overrides = [*TINY_FED, "federated.rounds=1000"]

@@ -103,6 +103,7 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_design_example_task_stage_and_client_state_survive_a_sigkill(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     uninterrupted = launch(tmp_path, reference)  # side by side with the run to interrupt

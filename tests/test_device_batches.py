@@ -222,6 +222,7 @@ def test_shared_mask_of_distinct_queries_is_the_brute_force_one():
 
 
 @pytest.mark.parametrize("strategy, losses", [("fede", {"training_loss"}), ("fedlu", {"training_loss", "global_loss"})])
+@pytest.mark.slow
 def test_compiled_training_goes_through_torch_compile_and_learns_the_same(strategy, losses, monkeypatch):
     """``trainer.compile=true`` hands every training loss of the module to ``torch.compile``
     (once per module) and changes nothing else: with dynamo's ``eager`` backend (the graph

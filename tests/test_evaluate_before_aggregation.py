@@ -96,6 +96,7 @@ def client_kgs():
         run.close()
 
 
+@pytest.mark.slow
 def test_validation_ranks_each_clients_state_after_its_own_fit(runs):
     metrics, _, fits = runs["before_aggregation"]
     kgs = client_kgs()
@@ -106,6 +107,7 @@ def test_validation_ranks_each_clients_state_after_its_own_fit(runs):
             assert mrr == pytest.approx(expected, abs=1e-6), (entry["round"], name)
 
 
+@pytest.mark.slow
 def test_training_is_unchanged_and_the_aggregated_evaluation_differs(runs):
     agg_metrics, agg_dir, agg_fits = runs["aggregated"]
     pre_metrics, pre_dir, pre_fits = runs["before_aggregation"]

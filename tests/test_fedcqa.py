@@ -72,6 +72,7 @@ def test_plans_compute_what_embed_computes(encoder):
 
 
 # ---------------------------------------------------------------- retrieval
+@pytest.mark.slow
 def test_distributed_retrieval_of_a_central_model_ranks_as_the_model_itself(tmp_path):
     """Under *Entire* every client holds views of one global model, so the holder-mean of
     their score tables is the central model's score of every entity: cross-graph metrics
@@ -91,6 +92,7 @@ def test_distributed_retrieval_of_a_central_model_ranks_as_the_model_itself(tmp_
     run.close()
 
 
+@pytest.mark.slow
 def test_retrieval_moves_states_and_scores_never_rows(tmp_path):
     cfg = cqa_config(tmp_path, federated__record_payloads="true", federated__rounds=1)
     run_federated(cfg, tmp_path / "run")
@@ -112,11 +114,13 @@ def test_retrieval_moves_states_and_scores_never_rows(tmp_path):
 
 
 # ---------------------------------------------------------------- FedCQA
+@pytest.mark.slow
 def test_fedcqa_refuses_to_run_with_a_visible_aggregate(tmp_path):
     with pytest.raises(ConfigError, match="hide_aggregate"):
         FederatedRun(cqa_config(tmp_path, federated__strategy="fedcqa"), None)
 
 
+@pytest.mark.slow
 def test_fedcqa_hidden_aggregate_equals_plain_averaging(tmp_path, monkeypatch):
     """One round of FedCQA against the same round with the same groups averaged in clear:
     the clients end with the same entity rows and operators, up to fixed-point rounding."""
@@ -140,6 +144,7 @@ def test_fedcqa_hidden_aggregate_equals_plain_averaging(tmp_path, monkeypatch):
     plain_run.close()
 
 
+@pytest.mark.slow
 def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     cfg = fedcqa(tmp_path, federated__rounds=4, federated__eval_every=2, task__steps_per_epoch=30,
                  model__dim=128, train__lr=0.005, train__batch_size=128, federated__record_payloads="true")
@@ -196,6 +201,7 @@ def test_parse_query_knows_every_structure_and_says_where_a_query_breaks():
         parse_query("i((e:a, (r:x, r:y, r:z)), (e:b, (r:y)))")
 
 
+@pytest.mark.slow
 def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
     from lightning_fedkg.data.queries import anchors_and_relations
     from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query

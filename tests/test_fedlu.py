@@ -190,6 +190,7 @@ def test_fedlu_clients_keep_separate_local_tables_and_the_gate_state_resumes(tmp
     assert other.server.gate == run.server.gate
 
 
+@pytest.mark.slow
 def test_fedlu_learns_on_umls(tmp_path, one_thread):
     # Six rounds: both sides must rank far better than chance (~0.04).
     cfg = load_config(None, BASE + ["federated.rounds=6", "federated.fedlu.schedule=always", "model.dim=32",
@@ -199,6 +200,7 @@ def test_fedlu_learns_on_umls(tmp_path, one_thread):
     assert metrics["test_global"]["mrr"] > 0.35, metrics["test_global"]
 
 
+@pytest.mark.slow
 def test_a_resumed_fedlu_run_equals_an_uninterrupted_one(tmp_path, one_thread):
     # Gate state, distillation flags, local_initialized and the local Adam all persist.
     base = BASE + ["federated.fedlu.wait_rounds=0"]

@@ -109,6 +109,7 @@ def replay(sequence, rule: str, patience: int) -> int:
     return len(sequence)
 
 
+@pytest.mark.slow
 def test_the_official_rule_stops_later_when_only_the_avatar_improves():
     # lr 1.0 makes the local MRR oscillate while the avatar's goes on improving (measured
     # while writing this test: the local run stops after round 4, the official one after 5).

@@ -94,6 +94,7 @@ def test_neighbour_edges_empty_cases():
 
 
 # ------------------------------------------------------------------ a run
+@pytest.mark.slow
 def test_metrics_hold_kgs_and_handshakes(default_run):
     metrics, _ = default_run
     assert metrics["strategy"] == "fkge" and metrics["failures"] == []
@@ -169,6 +170,7 @@ def test_only_the_protocol_crosses_the_wire(default_run):
     assert metrics["bytes_sent"] == sum(r["bytes"] for r in log)
 
 
+@pytest.mark.slow
 def test_host_never_receives_x_and_client_never_receives_y(tmp_path, monkeypatch):
     from lightning_fedkg.federated.message import decode
     from lightning_fedkg.methods.fkge.federation import FKGEPeer
@@ -204,6 +206,7 @@ def test_host_never_receives_x_and_client_never_receives_y(tmp_path, monkeypatch
     assert checked > 0
 
 
+@pytest.mark.slow
 def test_budget_epsilon_is_never_exceeded(tmp_path):
     metrics, log = _run(tmp_path, "dp", "federated.fkge.max_epsilon=6.0", "federated.fkge.handshakes_per_kg=3")
     for kg in metrics["kgs"]:
@@ -213,6 +216,7 @@ def test_budget_epsilon_is_never_exceeded(tmp_path):
     assert any(r["name"] == "ppat_stop" for r in log)
 
 
+@pytest.mark.slow
 def test_mixed_models(tmp_path):
     """Multi-FKGE: a different model per KG (TransR, TransH, TransD; TransE above)."""
     metrics, _ = _run(tmp_path, "mixed", "federated.fkge.handshakes_per_kg=1",
@@ -239,6 +243,7 @@ def test_control_mode_uses_nothing_received(tmp_path, monkeypatch):
     assert all(h["virtual_entities"] == 0 for h in metrics["handshakes"])
 
 
+@pytest.mark.slow
 def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, default_run):
     full, _ = default_run
     cut = load_config(None, [*BASE, "federated.rounds=40"])
@@ -252,6 +257,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, defa
     assert [kg["after"] for kg in resumed["kgs"]] == [kg["after"] for kg in full["kgs"]]
 
 
+@pytest.mark.slow
 def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
     from lightning_fedkg.methods.fkge import federation
 
@@ -273,6 +279,7 @@ def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
     assert torch.equal(plain[torch.argsort(plain[:, 0])], shuffled[torch.argsort(shuffled[:, 0])])
 
 
+@pytest.mark.slow
 def test_pate_noise_comes_from_the_os_unless_reproducible_noise_is_set(tmp_path, monkeypatch):
     """Noise the client could recompute (from the seed, the names and the handshake number it
     is sent) would void the DP guarantee: by default no run draws the same noise twice."""
@@ -342,6 +349,7 @@ def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monke
     assert starts and all(starts) == reproducible and (any(starts) == reproducible)
 
 
+@pytest.mark.slow
 def test_ppats_stopping_rule_ends_each_handshake_after_patience_epochs(tmp_path):
     """With a tolerance nothing can beat, every epoch after the first (which sets the best)
     is stale: patience 1 stops each PPAT after exactly two epochs over the aligned rows
@@ -356,6 +364,7 @@ def test_ppats_stopping_rule_ends_each_handshake_after_patience_epochs(tmp_path)
     assert any(r["name"] == "ppat_stop" for r in log)
 
 
+@pytest.mark.slow
 def test_the_shipped_ppat_config_moves_the_generator(tmp_path):
     """The review found W moving by ~2e-5 per handshake in configs/fkge/umls_fkge.yaml (G(X)
     was the client's random start). The shipped settings must move it by far more -- which

@@ -92,6 +92,7 @@ def _run(tmp_path, name, *extra):
     return metrics, log
 
 
+@pytest.mark.slow
 def test_a_supervised_run_sends_rows_and_one_crosscov_per_handshake_and_accounts_them(tmp_path):
     metrics, log = _run(tmp_path, "sup", *SUPERVISED)
     events = {r["name"] for r in log}
@@ -135,6 +136,7 @@ def test_max_epsilon_stops_every_release_not_only_hosting(tmp_path):
                        for r in log[release + 1:])
 
 
+@pytest.mark.slow
 def test_the_control_replays_the_runs_handshake_schedule(tmp_path):
     metrics, _ = _run(tmp_path, "sup", *SUPERVISED)
     control, log = _run(tmp_path, "control", *SUPERVISED, "federated.fkge.mode=none",
@@ -146,6 +148,7 @@ def test_the_control_replays_the_runs_handshake_schedule(tmp_path):
         [kg["privacy"]["gaussian_releases"] for kg in metrics["kgs"]]
 
 
+@pytest.mark.slow
 def test_the_shipped_supervised_config_aligns_beyond_mismatched_rows(tmp_path):
     """configs/fkge/umls_fkge_supervised.yaml at epsilon 4 per release: every handshake's
     translated rows are closer to the host's own rows of the same items than to other items'."""
@@ -159,6 +162,7 @@ def test_the_shipped_supervised_config_aligns_beyond_mismatched_rows(tmp_path):
     assert all(kg["epsilon"] <= 10 for kg in metrics["kgs"])
 
 
+@pytest.mark.slow
 def test_a_resumed_supervised_run_equals_an_uninterrupted_one(tmp_path):
     """Cut after 25 deliveries (handshakes open on both sides), resume: same handshakes,
     same final quality, same ledgers."""
@@ -174,6 +178,7 @@ def test_a_resumed_supervised_run_equals_an_uninterrupted_one(tmp_path):
     assert [kg["privacy"] for kg in resumed["kgs"]] == [kg["privacy"] for kg in full["kgs"]]
 
 
+@pytest.mark.slow
 def test_pretraining_stops_at_patience_and_a_later_run_starts_from_its_files(tmp_path):
     """pretrain_patience: validation every pretrain_eval_every epochs, stop after that many
     scores without a new best; pretrained_from: every party starts from those exact rows."""

@@ -222,6 +222,7 @@ def test_a_restart_waits_for_the_previous_server_to_let_go_of_the_run(tmp_path):
 
 
 # ---------------------------------------------------------------------- simulation
+@pytest.mark.slow
 def test_simulation_with_secure_aggregation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
     """FedE with secure aggregation: every stage, the ``sa_*`` ones too, crosses as a Flower
     message, and a client's round secrets (kept on its own disk between messages: any Ray
@@ -289,6 +290,7 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
     """Three SuperNode processes run FedE on UMLS. After round 1 is committed the server
     side (the SuperLink and the ServerApp it started) is SIGKILLed; ``up`` on the same run
@@ -311,6 +313,7 @@ def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_deployment_over_tls_equals_in_process(tmp_path):
     """``up(..., tls=localhost_certificates(...))`` (``fedkg flower up --tls``): the SuperLink
     serves HTTPS, the SuperNodes and ``flwr`` verify it against the CA, and the run ends
@@ -332,6 +335,7 @@ def test_deployment_over_tls_equals_in_process(tmp_path):
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path):
     """client_2's SuperNode is killed during the run: the rounds go on with the two others
     (federated.min_clients=2) and metrics.json names the failure. A SuperNode started for

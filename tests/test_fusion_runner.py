@@ -62,6 +62,7 @@ def fused(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_metrics_hold_the_fusion_block_with_triple_weighted_averages(fused):
     cfg, metrics, run_dir = fused
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics
@@ -147,6 +148,7 @@ def test_table_prints_the_fusion_rows(fused):
     assert "fusion" not in format_metrics_table({k: v for k, v in metrics.items() if k != "fusion"})
 
 
+@pytest.mark.slow
 def test_rerun_reuses_the_single_run_and_repeats_the_fusion(fused):
     # A finished run directory: FedE resumes (nothing left to train), the Single sub-run is
     # reused as it is, and the seeded fit gives the same fusion block. Changing a fusion

@@ -354,6 +354,7 @@ E2E = {
 
 
 @pytest.mark.parametrize("model_name", sorted(E2E))
+@pytest.mark.slow
 def test_learns_umls(umls, model_name):
     hparams, epochs, bar = E2E[model_name]
     L.seed_everything(0, verbose=False)

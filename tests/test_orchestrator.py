@@ -66,6 +66,7 @@ def read_log(run_dir):
     return [json.loads(line) for line in (run_dir / "channel_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_fede_beats_single_on_weighted_test_mrr(runs):
     # Same rounds (30), local epochs (1), model and sampling for both settings. Measured
     # while writing this test: FedE 0.647 vs Single 0.567 (seed 0); seeds 1 and 2 gave gaps
@@ -212,6 +213,7 @@ def test_resume_refuses_a_changed_setting(runs):
         run_federated(umls_config("single", **{"train.lr": 0.5}), run_dir)
 
 
+@pytest.mark.slow
 def test_each_client_is_tested_at_its_own_best_round(tmp_path, single_threaded):
     # federated.best=client against an oracle: snapshots of every round (the run resumed one
     # round at a time, its checkpoints copied aside), each restored and validated; a client

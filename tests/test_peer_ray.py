@@ -16,6 +16,9 @@ from lightning_fedkg.cli import main
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.federated.orchestrator import run_federated
 
+#: Every test here starts Ray (about 20 s for the module): the fast loop leaves them out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 GOSSIP, FAILING_RING = "tests.plugin_peer:Gossip", "tests.plugin_peer:FailingRing"
 

@@ -74,6 +74,7 @@ def test_filtered_ranks_match_a_brute_force():
     ("q2p", "softmax", {"particles": 2}),
     ("tree_lstm", "softmax", {}),
 ], ids=["gqe_negative_sampling", "gqe_softmax", "q2p_softmax", "tree_lstm_softmax"])
+@pytest.mark.slow
 def test_encoders_learn_to_answer_queries_on_umls(encoder, loss, options):
     """End to end with a plain Trainer: an encoder trained on 1p/2p/2i queries of UMLS
     answers held-out test queries far above chance (MRR about .04 before training)."""

@@ -77,6 +77,7 @@ SECURE = ("federated.secure_aggregation.enabled=true", "federated.secure_aggrega
 
 
 @pytest.mark.parametrize("extra", [(), SECURE], ids=["plain", "secure_hidden"])
+@pytest.mark.slow
 def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, extra):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)

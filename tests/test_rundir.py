@@ -106,6 +106,7 @@ def test_new_directory_is_created_and_not_resumed(tmp_path):
     assert load_config(tmp_path / "a" / "b" / "config.yaml") == cfg
 
 
+@pytest.mark.slow
 def test_second_process_gets_a_clear_error(tmp_path, capsys):
     run = tmp_path / "run"
     holder = start_holder(run)
@@ -125,6 +126,7 @@ def test_second_process_gets_a_clear_error(tmp_path, capsys):
         assert opened.resumed
 
 
+@pytest.mark.slow
 def test_nested_open_in_one_process_shares_the_lock_and_releases_it(tmp_path):
     run = tmp_path / "run"
     cfg = load_config(None)

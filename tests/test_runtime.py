@@ -124,6 +124,7 @@ def patched(code: str, load: str, env: dict | None = None) -> subprocess.Complet
     return python(PATCHED + textwrap.dedent(code), load, env=env)
 
 
+@pytest.mark.slow
 def test_unset_threads_follow_the_policy_and_log_why():
     proc = patched(
         """
@@ -152,6 +153,7 @@ def test_unset_threads_follow_the_policy_and_log_why():
         "INFO lightning_fedkg.runtime: threads: 1 (2 cores, load 1.20; table size unknown; 1 free core)"]
 
 
+@pytest.mark.slow
 def test_explicit_threads_win():
     proc = patched(
         """
@@ -185,6 +187,7 @@ def test_explicit_threads_win():
     ]
 
 
+@pytest.mark.slow
 def test_omp_num_threads_keeps_torchs_count():
     # Large tables on an idle 2-core machine would get 2 threads; the environment says 1.
     proc = patched("print(runtime.configure_torch(TrainerConfig(), table_elements=10**9))", "0.0",
@@ -194,6 +197,7 @@ def test_omp_num_threads_keeps_torchs_count():
     assert proc.stderr.strip().splitlines() == ["INFO lightning_fedkg.runtime: threads: 1 (OMP_NUM_THREADS=1)"]
 
 
+@pytest.mark.slow
 def test_configure_torch_sets_pools_once_and_tolerates_a_second_call():
     proc = python(
         """
@@ -224,6 +228,7 @@ sys.exit(status)
 """
 
 
+@pytest.mark.slow
 def test_deterministic_single_kg_runs_are_bit_identical(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -240,6 +245,7 @@ def test_deterministic_single_kg_runs_are_bit_identical(tmp_path):
     assert b'"mrr"' in outputs[0]
 
 
+@pytest.mark.slow
 def test_fit_on_a_bundled_kg_picks_one_thread(tmp_path):
     """``fedkg fit`` passes the config's size estimate: UMLS at dim 16 is 2,160 elements."""
     proc = python(FIT, KGE_CONFIG, str(tmp_path / "run"), "train.max_epochs=1")

@@ -15,6 +15,7 @@ SETTINGS = ["data.name=umls", "data.num_clients=3", "model.dim=16", "train.lr=0.
             f"federated.task={TASK}", "federated.rounds=6", "federated.eval_every=2", "federated.local_epochs=2"]
 
 
+@pytest.mark.slow
 def test_a_relation_classification_task_federates_and_learns(tmp_path, one_thread):
     cfg = load_config(None, SETTINGS + ["task.hidden=24"])
     assert cfg.task.hidden == 24  # the task's own section, from its config_class

@@ -225,6 +225,7 @@ def source_run(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_unlearning_forgets_keeps_the_rest_and_leaves_the_source_alone(source_run, tmp_path):
     before_hash = tree_hash(source_run)
     out = tmp_path / "unlearned"
@@ -306,6 +307,7 @@ def test_the_unlearned_model_is_a_run_that_fedkg_test_reads(source_run, tmp_path
     assert tested["test"]["mrr"] != pytest.approx(metrics["before"]["test"]["mrr"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_thread):
     """FedLU's unlearn.txt may hold every triple of an entity: the retrain still ranks it."""
     from lightning_fedkg.data import load_kg
