@@ -143,7 +143,7 @@ MODEL_CORE_KEYS = ("name", "dim", "gamma", "epsilon")
 
 @dataclass
 class ModelConfig:
-    """The KGE score function (REFERENCE §1.1 parameterisation).
+    """The KGE score function (parameterised as the official FedE, FedLU and RotatE code).
 
     ``name`` is a registered model (``transe``, ``transh``, ``transr``, ``transd``,
     ``distmult``, ``complex``, ``rotate``; see ``lightning_fedkg.models.MODELS``) or an import

@@ -28,13 +28,14 @@ def _dd(lam: float, gap: int, l: int) -> float:
 
 
 def test_fkge_paper_budget_29_queries_any_votes():
-    """REFERENCE §9 item 5: lambda=0.05, delta=1e-5, 4 teachers, 29 queries -> 2.729 at l=9.
+    """FKGE's setting (Peng et al., CIKM 2021): lambda=0.05, delta=1e-5, 4 teachers, 29
+    queries -> 2.729 at l=9.
 
     With 4 teachers the gap is 0, 2 or 4; only a unanimous vote meets Thm 3's condition and
     even then dd > di for l <= 17, so at the orders that matter every query costs
     2 * 0.05^2 * l(l+1) = 0.005 l(l+1) whatever the votes: alpha(9) = 29 * 0.45 = 13.05 and
-    (13.05 + ln 1e5) / 9 = 2.7292. (REFERENCE §5.3 says dd > di for unanimous votes without
-    restriction; from l = 18 on dd is in fact smaller, which does not move the minimum.)
+    (13.05 + ln 1e5) / 9 = 2.7292. (dd > di does not hold at every order for unanimous
+    votes: from l = 18 on dd is smaller, which does not move the minimum.)
     """
     for gaps in ([0] * 29, [4] * 29, [0, 2, 4] * 9 + [2, 4]):
         acc = PateMomentsAccountant(lam=0.05, delta=1e-5)
@@ -231,7 +232,7 @@ def test_noisy_argmax_flip_rate_matches_closed_form():
 
 def test_noisy_labels_depend_on_the_noise():
     """Tie-heavy votes: the labels are the noise's choice, so seeds must matter (the official
-    FKGE code's student loss ignores the labels altogether; REFERENCE §5.4 item 7)."""
+    FKGE code's student loss ignores the labels altogether, hetro_AGCN_mul_dataset_pate.py)."""
     votes = torch.tensor([[2, 2]] * 500 + [[3, 1]] * 500)
     a, _ = noisy_argmax(votes, lam=0.05, generator=torch.Generator().manual_seed(0))
     b, _ = noisy_argmax(votes, lam=0.05, generator=torch.Generator().manual_seed(1))

@@ -251,7 +251,7 @@ def test_default_config_one_epoch_of_507_alignments():
     aligned pairs (the Dbpedia-Lexvo size): 507 queries, and since no 4-teacher vote meets
     Thm 3 usefully, alpha(l) = 507 * 0.005 l (l + 1), so
     eps = min_l (2.535 l (l + 1) + ln 1e5) / l = (15.21 + 11.513) / 2 = 13.36 at l = 2
-    (the paper reports 2.73, which is 29 queries: one per batch; REFERENCE §5.3)."""
+    (the paper reports 2.73, which by our count is 29 queries: one per batch)."""
     x, y = _pair(17, m=507)
     host = PPATHost(y, hidden=HIDDEN, seed=18)
     out = run_ppat(PPATClient(x, seed=19), host, Channel(), epochs=1)

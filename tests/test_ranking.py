@@ -85,7 +85,7 @@ def test_filtered_ranks_with_candidate_mask_match_brute_force(ties):
 
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_target_tied_with_k_others(k):
-    """REFERENCE §9 oracle 4: tied with k others -> optimistic 1, pessimistic k+1."""
+    """A target tied with k others -> optimistic 1, pessimistic k+1."""
     scores = torch.full((1, 10), -3.0)
     scores[0, 2 : 2 + k + 1] = 5.0  # target = entity 2, tied with entities 3..2+k
     target = torch.tensor([2])

@@ -303,7 +303,7 @@ class KGDataModule(LightningDataModule):
             for a weighted instead of a plain mean over the batch.
         fixed_negatives: draw one epoch of batches (order, sides and negatives) once and
             replay it in every later epoch and round, as the official FedLU code does
-            (REFERENCE §4.7.5; it materialises its loaders into a list at start-up). Off by
+            (its client.py materialises its loaders into a list in ``init_model``). Off by
             default: fresh negatives each epoch see more of the entity table. The epoch is
             drawn lazily, batch by batch, from a generator seeded with ``seed`` (not
             ``dm.generator``) and kept in memory: with ``per_triple`` negatives that is

@@ -9,7 +9,8 @@ and the entity / relation NAMES of the data it came from: two sources share an e
 exactly when they share its name, and names are the only alignment key. There is no global
 id table (unlike :class:`~lightning_fedkg.data.federated.FederatedKG`).
 
-The paper's 11 linked-open-data KGs (Dbpedia, Geonames, Yago, ...; REFERENCE §7.3) are not
+The paper's 11 linked-open-data KGs (Dbpedia, Geonames, Yago, ...; Peng et al., CIKM 2021,
+§4.1, Table 2) are not
 available offline. Two ways to get sources:
 
 * :func:`split_into_sources` cuts one KG into sources by relation (FedE's relation partition,

@@ -1,7 +1,7 @@
 """Complex logical queries on a KG: structures, batched answering, sampling (FedCQA's data).
 
 Structures are data, in KGReasoning's nested-tuple grammar (Ren & Leskovec, "Beta Embeddings
-for Multi-Hop Logical Reasoning", NeurIPS 2020; REFERENCE §6.1): a *branch* is
+for Multi-Hop Logical Reasoning", NeurIPS 2020): a *branch* is
 ``(anchor, (r, ..., r))``; a tuple of two or more sub-queries is their conjunction, and a
 disjunction when it ends with the marker ``("u",)``; ``(compound, ("r",))`` projects a
 compound. An instance of a structure is one row of integers in depth-first order: anchor
@@ -262,7 +262,7 @@ def sample_queries(structure, graph: QueryGraph, count: int, generator: torch.Ge
                    batch: int = 4096, max_batches: int = 1000) -> Tensor:
     """``[≤ count, slots]`` distinct instances of ``structure`` sampled on ``graph`` by
     walking back from answers drawn uniformly among the entities with an incoming edge
-    (KGReasoning's procedure, REFERENCE §6.2), a batch of walks at a time."""
+    (KGReasoning's procedure, create_queries.py), a batch of walks at a time."""
     index = graph.incoming()
     has_incoming = (index[4] > 0).nonzero().squeeze(1)
     found = torch.zeros(0, num_slots(structure), dtype=torch.long)
@@ -328,7 +328,7 @@ def _cat_csr(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
 def build_query_set(name: str, graphs: tuple[QueryGraph, QueryGraph, QueryGraph], split: str, count: int,
                     generator: torch.Generator, chunk: int = 1024, keep=None) -> QuerySet:
     """``count`` (or fewer, if the graph has fewer) queries of structure ``name`` for
-    ``split`` with KGReasoning's answer sets (REFERENCE §6.2): sampled on the split's graph;
+    ``split`` with KGReasoning's answer sets (create_queries.py): sampled on the split's graph;
     for valid and test, ``easy`` = the answers on the previous graph, ``hard`` = the rest,
     and only queries with a hard answer are kept. ``keep(queries) -> bool [B]`` filters
     further (cross-graph queries: relations of two owners at least)."""

@@ -1,7 +1,7 @@
 """FedCQA's query sets for a federation, built once and cached on disk.
 
 Hu et al., "FedCQA: Answering Complex Queries on Multi-Source Knowledge Graphs via
-Federated Learning" (§5.1; REFERENCE §6.2, §7.4): every client gets *in-graph* train,
+Federated Learning" (§5.1, Tables 1–2): every client gets *in-graph* train,
 valid and test queries sampled on its own graphs (local ids), and the federation a
 *cross-graph* test set sampled on the union of the clients' graphs (global ids) whose
 queries use relations of at least two clients. Counts follow the paper: a per-type count

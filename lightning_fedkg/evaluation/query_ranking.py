@@ -1,4 +1,5 @@
-"""Filtered ranks of complex queries' hard answers (REFERENCE §6.6), a batch at a time.
+"""Filtered ranks of complex queries' hard answers (BetaE's protocol, Ren & Leskovec,
+NeurIPS 2020, as FedCQA §5.1 uses it), a batch at a time.
 
 For a query with answers ``A = easy ∪ hard`` and a hard answer ``v``, the filtered rank is
 ``1 + #{e ∉ A : s(e) > s(v)}``, plus half of ``#{e ∉ A : s(e) = s(v)}`` (ties are shared

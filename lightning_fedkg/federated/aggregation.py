@@ -107,7 +107,7 @@ def damped_holder_mean(
     """Holder-mean over *all* holders, where holders that did not upload contribute ``table``.
 
     This is what the official FedE code computes when only a fraction of clients trains
-    in a round (REFERENCE §2.2): with ``N_i`` the number of all holders of row ``i``,
+    in a round (FedE's fede.py): with ``N_i`` the number of all holders of row ``i``,
 
         E_new[i] = E[i] + (1 / N_i) Σ_{c uploaded, holds i} (E^c[i] − E[i]),
 

@@ -18,7 +18,7 @@ joined by a :class:`~.channel.Channel`. :func:`run_federated` drives it::
 
 A client that raises, or answers after ``federated.client_timeout``, is a *failure*: the
 stage goes on when ``federated.min_clients`` answered, else the round is retried.
-Evaluation follows FedE's protocol (Chen et al., IJCKG 2021, §3.1; REFERENCE §2.5): each
+Evaluation follows FedE's protocol (Chen et al., IJCKG 2021, §3.1, and FedE's fede.py): each
 client ranks among its own entities with its own filter; the federation-wide number is
 the mean over clients weighted by their evaluation triples; patience counts evaluations
 (those the server half's :meth:`~.strategy.ServerHalf.stall_counts` lets count).

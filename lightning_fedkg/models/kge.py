@@ -3,7 +3,7 @@
 Every model scores a triple ``(h, r, t)`` with "higher = more plausible". Distance models
 (TransE/H/R/D, RotatE) return ``gamma - distance``; bilinear models (DistMult, ComplEx)
 return the raw trilinear product. Parameterisation and initialisation follow the
-FedE / FedLU / RotatE reference code (REFERENCE §1.1): every table is drawn from
+FedE / FedLU / RotatE reference code (``kge_model.py``, ``model.py``): every table is drawn from
 ``U(-rho, rho)`` with ``rho = (gamma + epsilon) / dim``.
 
 Parameter naming is part of the federated contract: ``entity_emb`` ``[N, w_e]`` and

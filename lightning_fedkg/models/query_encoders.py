@@ -1,11 +1,11 @@
 """Query encoders for complex query answering: structures to embeddings, embeddings to scores.
 
 A query with unions is answered in disjunctive normal form (Ren & Leskovec, NeurIPS 2020;
-REFERENCE §6.1): :func:`dnf` rewrites a structure into union-free alternatives, each
+KGReasoning's models.py): :func:`dnf` rewrites a structure into union-free alternatives, each
 encoded on its own, and an entity's score is its best score over the alternatives.
 
 :class:`GQE` (Hamilton et al., "Embedding Logical Queries on Knowledge Graphs", NeurIPS
-2018, in KGReasoning's form, REFERENCE §6.3): an anchor is its entity row, a projection
+2018, in KGReasoning's form, its models.py): an anchor is its entity row, a projection
 adds the relation row, an intersection is an attention-weighted sum of the branch
 embeddings (weights per dimension from a two-layer network, softmax over the branches),
 and ``s(e, q) = γ − ‖e − q‖₁``.
@@ -203,7 +203,8 @@ class GQE(DNFEncoder):
 
 class Q2P(DNFEncoder):
     """Query2Particles (Bai, Wang, Zhang, Song, "Query2Particles: Knowledge Graph Reasoning
-    with Particle Embeddings", Findings of NAACL 2022; REFERENCE §6.10): a query is ``K``
+    with Particle Embeddings", Findings of NAACL 2022; HKUST-KnowComp/query2particles): a
+    query is ``K``
     particles. An anchor's particles are its entity row plus one learned offset each; a
     projection updates every particle with a gated (GRU-like) cell driven by the relation,
     then lets the particles attend to each other (residual, LayerNorm); an intersection
@@ -263,7 +264,8 @@ class Q2P(DNFEncoder):
 
 class TreeLSTM(nn.Module):
     """The tree-LSTM query encoder of SQE (Bai, Zheng, Song, "Sequential Query Encoding for
-    Complex Query Answering on Knowledge Graphs", TMLR 2023; REFERENCE §6.10): every node
+    Complex Query Answering on Knowledge Graphs", TMLR 2023; HKUST-KnowComp/SQE,
+    model/tree_lstm.py): every node
     of the query's computation tree has an LSTM state ``(h, c)``. An anchor starts at
     ``(E[e], 0)``; a projection is an LSTM cell whose input is the relation row; an
     intersection or a union is a child-sum Tree-LSTM node (Tai et al., ACL 2015) whose

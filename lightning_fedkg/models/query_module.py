@@ -1,6 +1,6 @@
 """Complex query answering on one KG as a LightningModule (a plain ``Trainer`` trains it).
 
-Training (``loss="negative_sampling"``) follows KGReasoning (REFERENCE §6.3): each batch holds
+Training (``loss="negative_sampling"``) follows KGReasoning (its models.py): each batch holds
 queries of one structure;
 every query gets one of its answers as the positive and ``negatives`` uniformly drawn
 entities, and the loss is

@@ -38,12 +38,12 @@ Notes on each choice:
   ``1 - e^{2 lambda} q`` can be ``<= 0``. At FKGE's ``lambda = 0.05`` with 4 teachers
   (``Delta in {0, 2, 4}``) only unanimous votes qualify and even then ``dd > di`` for
   ``l <= 17``, so at the orders that minimise eps every query costs ``0.005 l (l+1)``
-  (REFERENCE §5.3; 29 queries give eps = 2.729 at l = 9, FKGE's reported value). Outside
+  (by our arithmetic 29 queries then give eps = 2.729 at l = 9, FKGE's reported value). Outside
   the condition Thm 3 says nothing, and the formula may not even be defined
   (``1 - e^{2 lambda} q < 0`` at, e.g., lambda = 0.5, Delta = 1).
 
 One query per *labelled sample*, as PATE requires (FKGE's reported ``eps = 2.73`` equals
-29 queries, i.e. apparently one per batch; REFERENCE §5.3). With data-dependent terms the
+29 queries, i.e. apparently one per batch, by our count). With data-dependent terms the
 resulting ``eps`` is itself a function of the private votes (PATE releases it through
 smooth sensitivity); treat it as a logged metric and claim no more than it proves.
 """

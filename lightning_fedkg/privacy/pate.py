@@ -13,7 +13,7 @@ and :class:`~lightning_fedkg.privacy.accountant.PateMomentsAccountant` charges e
 from the vote gap that :func:`noisy_argmax` returns.
 
 How this differs from the official FKGE code (``HKUST-KnowComp/FKGE``,
-``hetro_AGCN_mul_dataset_pate.py``; REFERENCE §5.4 item 6): that code sums the teachers'
+``FederalTransferLearning/hetro_AGCN_mul_dataset_pate.py``): that code sums the teachers'
 *probabilities* (not hard votes), adds Laplace noise of scale 0.05 (not ``1/lambda = 20``)
 in a (teachers, batch)-shaped tensor, so the sum is noised four times independently, and
 thresholds ``value < 0.5`` into an *inverted* label; its student loss then cancels the
@@ -53,7 +53,7 @@ def teacher_votes(teacher_out: Tensor, num_classes: int | None = None) -> Tensor
     * float ``[T, B, C]``: per-class scores (probabilities or logits); a teacher votes for
       its argmax class;
     * float ``[T, B]``: a binary discriminator's probability of class 1 ("real"); a teacher
-      votes 1 iff ``p > 0.5`` (hard votes with threshold 0.5, REFERENCE §5.2);
+      votes 1 iff ``p > 0.5`` (hard votes with threshold 0.5, as FKGE §3.2 describes them);
     * integer ``[T, B]``: class ids, with ``num_classes`` (default 2).
 
     Each row of the result sums to ``T``.

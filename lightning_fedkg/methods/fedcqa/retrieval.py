@@ -1,4 +1,4 @@
-"""Distributed retrieval of cross-graph queries (FedCQA §4.2, Eq. 5–6; REFERENCE §6.5).
+"""Distributed retrieval of cross-graph queries (FedCQA §4.2, Eq. 5–6).
 
 A cross-graph query uses relations of several clients. Nobody holds its whole graph and
 no client's entity or relation rows may leave it, so the server routes the query's

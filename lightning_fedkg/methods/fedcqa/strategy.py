@@ -1,7 +1,7 @@
 """FedCQA and its baselines under the query-answering task.
 
 Hu et al., "FedCQA: Answering Complex Queries on Multi-Source Knowledge Graphs via
-Federated Learning" (§4.1, Eq. 2–4; REFERENCE §6.4): each round the selected clients train
+Federated Learning" (§4.1, Eq. 2–4): each round the selected clients train
 their query encoder on their own training queries; the server averages the operator
 networks over them (FedAvg, unweighted) and each entity row over the clients that hold it
 (holder-mean, Eq. 2), while relation rows stay with their owners. The paper's point is

@@ -5,7 +5,8 @@ queries sampled on its own graph (:func:`~lightning_fedkg.data.query_sets.graph_
 a client's counts are the whole-graph counts divided by the number of clients, FedCQA §5.1)
 and is evaluated in-graph: every hard answer ranked among the party's own entities with the
 query's other answers filtered, MRR and HR@1/3/10 per structure and their mean over
-structures (REFERENCE §6.6). A party's entry carries ``<type>/<metric>`` keys too.
+structures (KGReasoning's filtered protocol, as FedCQA §5.1 reports it). A party's entry
+carries ``<type>/<metric>`` keys too.
 
 Cross-graph queries (on the union of the clients' graphs, relations of at least two
 clients) are the evaluator's (:meth:`QueryAnswering.evaluation_data`): it hands the server

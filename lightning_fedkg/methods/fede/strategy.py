@@ -8,7 +8,8 @@ hashes of the entity names (:mod:`..alignment`). Each round the selected clients
 local epochs, and send the rows back; the server replaces ``E`` by the holder-mean of the
 uploads (Eq. 2, :mod:`lightning_fedkg.federated.aggregation`). **Relation embeddings never
 leave a client**: the client half moves only the module's declared ``"entity"`` group.
-Clients are evaluated with the aggregated rows and their own relations (REFERENCE §2.5).
+Clients are evaluated with the aggregated rows and their own relations (Chen et al.,
+IJCKG 2021, §3.1; FedE's fede.py).
 
 The server's initial rows come from the clients' declarations (:class:`~lightning_fedkg.
 models.shareable.InitSpec`), each row drawn from a key derived from its hash, so the

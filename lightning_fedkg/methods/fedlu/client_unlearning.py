@@ -1,7 +1,8 @@
 """FedLU's client-side unlearning: retroactive interference, then passive decay.
 
 Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023, §4.3 (REFERENCE §4.4). Given a trained client module and its forgetting set
+WWW 2023, §4.3, and FedLU's client.py ``unlearn`` / model.py ``unlearn_step``. Given a
+trained client module and its forgetting set
 ``G_u`` (with retain set ``G_c = G \\ G_u``):
 
 1. **Retroactive interference**, for ``interference_epochs`` over ``G_u``:

@@ -1,7 +1,7 @@
 """FedLU's client learner: local entity embeddings and a global avatar that teach each other.
 
 Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023, §4.2 (REFERENCE §4.1–4.2). A client keeps two entity tables over its own
+WWW 2023, §4.2, and FedLU's model.py / client.py. A client keeps two entity tables over its own
 entities, both scored with **one** relation table that never leaves the client:
 
 * the local table ``E_loc`` (``self.model``, with the relations ``R``), private;
@@ -83,7 +83,8 @@ class DistillationModule(KGEModule):
         distill_local: initial value of the flag "the avatar teaches the local side".
         distill_global: initial value of the flag "the local side teaches the avatar".
 
-    ``reset_optimizer`` is forced to False: the local optimizer persists (FedLU §4.7.1).
+    ``reset_optimizer`` is forced to False: the local optimizer persists (as in FedLU's
+    client.py ``update_model``).
 
     Attributes:
         avatar: a :class:`KGEModel` whose relation-indexed tables *are* ``model``'s (the same
@@ -107,7 +108,8 @@ class DistillationModule(KGEModule):
             for name in self.avatar.entity_parameter_names():
                 getattr(self.avatar, name).copy_(getattr(self.model, name))
         for name in self.avatar.relation_parameter_names():
-            # One relation table for both scorers (FedLU §4.7.2): tie the Parameter itself.
+            # One relation table for both scorers (as in FedLU's model.py): tie the
+            # Parameter itself.
             setattr(self.avatar, name, getattr(self.model, name))
         # Saved with the weights as a buffer; read through a host-side copy, because reading
         # a CUDA buffer in every training step would stall the host on the device twice a batch.

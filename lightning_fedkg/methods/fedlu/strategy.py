@@ -1,7 +1,7 @@
 """FedLU: mutual knowledge distillation between local and global entity embeddings.
 
 Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023 (REFERENCE §4). Each client trains a
+WWW 2023, §4, and FedLU's fedlu.py / server.py. Each client trains a
 :class:`~lightning_fedkg.models.DistillationModule`: private local entity embeddings and
 relations, plus an *avatar* of the global entity embeddings. Only the avatar crosses the
 wire (group ``"avatar"``, tensors ``avatar_*``); the server averages it over the clients

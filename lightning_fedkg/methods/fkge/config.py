@@ -12,7 +12,7 @@ __all__ = ["FKGEConfig"]
 
 @dataclass
 class FKGEConfig:
-    """``federated.fkge``: FKGE's pairwise handshakes (Peng et al., CIKM 2021; REFERENCE §5).
+    """``federated.fkge``: FKGE's pairwise handshakes (Peng et al., CIKM 2021, §3).
 
     Each party (one KG of ``data``'s multi-source federation) first trains alone: at most
     ``pretrain_epochs``, and with ``pretrain_patience`` its validation MRR is scored every

@@ -1,7 +1,7 @@
 """FKGE's federation: one peer per KG, pairwise PPAT handshakes, KGEmb-Update with backtracking.
 
 Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021, Alg. 1
-(REFERENCE §5.5). There is no server: every KG owner is a :class:`FKGEPeer` on the core's
+(and Alg. 2). There is no server: every KG owner is a :class:`FKGEPeer` on the core's
 peer-to-peer runner (:mod:`lightning_fedkg.federated.peer`), so the same code runs under the
 deterministic FIFO scheduler (``federated.engine: local``) and on Ray actors, one process per
 KG (``engine: ray``); every message crosses the core's transport and lands in its wire log.
@@ -49,7 +49,7 @@ Where this differs from the paper's Alg. 1, and why:
   between peers that can deadlock or livelock under a fair scheduler; this rule cannot.
 * No idle self-training (Alg. 1 lines 24-28): a sleeping party waits for requests.
 * Backtracking scores link-prediction MRR on the host's ``backtrack_on`` split; the official
-  code scores triple-classification accuracy on test (REFERENCE §5.4.13).
+  code scores triple-classification accuracy on test (its Config.py ``federated`` loop).
 * Neighbour choice is vectorised: each non-aligned neighbour is used once (its first joining
   triple in train order) and each aligned entity keeps its first ``neighbours`` of them; the
   official code's greedy loop can pick a different neighbour for an entity whose first
@@ -58,7 +58,8 @@ Where this differs from the paper's Alg. 1, and why:
 Per-KG quality (``before`` after pre-training, ``after`` at the end): filtered link
 prediction on test (both sides) and triple-classification accuracy (one tail-corrupted
 negative per positive, tails drawn among the relation's tails, per-relation thresholds
-tuned on valid; REFERENCE §5.6), with the same negatives before and after.
+tuned on valid; OpenKE's protocol, as Peng et al. §4.1 use it), with the same negatives
+before and after.
 """
 
 from __future__ import annotations

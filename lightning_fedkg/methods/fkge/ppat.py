@@ -1,7 +1,7 @@
 """PPAT: privacy-preserving adversarial translation between two KGs (FKGE's GAN).
 
 Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
-§3.2 (Eq. 3-7, Alg. 2; REFERENCE §5.2). Two parties share ``m`` aligned items, row ``i``
+§3.2 (Eq. 3-7, Alg. 2). Two parties share ``m`` aligned items, row ``i``
 of each side's matrix being the same item. The **client** holds ``X`` (``[m, d]``, its
 embeddings of the aligned items) and the generator ``G(x) = W x`` (rows: ``X W^T``); the
 **host** holds ``Y`` (``[m, d]``, its own embeddings of the same items), ``|T|`` teacher
@@ -15,8 +15,8 @@ halves exchange :class:`~lightning_fedkg.federated.message.Message` objects and 
 * host -> client, ``"ppat_grad"``: ``dL_G / dG(X_batch)`` (``[B, d]``).
 
 The client forms ``dL_G/dW = sum_b grad_b x_b^T`` itself through autograd. The paper says
-the host returns a ``(d, d)`` gradient, which the host cannot compute without ``X``
-(REFERENCE §5.2 "Correction"). ``Y``, the discriminators, their losses and ``X`` never
+the host returns a ``(d, d)`` gradient, which the host cannot compute without ``X``.
+``Y``, the discriminators, their losses and ``X`` never
 cross; :func:`run_ppat` reads the host's own local log (:attr:`PPATHost.last`) to report
 losses, as each party reports its own metrics, not through the wire.
 
@@ -26,7 +26,7 @@ ICLR 2019), on the host in this order:
 1. **Teachers** ``T_i`` step on BCE: the batch's real rows ``Y[rows ∩ D_i]`` (label 1) vs
    the generated rows of the same partition (label 0), so over an epoch teacher ``i`` sees
    exactly its partition ``D_i`` of ``Y`` (``teacher_fakes="own"``, the default). The
-   paper's teacher loss (PATE-GAN's; REFERENCE §5.2) gives every teacher *all* fakes:
+   paper's teacher loss (PATE-GAN's) gives every teacher *all* fakes:
    ``teacher_fakes="all"``. The fakes are not the host's data, so either choice keeps the
    partitions of ``Y`` disjoint, which is what PATE's sensitivity argument needs.
 2. **Student** ``S`` steps on the generated batch only, with labels
@@ -34,7 +34,8 @@ ICLR 2019), on the host in this order:
    threshold 0.5) and the log-likelihood of Eq. 7 (printed without its leading minus).
    Each label is one PATE query, charged to the host's
    :class:`~lightning_fedkg.privacy.PateMomentsAccountant` from that sample's vote gap
-   (one query per labelled sample, REFERENCE §5.3). The student never sees ``Y``: the
+   (one query per labelled sample, as PATE counts them: Papernot et al.,
+   ICLR 2017). The student never sees ``Y``: the
    noisy labels are its only supervision, so they matter (``tests/test_ppat.py``).
 3. **Generator gradient** through the (just updated) student only:
    ``L_G = mean_b -log S(G(x_b))``, the non-saturating form (Goodfellow et al. 2014 §3):
@@ -44,35 +45,35 @@ ICLR 2019), on the host in this order:
    ``dL_G/dG(X_batch)`` is returned.
 
 Where we differ from the official code (``HKUST-KnowComp/FKGE``,
-``hetro_AGCN_mul_dataset_pate.py``; REFERENCE §5.4 items) and why:
+``FederalTransferLearning/hetro_AGCN_mul_dataset_pate.py``) and why:
 
-* 7-8: there the student loss ``BCE(S, a) + BCE(S, 1 - a)`` does not depend on the PATE
+* Losses: there the student loss ``BCE(S, a) + BCE(S, 1 - a)`` does not depend on the PATE
   label ``a``, the student also sees real rows, and one Adam minimises the sum of all
   losses over ``W``, the teachers and the student jointly (so ``W`` helps the teachers
   and no min-max game is played). Here: one optimizer per net, the order above, the
   student on noisy labels of fakes only, the generator through the student only.
-* 6: probabilities summed, ``Lap`` scale 0.05, a ``(4, B)`` noise tensor, inverted
+* Votes: probabilities summed, ``Lap`` scale 0.05, a ``(4, B)`` noise tensor, inverted
   labels. Here hard votes + ``Lap(1/lambda)`` (:func:`~lightning_fedkg.privacy.noisy_argmax`).
-* 4: the code's discriminators are three ``Dense`` layers without activations, i.e.
+* Discriminators: the code's are three ``Dense`` layers without activations, i.e.
   affine classifiers (a linear decision boundary). Here ``d -> hidden -> 1`` with
   LeakyReLU(0.2) (MUSE's discriminator nonlinearity), logits with BCE; ``hidden=1024``
   is the code's width.
-* 5: each batch of 32 cut into 4 contiguous slices of reals *and* fakes, one per teacher.
-  Here a seeded partition of the aligned rows
+* Teacher data: each batch of 32 cut into 4 contiguous slices of reals *and* fakes, one
+  per teacher. Here a seeded partition of the aligned rows
   (:func:`~lightning_fedkg.privacy.split_teacher_partitions`), fixed for the whole run.
-* 3 and §5.7: ``W`` Xavier-initialised, Adam lr 0.01. The paper only says ``G(x) = W x``
+* Generator: ``W`` Xavier-initialised, Adam lr 0.01. The paper only says ``G(x) = W x``
   is "MUSE-style", and MUSE initialises ``W`` to the identity. With the identity the first
   batch the host receives *is* ``X_batch`` (and stays close to it while ``W ≈ I``); with
   Xavier ``W`` is far from an isometry. Default ``init="orthogonal"``: a random orthogonal
   ``W`` (seeded, known only to the client), as well conditioned as the identity, so the
   host only ever sees ``X`` through a map it does not know. The final ``G(X)`` still
-  shows the host ``X``'s Gram matrix, as any near-isometric translation must (REFERENCE
-  §5.3: PATE protects the teachers' data, not the transmitted ``G(X)``).
+  shows the host ``X``'s Gram matrix, as any near-isometric translation must (PATE's
+  guarantee covers the teachers' training data, not the ``G(X)`` that is sent).
   ``init="identity"`` (MUSE) and ``"xavier"`` (code) are options; so is MUSE's
   orthogonalisation ``W <- (1 + beta) W - beta W W^T W`` after each step
   (``orthogonalize=beta``, default 0: neither the paper nor the code has it). Every net
   defaults to the paper's SGD, lr 0.02, momentum 0.9.
-* 9: the code runs one epoch with an early exit on a repeated loss; the paper trains
+* Epochs: the code runs one epoch with an early exit on a repeated loss; the paper trains
   "until converged" without a criterion. :func:`run_ppat` runs a fixed number of epochs
   (default 1, the code's; every epoch costs ``m`` PATE queries) and optionally stops
   before a batch whose worst-case charge would push ``epsilon`` past ``max_epsilon``.
@@ -105,7 +106,9 @@ epochs of 8 batches; small discriminators, ``hidden = 32``):
   "add_remove"``; the default replace-one doubles the noise for the same epsilon). Measured
   by ``python scripts/bench_ppat_synthetic.py --task clusters`` when add/remove was its default.
 * With the paper's ``lambda = 0.05`` and 4 teachers a label equals the teachers'
-  plurality with probability at most 0.55 (REFERENCE §5.3), and ``W`` does not move
+  plurality with probability at most 0.55 (a vote gap of at most 4
+  against two ``Lap(20)`` draws; :mod:`lightning_fedkg.privacy.accountant`), and ``W`` does
+  not move
   (``|change of cosine| <= 0.007``): the privacy noise drowns the signal.
 * The student sees only fakes. Once the teachers reject every fake (few rows per teacher
   to memorise, e.g. ``m = 64``, or a generator step too large) it only ever gets "fake"

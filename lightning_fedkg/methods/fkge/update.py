@@ -14,16 +14,17 @@ of the aligned entities, with the triples joining them). The host
 5. **backtracks**: the update is kept only if the evaluation score improved; otherwise the
    previous state is restored exactly (:func:`kgemb_update`).
 
-Paper vs. official code (docs/REFERENCE.md §5.4, made a parameter here):
+Paper vs. official code (``HKUST-KnowComp/FKGE``, made a parameter here):
 
 * ``mode="replace"`` (default, the paper): ``e_host[a] <- G(x_a)``;
-  ``mode="average"`` (the official code, §5.4 item 10): ``e_host[a] <- (e_host[a] + G(x_a)) / 2``.
+  ``mode="average"`` (the official code, Config.py ``make_embedding``):
+  ``e_host[a] <- (e_host[a] + G(x_a)) / 2``.
 * ``backtrack_on="valid"`` (default; the paper's "eval") compares validation MRR;
   ``backtrack_on="test"`` compares test MRR, as the official code selects on test accuracy
-  (§5.4 item 13; test-set model selection, use only to reproduce it).
-* The official code adds one fresh relation per partner for the virtual triples (§5.4
-  item 11): pass ``virtual_relations=1`` (an int asks for freshly initialised rows, a
-  tensor gives their values, e.g. translated joining relations).
+  (Config.py ``federated``; test-set model selection, use only to reproduce it).
+* The official code adds one fresh relation per partner for the virtual triples
+  (``OpenKE/benchmarks/change_graph.py``): pass ``virtual_relations=1`` (an int asks for
+  freshly initialised rows, a tensor gives their values, e.g. translated joining relations).
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def add_virtual_rows(
             TransD's ``entity_proj``, get fresh initial rows drawn with ``generator``).
         virtual_triples: ``LongTensor[t, 3]`` (head, relation, tail); entity ids ``>= N``
             name virtual entities, relation ids ``>= R`` name virtual relations.
-        mode: ``"replace"`` (paper) or ``"average"`` (official code, REFERENCE §5.4.10).
+        mode: ``"replace"`` (paper) or ``"average"`` (official code, Config.py
+            ``make_embedding``).
         virtual_relations: None, a count of fresh relation rows, or ``Tensor[r, d_r]``
             values for ``relation_emb`` (other ``relation_*`` tables get fresh rows).
         aligned_relation_ids, translated_relations: ``LongTensor[k_r]`` distinct host ids of
@@ -269,7 +271,7 @@ def kgemb_update(
     aligned_relation_ids: Tensor | None = None,
     translated_relations: Tensor | None = None,
 ) -> dict:
-    """One FKGE KGEmb-Update on the host with backtracking (paper §3.3, Alg. 1; REFERENCE §5.5).
+    """One FKGE KGEmb-Update on the host with backtracking (paper §3.3, Alg. 1).
 
     Snapshot ``module.state_dict()`` (and the persistent optimizer state, if any); add the
     virtual rows (:func:`add_virtual_rows`); train ``epochs`` epochs with a fresh
@@ -290,7 +292,8 @@ def kgemb_update(
         datamodule_kwargs: :class:`KGDataModule` arguments of the training (augmented)
             and, unless ``eval_datamodule`` is given, the evaluation datamodule.
         eval_datamodule: the host's own datamodule for scoring (must be for ``kg``).
-        backtrack_on: ``"valid"`` (default) or ``"test"`` (official code, §5.4.13).
+        backtrack_on: ``"valid"`` (default) or ``"test"`` (official code, Config.py
+            ``federated``).
         seed: seed of the augmented datamodule's sampler.
         aligned_relation_ids, translated_relations: see :func:`add_virtual_rows`.
 
