@@ -330,7 +330,7 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         chunk = self.hparams.eval_chunk_size or len(triples)
         model = self.evaluation_model()
         ranks = []
-        # bf16 autocast collapses distinct scores into ties (LIBRARIES §2d): rank in fp32.
+        # bf16 autocast collapses distinct scores into ties (8 mantissa bits): rank in fp32.
         with torch.autocast(device_type=self.device.type, enabled=False):
             for start in range(0, len(triples), chunk):
                 part = triples[start : start + chunk]
