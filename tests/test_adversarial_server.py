@@ -440,6 +440,7 @@ def _split_view_with_an_insider(run, told_alive, told_dropped):
     return st, b, s
 
 
+@pytest.mark.slow
 def test_with_active_a_colluding_client_needs_2t_above_n_plus_the_coalition(tmp_path, monkeypatch):
     """The bound of the signed survivor list, shown both ways. A coalition C signs any list,
     so two lists each signed by t clients exist when 2t <= n + |C|: at n = 3, t = 2 (allowed,

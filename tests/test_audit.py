@@ -94,6 +94,7 @@ def test_plain_uploads_leak_and_masked_hidden_ones_do_not(tmp_path, capsys):
     assert masked["aggregate"]["f1"] < plain["baseline"]["f1"] / 2
 
 
+@pytest.mark.slow
 def test_the_audit_needs_payloads_and_its_own_folder(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["fit", "-c", str(REPO / "configs" / "fede" / "umls_fede.yaml"), "--out", str(run),
@@ -127,6 +128,7 @@ def small_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("known", ["1.5", "0", "1", "-0.1"])
+@pytest.mark.slow
 def test_known_outside_zero_one_is_a_clean_error(small_run, tmp_path, capsys, known):
     """Reproduces a newcomer's finding: --known 1.5 was accepted (every training triple
     known, nothing left to guess); now exit 2 with the valid range, before any work."""

@@ -60,6 +60,7 @@ def one_line_error(capsys) -> str:
 
 
 @cuts
+@pytest.mark.slow
 def test_fit_on_truncated_last_checkpoint_says_what_to_delete(finished_run, tmp_path, capsys, cut):
     run, ckpt = damaged_copy(finished_run, tmp_path, "last.ckpt", cut)
     capsys.readouterr()
@@ -89,6 +90,7 @@ def test_test_command_on_truncated_checkpoint_is_an_error(finished_run, tmp_path
 
 
 @cuts
+@pytest.mark.slow
 def test_federated_fit_on_truncated_round_file_names_it_and_the_manifest_to_delete(
         finished_federated_run, tmp_path, capsys, cut):
     run, ckpt = damaged_copy(finished_federated_run, tmp_path, "client_1/round_0002.pt", cut)

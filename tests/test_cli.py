@@ -27,6 +27,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_fit_writes_run_directory_and_test_reproduces_it(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["fit", "-c", KGE_CONFIG, "--out", str(run), *TINY]) == 0
@@ -114,6 +115,7 @@ HEAVY = "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometri
     "args", [("--help",), ("--version",), ("fit", "--help"), ("fit",), ("fit", "-c", KGE_CONFIG, "model.dim=-5")],
     ids=["help", "version", "fit-help", "missing-config", "bad-value"],
 )
+@pytest.mark.slow
 def test_help_and_input_errors_do_not_import_torch(args):
     proc = run_fedkg(*args, code=HEAVY)
     assert proc.returncode in (0, 2), proc.stderr
@@ -129,6 +131,7 @@ def test_config_option_is_required(capsys):
     assert "needs -c CONFIG and --ckpt PATH, or --from RUN_DIR" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_test_from_a_finished_federated_run_reproduces_it_and_writes_nothing(tmp_path, capsys, one_thread):
     import hashlib
 

@@ -171,6 +171,7 @@ def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsy
     assert json.loads((run / "metrics.json").read_text())["rounds"] == stopped + 1
 
 
+@pytest.mark.slow
 def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
     # A process that runs our Flower code (here: building the ClientApp, as every simulation
     # and deployment process does), its stderr a pipe, then one of Flower's deprecation warnings.
@@ -186,6 +187,7 @@ def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
 
 @pytest.mark.parametrize("overrides", [["model.dimm=3"], ["model.name=rotate", "model.p_normm=1"]],
                          ids=["transe", "rotate"])
+@pytest.mark.slow
 def test_a_misspelled_model_key_of_a_builtin_model_is_reported_before_torch(overrides):
     # README's own example of a misspelled key: reported without importing torch (seconds).
     script = ("import sys\nfrom lightning_fedkg.cli import main\n"

@@ -173,6 +173,7 @@ def test_filtered_negatives_hand_case():
 @pytest.mark.parametrize("sampler,corruption,method", [("uniform", "tail", "index"), ("uniform", "both", "index"),
                                                        ("bernoulli", "tail", "index"), ("uniform", "both", "search"),
                                                        ("bernoulli", "tail", "search")])
+@pytest.mark.slow
 def test_filtered_negatives_are_never_train_triples(sampler, corruption, method):
     # Nations has 14 entities: many draws collide with true triples, and some queries
     # have a single valid negative (e.g. 13 true heads), hence the generous retry bound

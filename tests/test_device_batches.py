@@ -56,6 +56,7 @@ def counted(obj, name: str, counter: SyncCounter) -> None:
     ["train.fixed_negatives=true", "train.subsampling=true"],   # FedLU's parity sampling
 ], ids=["shared", "per_triple", "fixed_subsampled"])
 @pytest.mark.parametrize("strategy", ["fede", "fedlu"])
+@pytest.mark.slow
 def test_a_training_epoch_reads_nothing_back_per_step(strategy, overrides):
     cfg = load_config("configs/fede/umls_fede.yaml", [
         f"federated.strategy={strategy}", "model.dim=8", "train.batch_size=64", "train.num_negatives=16",
@@ -159,6 +160,7 @@ def test_cuda_epoch_runs_under_sync_debug_error():
 
 
 @pytest.mark.parametrize("strategy", ["fede", "fedlu"])
+@pytest.mark.slow
 def test_several_batches_per_step_give_the_same_updates(strategy):
     """``train.batches_per_step`` only changes how batches are handed to the module: after
     two epochs the weights equal those of one batch per step, bit for bit."""

@@ -96,6 +96,7 @@ def test_without_noise_the_upload_is_the_download_plus_the_clipped_update(monkey
         assert float(norms.min()) < clip
 
 
+@pytest.mark.slow
 def test_epsilon_per_client_in_metrics_and_tensorboard(tmp_path):
     cfg = dp_config(federated__dp__epsilon=4.0, federated__eval_every=1)
     metrics = run_federated(cfg, tmp_path / "run")

@@ -43,6 +43,7 @@ def test_replace_one_doubles_the_sensitivity():
     assert noise_multiplier(cfg, 3) == pytest.approx(replace, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_public_selection_buys_no_amplification():
     """Finding 5: ``select_clients`` is seeded from ``cfg.seed``, so the server (and anyone with
     config.yaml) knows each sample. Before the fix a client of a fraction = 0.4 run reported

@@ -28,6 +28,7 @@ def write_clients(root: Path) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["fede", "single"])
+@pytest.mark.slow
 def test_federated_run_with_an_empty_valid_split(tmp_path, strategy, one_thread):
     from lightning_fedkg.federated.orchestrator import run_federated
 

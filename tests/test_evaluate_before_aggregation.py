@@ -137,6 +137,7 @@ def read_log(run_dir):
     return [json.loads(line) for line in (run_dir / "channel_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_no_rows_cross_for_evaluation_before_aggregation(runs):
     # The evaluation request still crosses (it names the split) but carries no array.
     eval_names = {"eval_download", "test_download"}
@@ -149,6 +150,7 @@ def test_no_rows_cross_for_evaluation_before_aggregation(runs):
     assert runs["aggregated"][0]["bytes_sent"] - runs["before_aggregation"][0]["bytes_sent"] == saved
 
 
+@pytest.mark.slow
 def test_the_best_state_is_tested_as_it_was_validated(runs):
     metrics, run_dir, fits = runs["before_aggregation"]
     best = metrics["best_round"]
@@ -199,6 +201,7 @@ def test_a_centralised_reference_refuses_before_aggregation():
         FederatedRun(tiny_config("before_aggregation", **{"federated.strategy": "entire"}), run_dir=None)
 
 
+@pytest.mark.slow
 def test_fedlu_avatar_eval_before_aggregation_is_the_same_behaviour(tmp_path):
     # FedLU downloads only the avatar: its own option and the core one evaluate the same states.
     common = {"federated.strategy": "fedlu", "model.dim": 8, "train.loss": "uniform"}

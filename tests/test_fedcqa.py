@@ -231,6 +231,7 @@ def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
     run.close()
 
 
+@pytest.mark.slow
 def test_data_stats_of_a_query_config_counts_each_set(tmp_path, capsys):
     from lightning_fedkg.cli import main
     from lightning_fedkg.data.query_sets import federated_query_sets, query_stats

@@ -68,6 +68,7 @@ def shared(party) -> dict[str, torch.Tensor]:
     return {f"{g}/{n}": t.detach().clone() for g in ("entity", "operators") for n, t in groups[g].tensors.items()}
 
 
+@pytest.mark.slow
 def test_paper_secret_trains_as_plain_averaging(cache, monkeypatch):
     """The paper's masking against plain averaging of FedCQA's groups (a plain
     HolderMeanServer), same seed, two of three clients per round (so contributor sets
@@ -147,6 +148,7 @@ def test_the_server_receives_and_holds_masked_rows_only(cache, tmp_path):
     run.close()
 
 
+@pytest.mark.slow
 def test_one_colluding_client_unmasks_everyone_but_not_under_secure_aggregation(cache, tmp_path):
     """The server, given the federation key by one client, recomputes every client's mask from
     the digests it got at alignment and reads every upload in clear; under secure
@@ -188,6 +190,7 @@ def test_one_colluding_client_unmasks_everyone_but_not_under_secure_aggregation(
     secure.close()
 
 
+@pytest.mark.slow
 def test_paper_secret_config_errors(cache):
     with pytest.raises(ConfigError, match="secure_aggregation.enabled=false"):
         FederatedRun(paper(cache, federated__secure_aggregation__enabled="true"), None)

@@ -120,6 +120,7 @@ def test_two_rounds_on_umls_move_only_entity_rows(tmp_path, one_thread):
     assert any(r["shapes"] for r in records if r["round"] >= 1)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_previous_rows(tmp_path, one_thread):
     straight = run_federated(load_config(None, FEDEC), tmp_path / "straight")
     run_federated(load_config(None, FEDEC + ["federated.rounds=1"]), tmp_path / "resumed")
@@ -127,6 +128,7 @@ def test_a_resumed_run_keeps_the_previous_rows(tmp_path, one_thread):
     assert resumed["test"] == straight["test"] and resumed["clients"] == straight["clients"]
 
 
+@pytest.mark.slow
 def test_fedec_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
     fede = run_federated(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
     fedec = run_federated(load_config(None, FEDEC + ["federated.fedec.mu=0"]), tmp_path / "fedec")
@@ -134,6 +136,7 @@ def test_fedec_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
     assert fedec["bytes_sent"] == fede["bytes_sent"]
 
 
+@pytest.mark.slow
 def test_fedec_with_mu_positive_differs_from_fede(tmp_path, one_thread):
     fede = run_federated(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
     fedec = run_federated(load_config(None, FEDEC + ["federated.fedec.mu=1.0"]), tmp_path / "fedec")
@@ -221,6 +224,7 @@ def record_terms(run) -> dict[str, list[torch.Tensor]]:
     return values
 
 
+@pytest.mark.slow
 def test_a_run_resumed_into_a_fresh_federation_computes_the_same_contrastive_terms(one_thread):
     import io
 

@@ -270,6 +270,7 @@ def test_fb15k237_fed3_matches_its_stats(one_thread):
 
 
 @needs_shared
+@pytest.mark.slow
 def test_fedlu_r10_loads_with_unlearn(one_thread):
     fed = load_fedlu_folder(SHARED_DATA / "FB15k-237-R10")
     assert fed.num_clients == 10

@@ -150,6 +150,7 @@ def test_the_always_schedule_distils_from_the_start():
 
 
 # ---------------------------------------------------------------------- the strategy
+@pytest.mark.slow
 def test_fedlu_run_reports_local_and_global_results_and_only_avatars_cross(tmp_path, one_thread):
     cfg = load_config(None, BASE + ["federated.rounds=3", "federated.record_payloads=true",
                                     "federated.fedlu.schedule=always"])

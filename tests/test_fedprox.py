@@ -1,5 +1,6 @@
 """FedProx: FedE's server, a proximal term ``mu/2 ‖E − E_global‖²_F`` in every local fit."""
 
+import pytest
 import torch
 
 from lightning_fedkg.config import load_config
@@ -11,6 +12,7 @@ BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negativ
         "federated.rounds=2", "federated.eval_every=1"]
 
 
+@pytest.mark.slow
 def test_fedprox_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
     fede = run_federated(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
     prox = run_federated(load_config(None, BASE + ["federated.strategy=fedprox", "federated.fedprox.mu=0"]),

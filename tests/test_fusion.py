@@ -225,6 +225,7 @@ def test_evaluate_fusion_reproduces_each_model_with_unit_weights():
 # --------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_fit_fusion_learns_to_trust_the_perfect_model():
     # Enough validation triples that the noise model's finite-sample correlation with the
     # labels is small; the margin (10) forces the weight on the perfect 0/1 scores above ~10.

@@ -81,6 +81,7 @@ def test_metrics_hold_the_fusion_block_with_triple_weighted_averages(fused):
     assert (run_dir / SINGLE_DIR / CHECKPOINT_DIR / "best.json").is_file()
 
 
+@pytest.mark.slow
 def test_fusion_inputs_are_the_tested_fede_and_single_models(fused):
     # The run evaluates with eval_sides=tail and the same ties and batch size as fusion, so
     # the fusion block's inputs must reproduce, per client, what the FedE run and its Single

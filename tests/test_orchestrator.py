@@ -76,6 +76,7 @@ def test_fede_beats_single_on_weighted_test_mrr(runs):
     assert fede["test"]["mrr"] > single["test"]["mrr"] + 0.03
 
 
+@pytest.mark.slow
 def test_metrics_file_matches_return_value_and_is_triple_weighted(runs):
     metrics, run_dir = runs["fede"]
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics
@@ -160,6 +161,7 @@ def test_fedr_channel_carries_only_relation_rows(tmp_path, single_threaded):
     assert metrics["bytes_sent"] == (2 * 2 + 2) * sum(m) * DIM * 4
 
 
+@pytest.mark.slow
 def test_entire_trains_one_model_and_evaluates_client_views(tmp_path, single_threaded):
     cfg = umls_config("entire", **{"federated.rounds": 2, "federated.eval_every": 2})
     run = FederatedRun(cfg, run_dir=None)

@@ -12,6 +12,7 @@ from lightning_fedkg.data import BUNDLED_DATASETS
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_wheel_contains_bundled_datasets(tmp_path):
     pytest.importorskip("setuptools")
     result = subprocess.run(

@@ -48,6 +48,7 @@ def test_a_handshake_leaves_both_peers_equal_on_shared_rows_and_no_server_exists
     assert all(not any(k.startswith("relation_") for k in r.shapes) for r in records)
 
 
+@pytest.mark.slow
 def test_fit_runs_a_peer_method_and_a_larger_budget_resumes_to_the_uninterrupted_result(tmp_path, one_thread):
     straight, staged = tmp_path / "straight", tmp_path / "staged"
     assert main(["fit", "-c", str(write_config(tmp_path, 9)), "--out", str(straight)]) == 0

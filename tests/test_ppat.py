@@ -193,6 +193,7 @@ def _rotation_run(seed: int, lam: float, epochs: int = 18) -> tuple[float, float
 
 
 @pytest.mark.parametrize("seed", range(5))
+@pytest.mark.slow
 def test_ppat_moves_w_toward_the_clouds_mean_direction(seed):
     """Mean cosine between W x_i and y_i after 18 epochs (144 batches of 32) with nearly
     noiseless labels (lambda = 100). What this shows is only that W follows the cloud's

@@ -63,6 +63,7 @@ def storages(tensors) -> set[int]:
 
 
 # ---------------------------------------------------------------- a, e: a plugin through `fedkg fit`
+@pytest.mark.slow
 def test_plugin_strategy_from_tests_shares_only_the_declared_entity_table(tmp_path, monkeypatch):
     # tests/ has no __init__.py: it is a namespace package, importable from the repository
     # root. Put the root on sys.path explicitly (plain `pytest` does not, `python -m` does).
@@ -180,6 +181,7 @@ def test_client_halves_run_on_decoded_copies():
 PROTOCOL_TOKENS = (b"entity_digests", b"relation_digests", b"entity_emb", b'\\"entity\\"', b'\\"groups\\"')
 
 
+@pytest.mark.slow
 def test_alignment_records_carry_digests_and_no_name(tmp_path):
     run_dir = tmp_path / "run"
     metrics = run_federated(umls_config(federated__record_payloads=True), run_dir)
@@ -281,6 +283,7 @@ def test_too_few_clients_fail_the_round_after_the_retries():
     assert run.last_round == 0
 
 
+@pytest.mark.slow
 def test_parties_with_different_models_share_the_tensors_they_have_in_common(tmp_path, one_thread):
     from lightning_fedkg.config import load_config as _load
     from lightning_fedkg.federated.orchestrator import run_federated as _run

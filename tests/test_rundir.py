@@ -61,6 +61,7 @@ def fake_federated_run(run_dir: Path) -> None:
         (run_dir / "metrics.json").write_text('{"test": {"mrr": 0.5}}')
 
 
+@pytest.mark.slow
 def test_rejected_single_kg_fit_leaves_every_file_byte_identical(tmp_path, capsys):
     run = tmp_path / "run"
     tiny = ["model.dim=8", "train.max_epochs=2", "train.eval_every=1", "train.num_negatives=8",
@@ -188,6 +189,7 @@ def test_any_run_output_keeps_the_saved_settings(tmp_path, output):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_corrected_fit_runs_where_a_start_failed_on_bad_data(tmp_path, capsys, caplog):
     bad = tmp_path / "kg"
     bad.mkdir()

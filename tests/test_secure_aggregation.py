@@ -115,6 +115,7 @@ def holder_mean_of(run, seen, round, before, tensor, clients):
     ("fedlu", "avatar_entity_emb", {"federated__secure_aggregation__active": True,
                                      "federated__secure_aggregation__mode": "dense"}),
 ], ids=["fede", "fede_dense", "fedr", "fedlu", "fedec", "fede_active", "fedlu_dense_active"])
+@pytest.mark.slow
 def test_the_masked_aggregate_is_the_plain_holder_mean(monkeypatch, strategy, tensor, extra):
     seen = spy_plaintext(monkeypatch)
     run = FederatedRun(secure(federated__strategy=strategy, **extra), run_dir=None)
@@ -187,6 +188,7 @@ def drop(run, name, stage, times=None):
 
 
 @pytest.mark.parametrize("stage", ["train", "sa_keys", "sa_shares"])
+@pytest.mark.slow
 def test_a_client_that_drops_is_left_out_and_the_round_completes(monkeypatch, stage):
     seen = spy_plaintext(monkeypatch)
     run = FederatedRun(secure(), run_dir=None)
@@ -348,6 +350,7 @@ def test_secure_aggregation_settings_are_checked():
         peer_strategy(secure(federated__strategy="fkge"))
 
 
+@pytest.mark.slow
 def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
     plain = run_federated(umls_config(federated__eval_every=2), tmp_path / "plain")
     masked = run_federated(secure(federated__eval_every=2), tmp_path / "secure")
@@ -358,6 +361,7 @@ def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
     assert "sa_check" not in names
 
 
+@pytest.mark.slow
 def test_an_active_run_adds_the_signed_survivor_check_and_learns_the_same(tmp_path):
     """``active``: the same aggregate (same mrr as the default mode, a fixed-point mean
     either way), one more exchange (``sa_check``) between the upload and the unmasking."""

@@ -253,6 +253,7 @@ def test_unlearning_forgets_keeps_the_rest_and_leaves_the_source_alone(source_ru
     assert (out / "phases" / "unlearn.json").is_file() and (out / "retrain" / "run" / "metrics.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_fede_run_can_be_unlearned_too(tmp_path, one_thread):
     source = tmp_path / "fede"
     fede = [s for s in SOURCE if not s.startswith("federated.fedlu")]
@@ -264,6 +265,7 @@ def test_a_fede_run_can_be_unlearned_too(tmp_path, one_thread):
     assert metrics["after"]["forget"]["mrr"] < metrics["before"]["forget"]["mrr"]
 
 
+@pytest.mark.slow
 def test_unlearn_refuses_a_config_of_another_run_and_writing_into_the_source(source_run, tmp_path):
     with pytest.raises(ConfigError, match="model.dim"):
         run_unlearn(load_config(None, SOURCE + ["model.dim=8"]), source_run, tmp_path / "x")
@@ -278,6 +280,7 @@ def test_nothing_to_forget_is_a_clear_error(source_run, tmp_path):
         run_unlearn(load_config(None, SOURCE + ["unlearn.forget=file"]), source_run, tmp_path / "x")
 
 
+@pytest.mark.slow
 def test_fedkg_unlearn_command(source_run, tmp_path, capsys):
     out = tmp_path / "cli"
     code = main(["unlearn", "--from", str(source_run), "--out", str(out), "unlearn.forget=sample",
@@ -290,6 +293,7 @@ def test_fedkg_unlearn_command(source_run, tmp_path, capsys):
     assert set(metrics["mia_auc"]) == {"before", "after"} and metrics["forget"]["mode"] == "sample"
 
 
+@pytest.mark.slow
 def test_the_unlearned_model_is_a_run_that_fedkg_test_reads(source_run, tmp_path, capsys):
     out = tmp_path / "unlearned"
     metrics = run_unlearn(load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.retrain=false",
