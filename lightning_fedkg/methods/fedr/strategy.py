@@ -7,8 +7,8 @@ with the engine of FedE (:class:`~.fede.HolderMeanServer`) over the module's
 ``"relation"`` group; **entity embeddings never leave a client**.
 
 Relation alignment uses keyed hashes (round 0, :mod:`..alignment`) where FedR prescribes a
-Private Set Union; the uploads are in clear where FedR prescribes Secure Aggregation (a
-later masked-upload stage).
+Private Set Union; the uploads are in clear unless ``federated.secure_aggregation`` is on
+(FedR prescribes secure aggregation; :mod:`lightning_fedkg.federated.secure` masks them).
 
 On relation-partitioned benchmarks (FedE's Fed-k, FedLU's R-k/C-k, FedCQA splits) the
 clients' relation sets are **disjoint**, so every relation has exactly one holder, the
