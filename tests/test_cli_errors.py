@@ -173,6 +173,7 @@ def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsy
 
 @pytest.mark.slow
 def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
+    pytest.importorskip("flwr")  # the flower extra (a fresh clone's [test] has none)
     # A process that runs our Flower code (here: building the ClientApp, as every simulation
     # and deployment process does), its stderr a pipe, then one of Flower's deprecation warnings.
     script = ("from lightning_fedkg.flower.client import make_client_app\n"
