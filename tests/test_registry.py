@@ -51,3 +51,13 @@ def test_double_registration_of_another_class_is_refused():
     reg.add("x", Plugin)
     with pytest.raises(RegistryError, match="already registered"):
         reg.add("x", Base)
+
+
+def test_ray_and_flower_are_engines_registered_alike():
+    """``federated.engine`` other than local is always an ENGINES entry point (Ray used to be
+    an if-chain in run_federated while Flower came through the registry)."""
+    from lightning_fedkg.registry import ENGINES
+
+    assert {"ray", "flower"} <= set(ENGINES)
+    assert ENGINES.get("ray").__name__ == "RayEntry" and ENGINES.get("flower").__name__ == "FlowerEngine"
+    assert callable(ENGINES.get("ray").run) and callable(ENGINES.get("flower").run)

@@ -606,12 +606,12 @@ class RoundEngine(Engine):
 def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run the federated experiment ``cfg`` in ``run_dir``; resume it from its last committed round.
 
-    A peer-to-peer strategy runs on :class:`~.peer.EventEngine` (or, with
-    ``federated.engine=ray``, :class:`~.peer_ray.RayEngine`); any other in rounds
-    (:class:`RoundEngine`), all through the one skeleton :func:`~.runner.run_engine`. Another
-    ``federated.engine`` (``flower``) is an engine registered under that name
-    (:data:`~lightning_fedkg.registry.ENGINES`), which runs the same :class:`RoundEngine`
-    with its clients elsewhere (a :class:`~.clients.ClientPool` of its own).
+    With ``federated.engine=local`` a peer-to-peer strategy runs on :class:`~.peer.EventEngine`,
+    any other in rounds (:class:`RoundEngine`), both through the one skeleton
+    :func:`~.runner.run_engine`. Any other ``federated.engine`` is the entry registered under
+    that name (:data:`~lightning_fedkg.registry.ENGINES`): ``ray`` runs a peer-to-peer
+    strategy on :class:`~.peer_ray.RayEngine`, ``flower`` the same :class:`RoundEngine` with
+    its clients elsewhere (a :class:`~.clients.ClientPool` of its own).
 
     Writes per-party checkpoints every round (``checkpoints/``), the best validation state,
     TensorBoard sub-runs ``tb/<party>`` with the round as step, ``channel_log.jsonl`` as
@@ -632,23 +632,14 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     from lightning_fedkg.federated.peer import EventEngine, is_peer_strategy
 
     fc = cfg.federated
-    if is_peer_strategy(fc.strategy):
-        if fc.engine == "ray":
-            from lightning_fedkg.federated.peer_ray import RayEngine
-
-            return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)
-        if fc.engine != "local":
-            raise ConfigError(f"federated.engine={fc.engine} runs server-client strategies; the peer-to-peer "
-                              f"{fc.strategy!r} runs on federated.engine=local or ray")
-        return run_engine(cfg, run_dir, EventEngine, EventEngine.version, resume)
-    if fc.engine == "ray":
-        raise ConfigError(f"federated.engine=ray runs peer-to-peer strategies only; "
-                          f"{fc.strategy!r} runs in rounds (federated.engine=local or flower)")
     if fc.engine != "local":
-        # An engine of its own package (Flower: lightning_fedkg.flower), found by entry point.
+        # An engine of its own package (Ray: federated/peer_ray.py; Flower: lightning_fedkg.flower),
+        # found by entry point; each refuses the strategies it does not run.
         from lightning_fedkg.registry import ENGINES
 
         return ENGINES.get(fc.engine).run(cfg, run_dir, resume)
+    if is_peer_strategy(fc.strategy):
+        return run_engine(cfg, run_dir, EventEngine, EventEngine.version, resume)
     return run_engine(cfg, run_dir, RoundEngine, RoundEngine.version, resume)
 
 

@@ -350,3 +350,17 @@ def run_peer_to_peer_ray(cfg: ExperimentConfig, run_dir: str | Path, resume: boo
     """
     import_ray()  # before anything is written
     return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)
+
+
+class RayEntry:
+    """The ``ray`` entry of :data:`~lightning_fedkg.registry.ENGINES` (``federated.engine=ray``):
+    a peer-to-peer strategy on :class:`RayEngine`, through the one run skeleton."""
+
+    @staticmethod
+    def run(cfg: ExperimentConfig, run_dir, resume: bool = True) -> dict:
+        from lightning_fedkg.federated.peer import is_peer_strategy
+
+        if not is_peer_strategy(cfg.federated.strategy):
+            raise ConfigError(f"federated.engine=ray runs peer-to-peer strategies only; "
+                              f"{cfg.federated.strategy!r} runs in rounds (federated.engine=local or flower)")
+        return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)

@@ -203,6 +203,11 @@ class FlowerEngine:
     def run(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
         # The config is checked before Flower is looked for: a wrong setting is reported as
         # such whether or not the extra is installed.
+        from lightning_fedkg.federated.peer import is_peer_strategy
+
+        if is_peer_strategy(cfg.federated.strategy):
+            raise ConfigError(f"federated.engine=flower runs server-client strategies; the peer-to-peer "
+                              f"{cfg.federated.strategy!r} runs on federated.engine=local or ray")
         check_flower_config(cfg)
         if cfg.federated.flower.mode == "deployment":
             raise ConfigError("federated.flower.mode=deployment runs on a SuperLink and SuperNodes: start them and "
