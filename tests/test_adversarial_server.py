@@ -132,13 +132,13 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     the victim's s shares."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, provision_identities, write_key_file
+    from lightning_fedkg.flower.engine import client_config_text, provision_beside_key, write_key_file
 
     seen = spy_plaintext(monkeypatch)
     cfg = secure()
     run = FederatedRun(cfg, run_dir=None)
     key = write_key_file("secret", tmp_path / "key")
-    provision_identities(cfg, key, write_client_folders(cfg, tmp_path / "data"))
+    provision_beside_key(cfg, key, write_client_folders(cfg, tmp_path / "data"))
     runtimes, digests, after_train = {}, {}, {}
     for folder in write_client_folders(cfg, tmp_path / "data"):
         client = ClientRuntime(folder, key, tmp_path / "work", "run1")
@@ -229,9 +229,9 @@ def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
     folders = write_client_folders(registered_cfg, tmp_path / "data")
     key = write_key_file("secret", tmp_path / "org" / "federation.key")
     if roster_cfg is not None:
-        from lightning_fedkg.flower.engine import provision_identities
+        from lightning_fedkg.flower.engine import provision_beside_key
 
-        provision_identities(roster_cfg, key, folders)
+        provision_beside_key(roster_cfg, key, folders)
     client = ClientRuntime(folders[0], key, tmp_path / "work", "run1")
     answer, _ = client.handle({"kind": "hello", "config": client_config_text(registered_cfg)}, b"")
     return client, answer["digest"]
@@ -253,6 +253,15 @@ def test_a_flower_client_checks_the_threshold_against_its_roster_not_the_registr
         _ask_keys(client, digest, 2)
     answer, reply = _ask_keys(client, digest, 3)  # the agreed t is answered
     assert set(decode(reply).arrays) == {"c_pk", "s_pk"}
+
+
+def test_a_flower_client_with_a_roster_refuses_a_config_that_turns_secure_aggregation_off(tmp_path):
+    """Attack (Flower): the clients were provisioned for secure aggregation, and the server
+    registers them with a config that has it off, so that they upload in clear. Before the
+    fix the client took the server's config as it came; the roster now pins it on."""
+    client, digest = _registered_runtime(tmp_path, umls_config(), secure())
+    with pytest.raises(ConfigError, match="turns it off"):
+        _ask_keys(client, digest, 2)
 
 
 def test_a_flower_client_without_a_roster_refuses_secure_aggregation(tmp_path):
@@ -594,3 +603,13 @@ def test_active_defaults_to_a_two_thirds_threshold():
         assert sa.check_secure_config(secure(data__num_clients=n), FedE) == plain
         assert sa.check_secure_config(secure(data__num_clients=n, federated__secure_aggregation__active=True),
                                       FedE) == active
+
+
+def test_hide_aggregate_refuses_more_clients_than_its_holder_mask_holds():
+    """Each row's holders travel as a bit mask in one int64: 64 clients would overflow it."""
+    from lightning_fedkg.methods.fede import FedE
+
+    hidden = {"federated__secure_aggregation__hide_aggregate": True, "federated__federation_key": "k"}
+    assert sa.check_secure_config(secure(data__num_clients=63, **hidden), FedE) == 32
+    with pytest.raises(ConfigError, match="at most 63 clients"):
+        sa.check_secure_config(secure(data__num_clients=64, **hidden), FedE)

@@ -128,12 +128,19 @@ class ClientRuntime:
         self._timed("build", start)
 
     def check_roster(self, cfg) -> None:
-        """Refuse secure aggregation without a roster beside the key file: the config came
+        """Refuse secure aggregation without a roster beside the key file (the config came
         from the server at registration, so its threshold is the server's word; the roster's
-        is the clients' own (:class:`~lightning_fedkg.federated.secure.SecureClient` uses it)."""
+        is the clients' own, :class:`~lightning_fedkg.federated.secure.SecureClient` uses it),
+        and a config without secure aggregation where a roster was provisioned."""
         from lightning_fedkg.config import ConfigError
         from lightning_fedkg.federated.identities import ROSTER, has_roster
 
+        # The roster pins secure aggregation on: a server must not switch it off in the
+        # config it sends (the uploads would then cross in clear).
+        if has_roster(self.identities) and not cfg.federated.secure_aggregation.enabled:
+            raise ConfigError(f"{self.name}: {self.identities / ROSTER} was provisioned for secure aggregation, but "
+                              "the run's config (sent by the server at registration) turns it off; refusing to "
+                              "upload in clear")
         if cfg.federated.secure_aggregation.enabled and not has_roster(self.identities):
             raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no "
                               f"{self.identities / ROSTER} beside this client's key file; the threshold it checks "

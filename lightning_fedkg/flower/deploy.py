@@ -327,7 +327,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     import json
 
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import check_flower_config, client_config_text, provision_identities, require
+    from lightning_fedkg.flower.engine import check_flower_config, client_config_text, provision_beside_key, require
 
     require()
     check_flower_config(cfg)
@@ -336,7 +336,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
     key = key_for(cfg, folder, key_file)
-    provision_identities(cfg, key, data)
+    provision_beside_key(cfg, key, data)
     app = write_app_project(folder / "app")
     (run_dir / "metrics.json").unlink(missing_ok=True)
     with Deployment(folder, port, tls) as d:

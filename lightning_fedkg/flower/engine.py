@@ -28,7 +28,7 @@ from lightning_fedkg.federated.orchestrator import RoundEngine
 from lightning_fedkg.federated.runner import run_engine
 
 __all__ = ["FlowerEngine", "FlowerRoundEngine", "FlowerNotInstalledError", "require", "serve", "run_identity",
-           "client_config_text", "write_key_file", "provision_identities", "simulate"]
+           "client_config_text", "write_key_file", "provision_beside_key", "simulate"]
 
 
 class FlowerNotInstalledError(ConfigError, ImportError):
@@ -93,7 +93,7 @@ def write_key_file(secret: str, path: str | Path) -> Path:
     return path
 
 
-def provision_identities(cfg: ExperimentConfig, key_file: str | Path, data: list[Path]) -> None:
+def provision_beside_key(cfg: ExperimentConfig, key_file: str | Path, data: list[Path]) -> None:
     """With secure aggregation, the clients' identities and roster (:mod:`~lightning_fedkg.federated.identities`)
     beside ``key_file``, where each :class:`~.client.ClientRuntime` reads them: written once
     for the clients of the data folders ``data``, reused afterwards. On one machine this
@@ -127,7 +127,7 @@ def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) ->
     # In simulation the secret comes from the config (or the seed, as in-process); the
     # clients still read it from a file only they are given.
     key_file = str(write_key_file(federation_secret(cfg.federated.federation_key, cfg.seed), folder / "federation.key"))
-    provision_identities(cfg, key_file, data)
+    provision_beside_key(cfg, key_file, data)
     work = str(folder / "clients")
     outcome: dict = {}
 
