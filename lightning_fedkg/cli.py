@@ -373,7 +373,7 @@ def _print_clients(fkg) -> None:
 def _query_stats(config: str, overrides: list[str]) -> int:
     """The query sets of a query-answering config (FedCQA's Tables 1–2): per client its
     graph, per set and split the queries of each type and their mean number of hard answers."""
-    from lightning_fedkg.data.query_sets import federated_query_sets, query_stats
+    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets, query_stats
     from lightning_fedkg.federated.party import load_federated_kg
     from lightning_fedkg.methods.fedcqa.config import cache_dir, query_settings
 

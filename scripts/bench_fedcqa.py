@@ -124,7 +124,7 @@ class PlainFedCQA(CQAFedE):
 
 
 def speed(args) -> None:
-    from lightning_fedkg.data.query_sets import graph_query_sets
+    from lightning_fedkg.methods.fedcqa.query_sets import graph_query_sets
     from lightning_fedkg.federated.party import load_federated_kg
     from lightning_fedkg.methods.fedcqa.config import query_settings
 

@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from lightning_fedkg.data import load_federated  # noqa: E402
-from lightning_fedkg.data.query_sets import QuerySettings, federated_query_sets  # noqa: E402
+from lightning_fedkg.methods.fedcqa.query_sets import QuerySettings, federated_query_sets  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -135,7 +135,7 @@ DEFAULT_CONFIG = REPO / "configs" / "fedcqa" / "umls_fedcqa_gqe.yaml"
 
 def query_string(structure, row: list[int], rel_map, ent_map) -> str:
     """One of our query rows (depth-first slots) in the original's prefix grammar."""
-    from lightning_fedkg.data.queries import E, U, is_branch, is_union
+    from lightning_fedkg.methods.fedcqa.queries import E, U, is_branch, is_union
 
     pos = 0
 
@@ -165,7 +165,7 @@ def query_string(structure, row: list[int], rel_map, ent_map) -> str:
 
 def query_dict(qs, split: str, ent_map, rel_map) -> dict:
     """``{query string: answers}`` of one :class:`QuerySet` in the original's format."""
-    from lightning_fedkg.data.queries import STRUCTURES
+    from lightning_fedkg.methods.fedcqa.queries import STRUCTURES
 
     structure = STRUCTURES[qs.structure]
     out = {}
@@ -572,7 +572,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.data.query_sets import federated_query_sets
+    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets
     from lightning_fedkg.federated.party import load_federated_kg
     from lightning_fedkg.methods.fedcqa.config import query_settings
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.data.queries import STRUCTURES, num_slots
-from lightning_fedkg.data.query_sets import cross_query_sets
+from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, num_slots
+from lightning_fedkg.methods.fedcqa.query_sets import cross_query_sets
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
 from lightning_fedkg.methods.fedcqa.config import query_settings
 from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
-from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM, run_plan
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM, run_plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "fedcqa"
 
@@ -203,7 +203,7 @@ def test_parse_query_knows_every_structure_and_says_where_a_query_breaks():
 
 @pytest.mark.slow
 def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
-    from lightning_fedkg.data.queries import anchors_and_relations
+    from lightning_fedkg.methods.fedcqa.queries import anchors_and_relations
     from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
 
     cfg = cqa_config(tmp_path, federated__strategy="entire", federated__rounds=1)
@@ -234,7 +234,7 @@ def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
 @pytest.mark.slow
 def test_data_stats_of_a_query_config_counts_each_set(tmp_path, capsys):
     from lightning_fedkg.cli import main
-    from lightning_fedkg.data.query_sets import federated_query_sets, query_stats
+    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets, query_stats
     from lightning_fedkg.federated.party import load_federated_kg
 
     overrides = [f"task.cache_dir={tmp_path}", "task.train_per_type=60", "task.eval_per_type=30",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_fedkg.data import load_kg
-from lightning_fedkg.data.queries import (
+from lightning_fedkg.methods.fedcqa.queries import (
     STRUCTURES,
     QueryGraph,
     anchors_and_relations,
@@ -116,7 +116,7 @@ def test_valid_and_test_sets_split_answers_into_easy_and_hard(name):
         torch.cat([kg.triples("train"), kg.triples("valid"), kg.triples("test")])))
     edges = [edges_with_inverses(g) for g in (kg.triples("train"), torch.cat([kg.triples("train"), kg.triples("valid")]),
                                                 torch.cat([kg.triples("train"), kg.triples("valid"), kg.triples("test")]))]
-    from lightning_fedkg.data.queries import build_query_set
+    from lightning_fedkg.methods.fedcqa.queries import build_query_set
 
     for split, (on, easy_on) in (("train", (0, None)), ("valid", (1, 0)), ("test", (2, 1))):
         qs = build_query_set(name, graphs, split, 30, torch.Generator().manual_seed(0))
@@ -131,7 +131,7 @@ def test_valid_and_test_sets_split_answers_into_easy_and_hard(name):
 @pytest.mark.parametrize("name", ["2p", "pi", "up"])
 def test_cross_graph_queries_span_two_clients_and_are_answered_on_the_union(name):
     from lightning_fedkg.data import load_federated
-    from lightning_fedkg.data.queries import build_query_set, relation_owners, spans_owners, union_split_graphs
+    from lightning_fedkg.methods.fedcqa.queries import build_query_set, relation_owners, spans_owners, union_split_graphs
 
     fkg = load_federated("umls", num_clients=3, seed=12345, partition="relation")
     owners = relation_owners(fkg)
@@ -159,8 +159,8 @@ def test_cross_graph_queries_span_two_clients_and_are_answered_on_the_union(name
 
 def test_federated_query_sets_are_cached_by_content(tmp_path, monkeypatch):
     from lightning_fedkg.data import load_federated
-    from lightning_fedkg.data import query_sets
-    from lightning_fedkg.data.query_sets import QuerySettings, federated_query_sets
+    from lightning_fedkg.methods.fedcqa import query_sets
+    from lightning_fedkg.methods.fedcqa.query_sets import QuerySettings, federated_query_sets
 
     fkg = load_federated("umls", num_clients=3, seed=12345, partition="relation")
     settings = QuerySettings(types=("1p", "2p", "ip"), train_types=("1p", "2p"), train_per_type=90, eval_per_type=30,
@@ -190,7 +190,7 @@ def test_federated_query_sets_are_cached_by_content(tmp_path, monkeypatch):
 
 
 def test_1p_sets_enumerate_every_anchor_relation_pair(nations):
-    from lightning_fedkg.data.queries import build_query_set
+    from lightning_fedkg.methods.fedcqa.queries import build_query_set
 
     kg, triples, graph = nations
     graphs = (graph, graph, graph)

@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from lightning_fedkg.data.queries import STRUCTURES, num_slots
-from lightning_fedkg.evaluation.query_ranking import filtered_ranks, per_query_metrics
-from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM, dnf
+from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, num_slots
+from lightning_fedkg.methods.fedcqa.ranking import filtered_ranks, per_query_metrics
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM, dnf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,8 +82,8 @@ def test_encoders_learn_to_answer_queries_on_umls(encoder, loss, options):
     from torch.utils.data import DataLoader
 
     from lightning_fedkg.data import load_kg
-    from lightning_fedkg.data.queries import build_query_set, split_graphs
-    from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
+    from lightning_fedkg.methods.fedcqa.queries import build_query_set, split_graphs
+    from lightning_fedkg.methods.fedcqa.module import QueryAnsweringModule, QueryBatches
 
     torch.manual_seed(0)
     kg = load_kg("umls")
@@ -143,8 +143,8 @@ def test_a_persistent_optimizer_outlives_fits_and_resumes_exactly():
     from torch.utils.data import DataLoader
 
     from lightning_fedkg.data import load_kg
-    from lightning_fedkg.data.queries import build_query_set, split_graphs
-    from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
+    from lightning_fedkg.methods.fedcqa.queries import build_query_set, split_graphs
+    from lightning_fedkg.methods.fedcqa.module import QueryAnsweringModule, QueryBatches
 
     kg = load_kg("umls")
     graphs = split_graphs({s: kg.triples(s) for s in ("train", "valid", "test")}, kg.num_entities, kg.num_relations)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_fedkg.evaluation.query_ranking import HITS
+from lightning_fedkg.methods.fedcqa.ranking import HITS
 
 __all__ = ["QUERY_METRICS", "query_entry", "by_type"]
 

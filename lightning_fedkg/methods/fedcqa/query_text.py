@@ -12,7 +12,7 @@ Syntax (KGReasoning's grammar with names; whitespace is free)::
 
 ``(e:aspirin, (r:treats, r:causes))`` is a 2p query, ``i((e:a, (r:x)), (e:b, (r:y)))`` a
 2i, ``(u((e:a, (r:x)), (e:b, (r:y))), (r:z))`` an up. The query must have one of the
-structures the encoders know (:data:`~lightning_fedkg.data.queries.STRUCTURES`). An
+structures the encoders know (:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`). An
 unknown name is an error listing the closest names; a malformed query says where it breaks.
 """
 
@@ -22,7 +22,7 @@ import difflib
 
 import torch
 
-from lightning_fedkg.data.queries import STRUCTURES
+from lightning_fedkg.methods.fedcqa.queries import STRUCTURES
 
 __all__ = ["QuerySyntaxError", "parse_query", "answer_query"]
 

@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_fedkg.data.queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
-from lightning_fedkg.evaluation.query_ranking import filtered_ranks, per_query_metrics
+from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
+from lightning_fedkg.methods.fedcqa.ranking import filtered_ranks, per_query_metrics
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.models.query_encoders import run_plan
-from lightning_fedkg.models.query_module import ENCODERS
+from lightning_fedkg.methods.fedcqa.encoders import run_plan
+from lightning_fedkg.methods.fedcqa.module import ENCODERS
 
 from .config import cache_dir, query_settings
 from .entries import QUERY_METRICS, by_type
@@ -100,7 +100,7 @@ def issue_cross_queries(cfg, fkg) -> dict[str, CrossQueries] | None:
     key = federation_key(cfg.federated.federation_key, cfg.seed)
     entity_keys = digest_keys(hash_names(global_names(fkg, "entity"), key))
     relation_keys = digest_keys(hash_names(global_names(fkg, "relation"), key))
-    from lightning_fedkg.data.query_sets import cross_query_sets
+    from lightning_fedkg.methods.fedcqa.query_sets import cross_query_sets
 
     out = {}
     for name, qs in cross_query_sets(fkg, query_settings(tc), cache_dir(tc)).items():
@@ -116,7 +116,7 @@ def issue_cross_queries(cfg, fkg) -> dict[str, CrossQueries] | None:
 
 
 def stage_plan(expr) -> tuple[list[list[tuple[int, object, int]]], object]:
-    """Split a plan (:func:`~lightning_fedkg.models.query_encoders.tree_plan`'s form) into
+    """Split a plan (:func:`~lightning_fedkg.methods.fedcqa.encoders.tree_plan`'s form) into
     hops and a root: ``hops[h]`` lists ``(node id, input, relation slot)`` of the
     projections ``h + 1`` deep, whose input refers to earlier projections as ``("s", id)``;
     the root is the plan's top with its projections so replaced."""

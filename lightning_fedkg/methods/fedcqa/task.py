@@ -1,7 +1,7 @@
 """Complex query answering as a federated task (``federated.task: query_answering``).
 
-Each party trains a :class:`~lightning_fedkg.models.query_module.QueryAnsweringModule` on
-queries sampled on its own graph (:func:`~lightning_fedkg.data.query_sets.graph_query_sets`;
+Each party trains a :class:`~lightning_fedkg.methods.fedcqa.module.QueryAnsweringModule` on
+queries sampled on its own graph (:func:`~lightning_fedkg.methods.fedcqa.query_sets.graph_query_sets`;
 a client's counts are the whole-graph counts divided by the number of clients, FedCQA §5.1)
 and is evaluated in-graph: every hard answer ranked among the party's own entities with the
 query's other answers filtered, MRR and HR@1/3/10 per structure and their mean over
@@ -22,9 +22,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.data.query_sets import graph_query_sets
+from lightning_fedkg.methods.fedcqa.query_sets import graph_query_sets
 from lightning_fedkg.federated.tasks import Task
-from lightning_fedkg.models.query_module import QueryAnsweringModule, QueryBatches
+from lightning_fedkg.methods.fedcqa.module import QueryAnsweringModule, QueryBatches
 from lightning_fedkg.seeding import derive_seed
 
 from .config import QueryTaskConfig, cache_dir, query_settings

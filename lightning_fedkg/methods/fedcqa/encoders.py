@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_fedkg.data.queries import STRUCTURES, is_branch, is_union
+from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, is_branch, is_union
 from lightning_fedkg.models.shareable import InitSpec
 
 __all__ = ["dnf", "tree_plan", "run_plan", "DNFEncoder", "GQE", "Q2P", "TreeLSTM"]

@@ -10,7 +10,7 @@ entities, and the loss is
 with ``w_q = (4 + |answers(q)|)^(-1/2)``. ``loss="softmax"`` is the FedCQA code's instead: a
 cross-entropy over every entity's score, label-smoothed. Which reproduces the published
 figures better is for the benchmark to say (not yet measured). Evaluation ranks every hard answer with the other
-answers filtered (:mod:`lightning_fedkg.evaluation.query_ranking`): MRR and HR@1/3/10 per
+answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR and HR@1/3/10 per
 structure, and their mean over structures.
 """
 
@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from lightning_fedkg.data.queries import QuerySet
-from lightning_fedkg.evaluation.query_ranking import HITS, filtered_ranks, per_query_metrics
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM
+from lightning_fedkg.methods.fedcqa.queries import QuerySet
+from lightning_fedkg.methods.fedcqa.ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
-from lightning_fedkg.models.query_encoders import GQE, Q2P, TreeLSTM
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.atomic import write_atomic
-from lightning_fedkg.data.queries import (
+from lightning_fedkg.methods.fedcqa.queries import (
     STRUCTURES,
     QuerySet,
     build_query_set,
