@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 from lightning_fedkg.data import load_kg
-from lightning_fedkg.data.multisource import multisource_stats, split_into_sources, write_multisource_folder
+from lightning_fedkg.methods.fkge.multisource import multisource_stats, split_into_sources, write_multisource_folder
 
 
 def format_tables(stats: dict) -> str:

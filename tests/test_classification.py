@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.evaluation.classification import (
+from lightning_fedkg.methods.fkge.classification import (
     best_thresholds,
     classification_accuracy,
     corrupt_triples,

@@ -13,8 +13,9 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.orchestrator import run_federated
 from lightning_fedkg.methods.fkge.supervised import (CROSSCOV, ROWS, AlignmentHost, procrustes, release_moments,
                                                      unit_rows)
-from lightning_fedkg.privacy import (PrivacyLedger, calibrate_gaussian_noise, epsilon_from_log_moments,
-                                     sampled_gaussian_log_moments)
+from lightning_fedkg.methods.fkge.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
+                                                   sampled_gaussian_log_moments)
+from lightning_fedkg.methods.fkge.ledger import PrivacyLedger
 
 from test_fkge_federation import BASE
 

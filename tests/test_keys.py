@@ -7,9 +7,9 @@ import torch
 
 from lightning_fedkg.data.datamodule import FilterIndex
 from lightning_fedkg.data.kg import triple_keys
-from lightning_fedkg.evaluation.classification import corrupt_triples
 from lightning_fedkg.keys import INT64_MAX, KeyOverflowError, check_key_space, pack_keys, unpack_keys
 from lightning_fedkg.methods.fede.fusion import sample_fusion_negatives
+from lightning_fedkg.methods.fkge.classification import corrupt_triples
 
 
 def test_exact_values():

@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fedkg.data import (
-    KGFormatError,
-    KnowledgeGraph,
+from lightning_fedkg.data import KGFormatError, KnowledgeGraph, load_kg, partition_by_relation
+from lightning_fedkg.methods.fkge.multisource import (
     aligned_pairs,
-    load_kg,
     load_multisource,
     load_multisource_folder,
     multisource_stats,
-    partition_by_relation,
     split_into_sources,
     write_multisource_folder,
 )

@@ -1,4 +1,4 @@
-"""PATE voting and the moments accountant (lightning_fedkg.privacy).
+"""PATE voting and the moments accountant (FKGE's pate and accountant modules).
 
 Expected values are computed here from the published formulas with plain ``math``
 (Papernot et al., ICLR 2017, Thm 2-3; Abadi et al., CCS 2016, Thm 2.2), or taken from an
@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.privacy import PateMomentsAccountant, noisy_argmax, split_teacher_partitions, teacher_votes
+from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+from lightning_fedkg.methods.fkge.pate import noisy_argmax, split_teacher_partitions, teacher_votes
 
 LOG_INV_DELTA = math.log(1e5)
 

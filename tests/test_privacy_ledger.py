@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.privacy import (PateMomentsAccountant, PrivacyLedger, calibrate_gaussian_noise,
-                                     epsilon_from_log_moments, sampled_gaussian_log_moments)
+from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+from lightning_fedkg.methods.fkge.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
+                                                   sampled_gaussian_log_moments)
+from lightning_fedkg.methods.fkge.ledger import PrivacyLedger
 
 
 def test_plain_gaussian_log_moments_are_the_closed_form():

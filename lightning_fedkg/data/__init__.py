@@ -25,14 +25,6 @@ from .kg import (
     triple_keys,
     unique_triples,
 )
-from .multisource import (
-    aligned_pairs,
-    load_multisource,
-    load_multisource_folder,
-    multisource_stats,
-    split_into_sources,
-    write_multisource_folder,
-)
 
 __all__ = [
     "BUNDLED_DATASETS",
@@ -41,27 +33,21 @@ __all__ = [
     "KGDataModule",
     "KGFormatError",
     "KnowledgeGraph",
-    "aligned_pairs",
     "bernoulli_head_probability",
     "clean_splits",
     "load_federated",
     "load_federated_folder",
     "load_fedlu_folder",
     "load_kg",
-    "load_multisource",
-    "load_multisource_folder",
     "load_openke",
     "load_pyg",
     "load_triples_folder",
-    "multisource_stats",
     "partition_by_clusters",
     "partition_by_relation",
     "partition_randomly",
     "relation_cooccurrence",
     "resample_split",
-    "split_into_sources",
     "triple_keys",
     "unique_triples",
     "write_fedlu_folder",
-    "write_multisource_folder",
 ]

@@ -77,14 +77,14 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig
-from lightning_fedkg.evaluation.classification import triple_classification
 from lightning_fedkg.federated.alignment import pairwise_alignment
 from lightning_fedkg.federated.message import Message, tensor_bytes
 from lightning_fedkg.federated.peer import Outgoing, PeerHalf, PeerStrategy
-from lightning_fedkg.privacy import PrivacyLedger
 from lightning_fedkg.seeding import derive_seed
 
+from .classification import triple_classification
 from .config import FKGEConfig
+from .ledger import PrivacyLedger
 from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
 from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, release_cost, unit_rows
 from .update import kgemb_update
@@ -722,7 +722,7 @@ class FKGE(PeerStrategy):
     @staticmethod
     def sources(cfg: ExperimentConfig) -> dict:
         """``{party name: KnowledgeGraph}`` of ``cfg.data``'s multi-source federation."""
-        from lightning_fedkg.data.multisource import load_multisource
+        from lightning_fedkg.methods.fkge.multisource import load_multisource
 
         d = cfg.data
         kgs = load_multisource(d.name, num_sources=d.num_clients, seed=d.partition_seed, fmt=d.format,

@@ -107,7 +107,7 @@ epochs of 8 batches; small discriminators, ``hidden = 32``):
   by ``python scripts/bench_ppat_synthetic.py --task clusters`` when add/remove was its default.
 * With the paper's ``lambda = 0.05`` and 4 teachers a label equals the teachers'
   plurality with probability at most 0.55 (a vote gap of at most 4
-  against two ``Lap(20)`` draws; :mod:`lightning_fedkg.privacy.accountant`), and ``W`` does
+  against two ``Lap(20)`` draws; :mod:`lightning_fedkg.methods.fkge.accountant`), and ``W`` does
   not move
   (``|change of cosine| <= 0.007``): the privacy noise drowns the signal.
 * The student sees only fakes. Once the teachers reject every fake (few rows per teacher
@@ -138,7 +138,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.privacy import PateMomentsAccountant, noisy_argmax, split_teacher_partitions, teacher_votes
+
+from .accountant import PateMomentsAccountant
+from .pate import noisy_argmax, split_teacher_partitions, teacher_votes
 
 __all__ = ["PPATClient", "PPATHost", "discriminator", "initial_generator", "run_ppat", "FAKE", "GRAD"]
 

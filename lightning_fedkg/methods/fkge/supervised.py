@@ -62,7 +62,8 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.privacy import calibrate_gaussian_noise, sampled_gaussian_log_moments
+
+from .gaussian import calibrate_gaussian_noise, sampled_gaussian_log_moments
 
 __all__ = ["ROWS", "CROSSCOV", "SENSITIVITY", "AlignmentHost", "procrustes", "release_cost", "release_moments",
            "unit_rows"]

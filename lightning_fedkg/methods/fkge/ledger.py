@@ -8,7 +8,7 @@ and turns the sum into one ``(epsilon, delta)``:
 * ``pate`` -- PATE labels answered as a PPAT host
   (:class:`~lightning_fedkg.privacy.PateMomentsAccountant`, data-dependent);
 * ``gaussian`` -- Poisson-subsampled Gaussian releases
-  (:func:`~lightning_fedkg.privacy.gaussian.sampled_gaussian_log_moments`): the supervised
+  (:func:`~lightning_fedkg.methods.fkge.gaussian.sampled_gaussian_log_moments`): the supervised
   DP alignment as a host, noised translated rows as a client.
 
 Releases that no mechanism protects are not hidden: :meth:`declare` counts them by kind

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .federated import _federate, _pooled_triples
-from .kg import BUNDLED_DATASETS, SPLITS, KnowledgeGraph, first_occurrence, load_kg, load_openke, load_triples_folder
+from lightning_fedkg.data.federated import _federate, _pooled_triples
+from lightning_fedkg.data.kg import BUNDLED_DATASETS, SPLITS, KnowledgeGraph, first_occurrence, load_kg, load_openke, load_triples_folder
 
 __all__ = [
     "split_into_sources",

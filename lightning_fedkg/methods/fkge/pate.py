@@ -9,7 +9,7 @@ vote, ``n_j(x) = |{i : T_i(x) = j}|``, and the aggregate answers
 
 (PATE calls the parameter gamma; FKGE, Peng et al. CIKM 2021 §3.2, calls it lambda). One
 teacher's data changes one vote, so every answered query is ``2*lambda``-DP (PATE Thm 2),
-and :class:`~lightning_fedkg.privacy.accountant.PateMomentsAccountant` charges each answer
+and :class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant` charges each answer
 from the vote gap that :func:`noisy_argmax` returns.
 
 How this differs from the official FKGE code (``HKUST-KnowComp/FKGE``,
