@@ -23,7 +23,7 @@ from typing import Sequence
 
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
-from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
+from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, resolve_auto_settings
 from lightning_fedkg.rundir import RunDirectory, check_unlocked, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS, config_table_elements, configure_torch
 
@@ -65,15 +65,47 @@ def check_data_name(cfg: ExperimentConfig) -> None:
                       f"nor an existing path{where}")
 
 
+def method_report(metrics: dict, cfg: ExperimentConfig | None = None) -> str | None:
+    """The table that the run's strategy, task or a phase formats for a ``metrics.json`` of
+    its own layout (their ``format_report``), or None: the generic table then shows it.
+
+    They are asked in that order and the first answer wins; their names are ``cfg``'s, or
+    without ``cfg`` the strategy the metrics record (one that no longer resolves is skipped).
+    """
+    from lightning_fedkg.registry import PHASES, STRATEGIES, TASKS, RegistryError
+
+    strategy = cfg.federated.strategy if cfg is not None else metrics.get("strategy")
+    named = []
+    if isinstance(strategy, str) and strategy != "none":
+        named.append((STRATEGIES, strategy))
+        if cfg is not None:
+            named.append((TASKS, cfg.federated.task))
+    if cfg is not None:
+        # A phase's section is a field of the config that loaded it (fedkg unlearn's "unlearn").
+        phases = set(PHASES.names())
+        named += [(PHASES, f.name) for f in dataclasses.fields(cfg) if f.name in phases]
+    for registry, name in named:
+        try:
+            cls = registry.get(name)
+        except RegistryError:
+            continue
+        report = cls.format_report(metrics)
+        if report is not None:
+            return report
+    return None
+
+
 def format_metrics_table(metrics: dict, cfg: ExperimentConfig | None = None) -> str:
     """A readable table of a ``metrics.json`` dict (FedE-Table-3 style when federated).
 
-    Federated results start with a ``key=value`` line of the :data:`SUMMARY_KEYS` they hold
-    (a tested checkpoint has no ``rounds`` or ``bytes_sent``, so none are shown); their
-    columns are those of ``cfg``'s task (:attr:`~lightning_fedkg.federated.tasks.Task.table_columns`).
+    A method with a layout of its own formats it (:func:`method_report`). Federated results
+    start with a ``key=value`` line of the :data:`SUMMARY_KEYS` they hold (a tested
+    checkpoint has no ``rounds`` or ``bytes_sent``, so none are shown); their columns are
+    those of ``cfg``'s task (:attr:`~lightning_fedkg.federated.tasks.Task.table_columns`).
     """
-    if "kgs" in metrics:
-        return format_kgs_table(metrics)
+    report = method_report(metrics, cfg)
+    if report is not None:
+        return report
     if "clients" in metrics:
         from lightning_fedkg.federated.orchestrator import format_table
         from lightning_fedkg.registry import PHASES
@@ -167,16 +199,6 @@ def resolve_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
     return Path(out) if out else Path(cfg.out_dir) / cfg.name
 
 
-def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with ``trainer.progress_bar: null`` (auto) decided for this process's stdout.
-
-    The saved ``config.yaml`` keeps ``null``; the runners get a plain bool (the federated
-    round loop reads the field as one).
-    """
-    trainer = dataclasses.replace(cfg.trainer, progress_bar=show_progress_bar(cfg.trainer))
-    return dataclasses.replace(cfg, trainer=trainer)
-
-
 def cmd_fit(args: argparse.Namespace) -> int:
     """``fedkg fit``: train what the config describes in its run directory (or resume it)."""
     # What can be checked without importing torch comes first: the core sections, the data
@@ -263,86 +285,6 @@ def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:
     return {"unit": unit, "stopped_after": stopped, "of": total, "best": best, "message": message}
 
 
-def format_kgs_table(metrics: dict) -> str:
-    """FKGE's per-KG table: model, triple-classification accuracy and test MRR / Hits@10
-    before (after pre-training) and after the handshakes, the largest epsilon, handshakes."""
-    header = (f"{'KG':<16}{'model':<8}{'acc before':>11}{'acc after':>10}{'MRR before':>11}{'MRR after':>10}"
-              f"{'H@10 before':>12}{'H@10 after':>11}{'epsilon':>9}{'accepted':>10}")
-    lines = [f"strategy={metrics.get('strategy')}  handshakes={len(metrics.get('handshakes', []))}  "
-             f"bytes_sent={metrics.get('bytes_sent')}", header, "-" * len(header)]
-    for kg in metrics["kgs"]:
-        b, a = kg["before"] or {}, kg["after"] or {}
-        lines.append(f"{kg['name']:<16}{kg['model']:<8}{b.get('accuracy', 0):>11.4f}{a.get('accuracy', 0):>10.4f}"
-                     f"{b.get('mrr', 0):>11.4f}{a.get('mrr', 0):>10.4f}{b.get('hits@10', 0):>12.4f}"
-                     f"{a.get('hits@10', 0):>11.4f}{kg['epsilon']:>9.2f}{kg['accepted']:>6}/{kg['hosted']:<3}")
-    return "\n".join(lines)
-
-
-def format_unlearning_table(metrics: dict) -> str:
-    """One row per model (before, after, retrain): forgetting-set and test metrics, MIA AUC, seconds."""
-    cols = ("forget MRR", "forget H@1", "forget H@10", "test MRR", "test H@10", "MIA AUC", "seconds")
-    lines = [f"{'':<9}" + "".join(f"{c:>12}" for c in cols)]
-    for stage in ("before", "after", "retrain"):
-        block = metrics.get(stage)
-        if block is None:
-            continue
-        f, t = block.get("forget", {}), block["test"]
-        values = (f.get("mrr"), f.get("hits@1"), f.get("hits@10"), t["mrr"], t["hits@10"], block["mia_auc"],
-                  block.get("seconds"))
-        lines.append(f"{stage:<9}" + "".join(f"{'-':>12}" if v is None else f"{float(v):>12.4f}" for v in values))
-    forgotten = metrics.get("forget", {}).get("triples")
-    budget = metrics.get("budget")
-    if forgotten is not None:
-        lines.append(f"{forgotten} forgotten triples, ranked by every model above")
-    if budget and "retrain" in metrics:
-        lines.append(f"retrain budget: {budget['retrain_rounds']} rounds (source {budget['source_rounds']} "
-                     f"+ decay epochs {max(budget['decay_epochs'].values(), default=0)} / "
-                     f"{budget['local_epochs']} per round + {budget['propagate_rounds']} propagation), "
-                     f"trained {metrics['retrain'].get('rounds')}")
-    return "\n".join(lines)
-
-
-def cmd_unlearn(args: argparse.Namespace) -> int:
-    """``fedkg unlearn``: forget triples from a finished run into a new run directory."""
-    from lightning_fedkg.methods.fedlu.phase import run_unlearn
-
-    source = Path(args.from_run)
-    read_run_config(source)  # a run directory, or an error that says so
-    # Without -c the source run's own config is the base; overrides apply either way.
-    cfg = load_config(args.config or source / "config.yaml", args.overrides, sections=("unlearn",))
-    configure_torch(cfg.trainer, config_table_elements(cfg))
-    out = Path(args.out) if args.out else source.with_name(source.name + "-unlearn")
-    print(f"unlearning run directory: {out}")
-    metrics = run_unlearn(resolve_auto_settings(cfg), source, out)
-    print(format_unlearning_table(metrics))
-    print(f"metrics written to {out / 'metrics.json'}")
-    return 0
-
-
-def cmd_query(args: argparse.Namespace) -> int:
-    """``fedkg query``: answer a typed query with a finished query-answering run."""
-    if args.top < 1:  # checked before torch and the run are loaded: --top 0 would print an empty list
-        raise ConfigError(f"--top: {args.top} answers; give a whole number of at least 1 (default 10)")
-    from lightning_fedkg.federated.orchestrator import load_run_from
-    from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
-
-    # Loading a run rebuilds its parties (query sets from the cache): not news to a person asking.
-    logging.getLogger("lightning_fedkg").setLevel(logging.WARNING)
-    cfg, run = load_run_from(args.from_run)
-    if cfg.federated.task != "query_answering":
-        raise ConfigError(f"{args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")
-    try:
-        structure, answers = answer_query(cfg, run, args.query, top=args.top)
-    except QuerySyntaxError as err:
-        raise ConfigError(str(err)) from None
-    finally:
-        run.close()
-    print(f"{structure} query, top {len(answers)} of the federation's entities by holder-averaged score:")
-    for rank, (name, score) in enumerate(answers, 1):
-        print(f"{rank:4d}  {score:10.4f}  {name}")
-    return 0
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedkg audit``: a server-side reconstruction attack on a finished run's payloads."""
     from lightning_fedkg.federated.audit import AuditSettings, format_audit_table, run_audit
@@ -370,35 +312,31 @@ def _print_clients(fkg) -> None:
         print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
 
 
-def _query_stats(config: str, overrides: list[str]) -> int:
-    """The query sets of a query-answering config (FedCQA's Tables 1–2): per client its
-    graph, per set and split the queries of each type and their mean number of hard answers."""
-    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets, query_stats
+def _task_data_stats(config: str, overrides: list[str]) -> int:
+    """Per client its graph, then the statistics of the data the config's task builds
+    beyond the graphs (:meth:`~lightning_fedkg.federated.tasks.Task.data_stats`)."""
     from lightning_fedkg.federated.party import load_federated_kg
-    from lightning_fedkg.methods.fedcqa.config import cache_dir, query_settings
+    from lightning_fedkg.registry import TASKS
 
     cfg = load_config(config, overrides)
-    if cfg.federated.task != "query_answering":
-        raise ConfigError(f"{config} is a {cfg.federated.task!r} config, not a query_answering one")
+    task = TASKS.get(cfg.federated.task)
+    if not task.has_data_stats:
+        raise ConfigError(f"{config} is a {cfg.federated.task!r} config, whose task builds no data beyond the "
+                          f"graphs; -c describes a task's own data (e.g. query sets), a graph is described "
+                          f"by name or folder")
     fkg = load_federated_kg(cfg)
     _print_clients(fkg)
-    stats = query_stats(federated_query_sets(fkg, query_settings(cfg.task), cache_dir(cfg.task)))
-    types = [t for t in cfg.task.types if any(t in r for r in stats)]
-    print("\nqueries per type (mean hard answers per query in parentheses)")
-    print(f"{'set':<12}{'split':<6}" + "".join(f"{t:>15}" for t in types))
-    for r in stats:
-        cells = [f"{r[t]} ({r[f'{t}/hard']:.1f})" if t in r else "-" for t in types]
-        print(f"{r['set']:<12}{r['split']:<6}" + "".join(f"{c:>15}" for c in cells))
+    print(task().data_stats(cfg, fkg))
     return 0
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    """``fedkg data stats``: sizes of a KG, or of every client of a federated folder, or a
-    query-answering config's query sets (``-c``)."""
+    """``fedkg data stats``: sizes of a KG, or of every client of a federated folder, or with
+    ``-c`` a config's federation and its task's own data (a query-answering config's query sets)."""
     from lightning_fedkg.data import load_federated, load_kg
 
     if args.config:
-        return _query_stats(args.config, args.target)
+        return _task_data_stats(args.config, args.target)
     if len(args.target) != 1:
         raise ConfigError("data stats: give one dataset (a bundled name or a folder), or -c CONFIG for query sets")
     target = args.target[0]
@@ -485,9 +423,24 @@ def cmd_flower_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_method_commands(sub) -> None:
+    """Add the commands methods contribute (:data:`~lightning_fedkg.registry.COMMANDS`: FedLU's
+    ``unlearn``, FedCQA's ``query``). One that cannot be loaded is left out with a warning,
+    so that a broken plugin does not take every other command with it."""
+    from lightning_fedkg.registry import COMMANDS, RegistryError
+
+    for name in COMMANDS.names():
+        try:
+            command = COMMANDS.get(name)
+        except RegistryError as err:
+            print(f"fedkg: warning: {err}", file=sys.stderr)
+            continue
+        command.add_to(sub, name)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fedkg`` argument parser (sub-commands fit, test, unlearn, audit, query, data stats,
-    flower up/split/worker)."""
+    """The ``fedkg`` argument parser: fit, test, the commands methods add
+    (:func:`add_method_commands`), audit, data stats, flower up/split/worker."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
@@ -509,14 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("overrides", nargs="*", help="key=value overrides")
     test.set_defaults(func=cmd_test)
 
-    unlearn = sub.add_parser("unlearn", help="forget triples from a finished federated run (FedLU)")
-    unlearn.add_argument("-c", "--config", help="YAML config of the source run with an unlearn section "
-                                                "(default: the source run's config.yaml)")
-    unlearn.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True,
-                         help="the finished run to unlearn from (only read)")
-    unlearn.add_argument("--out", help="new run directory (default: RUN_DIR-unlearn)")
-    unlearn.add_argument("overrides", nargs="*", help="key=value overrides, e.g. unlearn.forget=sample")
-    unlearn.set_defaults(func=cmd_unlearn)
+    add_method_commands(sub)
 
     audit = sub.add_parser("audit", help="attack a finished run's recorded payloads as a curious server would")
     audit.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True,
@@ -528,15 +474,6 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="which triples are known; the attacker's init")
     audit.add_argument("--epochs", type=int, default=300, help="the attacker's fitting epochs (default 300)")
     audit.set_defaults(func=cmd_audit)
-
-    query = sub.add_parser("query", help="answer a typed logical query with a finished query-answering run",
-                           description="Answer a query by distributed retrieval. Syntax: (e:NAME, (r:REL, r-:REL)) "
-                                       "for a chain (r- is the inverse), i(Q, Q, ...) and u(Q, Q, ...) for "
-                                       "intersections and unions; quote names with spaces or commas.")
-    query.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True, help="a finished run folder")
-    query.add_argument("query", help='e.g. "(e:aspirin, (r:treats, r:causes))"')
-    query.add_argument("--top", type=int, default=10, help="how many answers to print (default 10)")
-    query.set_defaults(func=cmd_query)
 
     data = sub.add_parser("data", help="dataset utilities")
     data_sub = data.add_subparsers(dest="data_command", required=True)

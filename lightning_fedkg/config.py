@@ -22,7 +22,7 @@ import logging
 import math
 import sys
 import types
-from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Dict, Literal, Optional, Sequence
 
@@ -60,6 +60,7 @@ __all__ = [
     "resume_fingerprint",
     "fingerprint_differences",
     "show_progress_bar",
+    "resolve_auto_settings",
 ]
 
 
@@ -921,3 +922,12 @@ def show_progress_bar(trainer: TrainerConfig, stream: IO | None = None) -> bool:
     stream = sys.stdout if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return bool(isatty is not None and isatty())
+
+
+def resolve_auto_settings(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with ``trainer.progress_bar: null`` (auto) decided for this process's stdout.
+
+    The saved ``config.yaml`` keeps ``null``; the runners get a plain bool (the federated
+    round loop reads the field as one).
+    """
+    return replace(cfg, trainer=replace(cfg.trainer, progress_bar=show_progress_bar(cfg.trainer)))

@@ -10,7 +10,7 @@ A registry maps short names (``"transe"``, ``"fede"``) to classes. Three ways in
 * an import path in a config, ``"my_pkg.my_module:MyStrategy"`` (as PyKEEN's class
   resolver and Hydra's ``_target_`` do): a user adds a method without editing any package.
 
-The registries (:data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`, :data:`PHASES`)
+The registries (:data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`, :data:`PHASES`, :data:`COMMANDS`)
 live here, at the bottom of the package, so that the config layer can resolve names
 without importing the layers above it; each checks its base class lazily, by import path.
 A misspelled name is an error that lists the valid ones.
@@ -22,7 +22,8 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, TypeVar
 
-__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES", "ENGINES"]
+__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES", "ENGINES",
+           "COMMANDS"]
 
 T = TypeVar("T")
 
@@ -187,3 +188,6 @@ PHASES: Registry = Registry("phase", base="lightning_fedkg.federated.phases:Phas
 #: ``federated.engine`` → an engine that runs a round-based run elsewhere than this process
 #: (Flower): a class with ``run(cfg, run_dir, resume) -> metrics`` (``local`` and ``ray`` are the core's own).
 ENGINES: Registry = Registry("federated engine", group="lightning_fedkg.engines")
+#: ``fedkg <name>`` → the :class:`~lightning_fedkg.commands.Command` a method adds to the
+#: command line (FedLU's ``unlearn``, FedCQA's ``query``).
+COMMANDS: Registry = Registry("command", base="lightning_fedkg.commands:Command", group="lightning_fedkg.commands")

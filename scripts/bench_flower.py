@@ -30,9 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_mode(mode: str, config: str, overrides: list[str], work: Path) -> dict:
-    from lightning_fedkg.config import load_config
+    from lightning_fedkg.config import load_config, resolve_auto_settings
     from lightning_fedkg.federated.orchestrator import run_federated
-    from lightning_fedkg.cli import resolve_auto_settings
 
     run_dir = work / mode
     shutil.rmtree(run_dir, ignore_errors=True)

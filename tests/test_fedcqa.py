@@ -234,8 +234,8 @@ def test_answer_query_by_retrieval_matches_the_central_model(tmp_path):
 @pytest.mark.slow
 def test_data_stats_of_a_query_config_counts_each_set(tmp_path, capsys):
     from lightning_fedkg.cli import main
-    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets, query_stats
     from lightning_fedkg.federated.party import load_federated_kg
+    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets, query_stats
 
     overrides = [f"task.cache_dir={tmp_path}", "task.train_per_type=60", "task.eval_per_type=30",
                  "task.cross_per_type=20", "task.types=[1p,2p,2i,up]", "task.train_types=[1p,2p]"]
@@ -258,6 +258,6 @@ def test_data_stats_refuses_what_is_not_a_query_config(capsys):
     from lightning_fedkg.cli import main
 
     assert main(["data", "stats", "-c", str(CONFIGS.parent / "fede" / "umls_fede.yaml")]) == 2
-    assert "is a 'link_prediction' config, not a query_answering one" in capsys.readouterr().err
+    assert "is a 'link_prediction' config, whose task builds no data beyond the graphs" in capsys.readouterr().err
     assert main(["data", "stats"]) == 2
     assert "give one dataset" in capsys.readouterr().err

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_fedkg"
 
 #: Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
-    ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime")),
+    ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands")),
     ("data, evaluation, models, privacy", ("data", "evaluation", "models", "privacy")),
     ("builders", ("builders",)),
     ("federated core", ("federated",)),
@@ -174,3 +174,30 @@ def test_every_method_package_is_an_entry_point_and_back():
     from lightning_fedkg.methods import BUILTIN_PACKAGES
 
     assert set(BUILTIN_PACKAGES) == method_names()
+
+
+def method_mentions(path: Path, name: str) -> list[str]:
+    """Where the module ``name`` at ``path`` imports a method module, or names one in code
+    (a method package's name, or ``lightning_fedkg.methods`` in a string: an import by path)."""
+    known = {**modules(), name: path}
+    found = [f"imports {target}" for target in sorted(imports_of(name, path, known))
+             if target.startswith("lightning_fedkg.methods")]
+    names = method_names()
+    found += [f"{path.name}:{line}: {token}" for line, token in code_tokens(path)
+              if token.lower() in names or "lightning_fedkg.methods" in token]
+    return found
+
+
+def test_the_command_line_names_no_method():
+    """``fedkg`` reaches the methods through the registries only: their commands
+    (``COMMANDS``), their tables (``format_report``), their tasks' data (``data_stats``)."""
+    assert method_mentions(PACKAGE / "cli.py", "lightning_fedkg.cli") == []
+
+
+def test_method_mentions_finds_a_lazy_import_and_an_import_by_path(tmp_path):
+    source = tmp_path / "cli.py"
+    source.write_text('"""fedlu in a docstring is prose."""\n\n\ndef run():\n'
+                      '    from lightning_fedkg.methods.fedlu.phase import run_unlearn\n\n'
+                      '    return run_unlearn, "lightning_fedkg.methods.fedcqa:Query"\n')
+    assert method_mentions(source, "lightning_fedkg.cli") == [
+        "imports lightning_fedkg.methods.fedlu.phase", "cli.py:5: fedlu", "cli.py:7: lightning_fedkg.methods.fedcqa:query"]

@@ -57,6 +57,12 @@ class Phase:
         phase's ``metrics.json`` block, or None (the default: nothing)."""
         return None
 
+    @classmethod
+    def format_report(cls, metrics: dict) -> str | None:
+        """The whole table of a ``metrics.json`` whose layout is the phase's own (that of a
+        command that runs it on a finished run), or None (the default: the generic table)."""
+        return None
+
 
 def run_phases(names: list[str], ctx: PhaseContext) -> dict:
     """Run (or reuse) each phase; returns ``{name: block}``."""

@@ -350,3 +350,9 @@ class Strategy:
     def phases(cls, cfg: "ExperimentConfig") -> list[str]:
         """Post-training phases this method runs under ``cfg`` (names in :data:`~..phases.PHASES`)."""
         return []
+
+    @classmethod
+    def format_report(cls, metrics: dict) -> str | None:
+        """The whole table of a ``metrics.json`` whose layout is the method's own (a peer
+        method's per-party results), or None (the default: the generic per-client table)."""
+        return None

@@ -44,6 +44,9 @@ class Task:
     table_columns: tuple[tuple[str, str], ...] = ()
     #: Dataclass of the task's own ``task:`` config section, or None.
     config_class: type | None = None
+    #: Whether the task builds data of its own beyond the graphs (the query task's query
+    #: sets), which ``fedkg data stats -c CONFIG`` describes with :meth:`data_stats`.
+    has_data_stats: bool = False
 
     def build_module(self, cfg: "ExperimentConfig", kg: Any):
         raise NotImplementedError
@@ -52,6 +55,17 @@ class Task:
         """``(title, [(label, #test, metrics)])`` that the results table shows below the
         clients for the task's own ``metrics.json`` blocks, or None (the default: nothing)."""
         return None
+
+    @classmethod
+    def format_report(cls, metrics: dict) -> str | None:
+        """The whole table of a ``metrics.json`` whose layout is the task's own, or None (the
+        default: the generic table, with :attr:`table_columns` and :meth:`table_rows`)."""
+        return None
+
+    def data_stats(self, cfg: "ExperimentConfig", fkg: Any) -> str:
+        """Statistics of the data the task builds for ``cfg`` over the federation ``fkg``, which
+        ``fedkg data stats -c`` prints below the clients (only if :attr:`has_data_stats`)."""
+        raise NotImplementedError
 
     def build_datamodule(self, cfg: "ExperimentConfig", kg: Any, seed: int, party: str | None = None):
         """The party's datamodule; ``party`` is its name (``client_<k>``, ``central``), for

@@ -1,8 +1,17 @@
 """FedCQA (Hu et al.): complex query answering over several KGs, the query-answering task,
 its distributed retrieval of cross-graph queries, and the baselines FedE/FedR-style."""
 
-from .config import FedCQAConfig, QueryTaskConfig
-from .strategy import CQAFedE, CQAFedR, FedCQA
-from .task import QueryAnswering
+import importlib
 
-__all__ = ["FedCQA", "CQAFedE", "CQAFedR", "FedCQAConfig", "QueryAnswering", "QueryTaskConfig"]
+#: Each export and the module that defines it, imported on first use: ``fedkg`` imports
+#: :mod:`.commands` for every call, ``--help`` included, which must not load torch.
+_EXPORTS = {"FedCQA": "strategy", "CQAFedE": "strategy", "CQAFedR": "strategy", "FedCQAConfig": "config",
+            "QueryAnswering": "task", "QueryTaskConfig": "config"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

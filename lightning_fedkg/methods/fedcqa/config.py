@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import List, Literal
 
 from lightning_fedkg.config import ConfigError, Range
-from lightning_fedkg.methods.fedcqa.queries import STRUCTURES
-from lightning_fedkg.methods.fedcqa.query_sets import QuerySettings
+
+from .queries import STRUCTURES
+from .query_sets import QuerySettings
 
 __all__ = ["QueryTaskConfig", "FedCQAConfig", "query_settings", "cache_dir", "default_cache_dir"]
 

@@ -37,16 +37,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
-from lightning_fedkg.methods.fedcqa.ranking import filtered_ranks, per_query_metrics
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.methods.fedcqa.encoders import run_plan
-from lightning_fedkg.methods.fedcqa.module import ENCODERS
 
 from .config import cache_dir, query_settings
+from .encoders import run_plan
 from .entries import QUERY_METRICS, by_type
+from .module import ENCODERS
+from .queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
+from .ranking import filtered_ranks, per_query_metrics
 
 __all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "RetrievalServer", "RetrievalClient"]
 

@@ -22,13 +22,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.methods.fedcqa.query_sets import graph_query_sets
 from lightning_fedkg.federated.tasks import Task
-from lightning_fedkg.methods.fedcqa.module import QueryAnsweringModule, QueryBatches
 from lightning_fedkg.seeding import derive_seed
 
 from .config import QueryTaskConfig, cache_dir, query_settings
 from .entries import QUERY_METRICS, query_entry
+from .module import QueryAnsweringModule, QueryBatches
+from .query_sets import federated_query_sets, graph_query_sets, query_stats
 
 __all__ = ["QueryAnswering", "QueryDataModule"]
 
@@ -68,6 +68,7 @@ class QueryAnswering(Task):
     splits = ("val", "test")
     table_columns = (("MRR", "mrr"), ("HR@1", "hits@1"), ("HR@3", "hits@3"), ("HR@10", "hits@10"))
     config_class = QueryTaskConfig
+    has_data_stats = True
 
     def build_module(self, cfg, kg):
         if cfg.trainer.compile:
@@ -114,6 +115,18 @@ class QueryAnswering(Task):
         rows = [(f"cross {name}", int(m["queries"]), m) for name, m in sorted(cross["by_type"].items())]
         rows.append(("cross mean", sum(n for _, n, _ in rows), cross))
         return "cross-graph queries (distributed retrieval, ranked among all entities)", rows
+
+    def data_stats(self, cfg, fkg):
+        """The query sets of ``cfg`` (FedCQA's Tables 1–2): per set and split the queries of
+        each type and their mean number of hard answers."""
+        stats = query_stats(federated_query_sets(fkg, query_settings(cfg.task), cache_dir(cfg.task)))
+        types = [t for t in cfg.task.types if any(t in r for r in stats)]
+        lines = ["", "queries per type (mean hard answers per query in parentheses)",
+                 f"{'set':<12}{'split':<6}" + "".join(f"{t:>15}" for t in types)]
+        for r in stats:
+            cells = [f"{r[t]} ({r[f'{t}/hard']:.1f})" if t in r else "-" for t in types]
+            lines.append(f"{r['set']:<12}{r['split']:<6}" + "".join(f"{c:>15}" for c in cells))
+        return "\n".join(lines)
 
     def halves(self, server, client):
         from .retrieval import RetrievalClient, RetrievalServer

@@ -5,12 +5,21 @@
 * :mod:`.strategy` -- :class:`FedLU` (``federated.strategy: fedlu``) and its gate;
 * :mod:`.client_unlearning` -- the client's steps: retroactive interference, passive decay;
 * :mod:`.phase` -- :class:`UnlearnPhase` and :func:`run_unlearn` (``fedkg unlearn``);
-* :mod:`.config` -- :class:`FedLUConfig` (``federated.fedlu``), :class:`UnlearnConfig` (``unlearn``).
+* :mod:`.config` -- :class:`FedLUConfig` (``federated.fedlu``), :class:`UnlearnConfig` (``unlearn``);
+* :mod:`.commands` -- ``fedkg unlearn``.
 """
 
-from .config import FedLUConfig, UnlearnConfig
-from .distillation import DistillationModule
-from .strategy import DistillationGate, FedLU, FedLUClient, FedLUServer
+import importlib
 
-__all__ = ["FedLU", "FedLUClient", "FedLUServer", "DistillationGate", "DistillationModule", "FedLUConfig",
-           "UnlearnConfig"]
+#: Each export and the module that defines it, imported on first use: ``fedkg`` imports
+#: :mod:`.commands` for every call, ``--help`` included, which must not load torch.
+_EXPORTS = {"FedLU": "strategy", "FedLUClient": "strategy", "FedLUServer": "strategy", "DistillationGate": "strategy",
+            "DistillationModule": "distillation", "FedLUConfig": "config", "UnlearnConfig": "config"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

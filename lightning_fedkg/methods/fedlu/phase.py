@@ -70,6 +70,7 @@ from lightning_fedkg.federated.tasks import METRIC_KEYS, client_entry, weighted_
 from lightning_fedkg.seeding import derive_seed
 
 from .config import UnlearnConfig
+from .report import format_unlearning_table
 
 __all__ = [
     "UnlearnPhase",
@@ -409,6 +410,14 @@ class UnlearnPhase(Phase):
         from dataclasses import asdict
 
         return asdict(cfg.unlearn)
+
+    @classmethod
+    def format_report(cls, metrics: dict) -> str | None:
+        """The unlearning table (:func:`~.report.format_unlearning_table`) of ``fedkg unlearn``'s
+        ``metrics.json`` (the phase's block at its top level); None for any other metrics."""
+        if isinstance(metrics.get("before"), dict) and isinstance(metrics.get("after"), dict):
+            return format_unlearning_table(metrics)
+        return None
 
     def run(self, ctx: PhaseContext) -> dict:
         cfg, run = ctx.cfg, ctx.run

@@ -86,6 +86,7 @@ from .classification import triple_classification
 from .config import FKGEConfig
 from .ledger import PrivacyLedger
 from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
+from .report import format_kgs_table
 from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, release_cost, unit_rows
 from .update import kgemb_update
 
@@ -750,3 +751,8 @@ class FKGE(PeerStrategy):
         handshakes = sorted((h for rep in reports.values() for h in rep["handshakes"]),
                             key=lambda h: h["finished_at"])
         return {"kgs": kgs, "handshakes": handshakes}
+
+    @classmethod
+    def format_report(cls, metrics: dict) -> str | None:
+        """FKGE's per-KG table (:func:`~.report.format_kgs_table`) of its ``metrics.json``."""
+        return format_kgs_table(metrics) if "kgs" in metrics else None
