@@ -5,7 +5,7 @@
 (``triples``, ``mode``, and the other true answers of each query as ``filter_row`` /
 ``filter_col``). Batches are made on the module's device (:meth:`KGDataModule.to_device`),
 and every draw comes from ``dm.generator``, saved by ``state_dict()``, so a resumed run
-draws the same batches. The batch layout and device rules are in docs/core.md.
+draws the same batches. The batch layout and device rules are in docs/DESIGN.md.
 """
 
 from __future__ import annotations

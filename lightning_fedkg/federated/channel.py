@@ -5,7 +5,7 @@ message (:mod:`.message`, safetensors) and hands the receiver a decoded copy, so
 shares storage with another; other transports (Flower) replace the delivery, not the log.
 Each record has ``bytes`` (tensor bytes, ``bytes_sent``) and ``wire_bytes`` (serialized);
 :meth:`open_log` appends them to ``channel_log.jsonl`` and ``record_payloads`` keeps the
-bytes under ``payloads/``. See docs/core.md.
+bytes under ``payloads/``. See docs/DESIGN.md.
 """
 
 from __future__ import annotations

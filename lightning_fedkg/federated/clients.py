@@ -5,7 +5,7 @@
 another pool (Flower's) keeps them elsewhere and implements the same operations:
 :meth:`exchange`, :meth:`deliver`, :meth:`states` / :meth:`load_states`, :meth:`close` /
 :meth:`mute`. A pool is built by a factory ``pool(run)`` passed as
-``FederatedRun(..., clients=pool)``. See docs/core.md.
+``FederatedRun(..., clients=pool)``. See docs/DESIGN.md.
 """
 
 from __future__ import annotations

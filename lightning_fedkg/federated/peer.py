@@ -6,7 +6,7 @@ delivered message by returning the ``(receiver, event, Message)`` triples it sen
 :class:`~.channel.Channel`, parties and checkpoints as the round runner, so a run is
 reproducible and resumable after any event; ``federated.engine=ray`` (:mod:`.peer_ray`)
 replaces the scheduler, not the peers. The budget is ``federated.rounds`` deliveries.
-See docs/core.md.
+See docs/DESIGN.md.
 """
 
 from __future__ import annotations
