@@ -24,7 +24,7 @@ round from the seconds per trained batch (labelled as extrapolated in the JSON);
 evaluations stay complete.
 
 ``scripts/bench_official_fedlu.py`` runs the official code on the same split for the
-side-by-side in docs/BENCHMARKS.md.
+side-by-side in docs/results/fedlu.md.
 """
 
 from __future__ import annotations

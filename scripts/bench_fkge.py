@@ -46,7 +46,7 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   (``federated.fkge.schedule``); the script then prints, per seed, the variant's final MRR,
   Hits@10 and TC accuracy minus the control's, and whether the schedules were equal.
 
-Commands (docs/BENCHMARKS.md records their output; the first is the second pass's):
+Commands (docs/results/fkge.md records their output; the first is the second pass's):
 
     python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control_fkge,frozen,average,control_average,\
 sup_exact,control_sup_exact,sup16,sup4,control_sup4,sup1,sup4_average,control_sup4_average \
