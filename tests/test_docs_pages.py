@@ -1,9 +1,10 @@
 """The docs are a map that holds: every registered strategy has a method page, the docs
-index lists pages that exist, and every relative link in README.md and docs/ resolves."""
+index lists pages that exist, and every relative link in README.md and docs/ resolves, anchors included."""
 
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -59,15 +60,39 @@ def test_the_pages_have_links():
     assert sum(len(relative_links(page)) for page in PAGES) > 100  # the pattern still finds them
 
 
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for number, target in relative_links(page) + [(n, page.name + t) for n, t in same_page_links(page)]:
+        path, _, anchor = target.partition("#")
+        resolved = page.parent / path
+        if not resolved.exists() or (anchor and resolved.is_file() and anchor not in anchors(resolved)):
+            broken.append(f"{page.relative_to(ROOT)}:{number}: {target}")
+    return broken
+
+
+def same_page_links(page: Path) -> list[tuple[int, str]]:
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), page.read_text(), flags=re.S)
+    return [(number, target) for number, line in enumerate(text.splitlines(), 1)
+            for target in LINK.findall(re.sub(r"`[^`]*`", "", line)) if target.startswith("#")]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
-    broken = [f"{page.relative_to(ROOT)}:{number}: {target}" for number, target in relative_links(page)
-              if not (page.parent / target.split("#", 1)[0]).exists()]
+    broken = broken_links(page)
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
-def test_a_broken_link_is_found(tmp_path):
+def test_a_broken_link_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     page = tmp_path / "p.md"
-    page.write_text("[ok](p.md) [gone](missing.md#x) `[code](nope.md)` [web](https://example.org)\n")
-    assert relative_links(page) == [(1, "p.md"), (1, "missing.md#x")]
-    assert not (page.parent / "missing.md").exists()
+    page.write_text("# A (b) `c`\n[ok](p.md#a-b-c) [gone](missing.md) [no anchor](p.md#nope) [here](#a-b-c)"
+                    " [there](#gone) `[code](nope.md)` [web](https://example.org)\n")
+    assert anchors(page) == {"a-b-c"}
+    assert broken_links(page) == ["p.md:2: missing.md", "p.md:2: p.md#nope", "p.md:2: p.md#gone"]
