@@ -1,18 +1,11 @@
 """Typed experiment configuration: dataclasses + omegaconf, YAML files and dotlist overrides.
 
-Every field has a type and a default, so a config file only states what differs. Loading
-merges, in order: the structured defaults, the YAML file, then ``key=value`` overrides.
-An unknown key anywhere is an error that lists the valid keys of that section.
-
-Fields describe themselves through ``dataclasses.field(metadata=...)``, so that a field
-added later only needs its own declaration:
-
-* ``{"range": Range(...)}`` — the allowed interval of a numeric field, checked by
-  :func:`validate_ranges` whenever a config is loaded;
-* ``{"resume": "free"}`` — the field may change when a run directory is resumed (see
-  :func:`resume_fingerprint`): it is cosmetic (names, progress bar), a budget (rounds,
-  epochs, patience), where the run executes (devices) or post-processing (model fusion).
-  Everything else changes what a step computes and must match the run being resumed.
+Loading merges the structured defaults, the YAML file, then ``key=value`` overrides; an
+unknown key is an error listing the valid keys of its section. Fields describe themselves
+through ``dataclasses.field(metadata=...)``: ``{"range": Range(...)}`` is checked by
+:func:`validate_ranges`, ``{"resume": "free"}`` marks a field that may change when a run is
+resumed (everything else is in :func:`resume_fingerprint`). Entry point: :func:`load_config`.
+The keys are listed in docs/usage.md.
 """
 
 from __future__ import annotations

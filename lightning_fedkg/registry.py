@@ -1,19 +1,12 @@
 """Open registries: one resolver per kind of pluggable class (models, strategies, tasks, ...).
 
-A registry maps short names (``"transe"``, ``"fede"``) to classes. Three ways in:
-
-* **entry points** of an installed distribution, in the registry's group (this package
-  declares its built-in methods so in ``pyproject.toml``; a plugin package does the same
-  in its own): listed by :meth:`Registry.names` without importing anything, imported on
-  first :meth:`Registry.get`;
-* :meth:`Registry.register` (a class decorator) for classes defined in code;
-* an import path in a config, ``"my_pkg.my_module:MyStrategy"`` (as PyKEEN's class
-  resolver and Hydra's ``_target_`` do): a user adds a method without editing any package.
-
-The registries (:data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`, :data:`PHASES`, :data:`COMMANDS`)
-live here, at the bottom of the package, so that the config layer can resolve names
-without importing the layers above it; each checks its base class lazily, by import path.
-A misspelled name is an error that lists the valid ones.
+A registry maps short names (``"transe"``, ``"fede"``) to classes from entry points of an
+installed distribution (listed without importing, imported on first :meth:`Registry.get`),
+from :meth:`Registry.register`, or from an import path in a config
+(``"my_pkg.my_module:MyStrategy"``). :data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`,
+:data:`PHASES` and :data:`COMMANDS` live here, at the bottom of the package, so the config layer resolves names
+without importing the layers above it. A misspelled name lists the valid ones.
+See docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and HR@3 (means over seeds ± standard deviation), the rounds run and the second
 runs in ``--out`` are reused.
 
     python scripts/bench_fedcqa.py quality --seeds 0 1 2 3 4 --out runs/fedcqa_umls \\
-        --json-out docs/fedcqa/umls_gqe.json
+        --json-out docs/results/fedcqa/umls_gqe.json
     python scripts/bench_fedcqa.py quality --variants umls_fedcqa_q2p umls_local_gqe -- task.encoder=q2p
 
 ``speed`` builds one federation from a config and times, on this machine: query sampling

@@ -15,7 +15,7 @@ on the FedLU run (each client forgets its ``unlearn.txt``; the retrained gold st
 gets the same round budget) and records forgetting-set and test metrics, the
 membership-inference AUC and the seconds of unlearning and retraining.
 
-    python scripts/bench_fedlu.py --rounds 5 --threads 1 --unlearn --json-out docs/bench_fedlu_r10.json
+    python scripts/bench_fedlu.py --rounds 5 --threads 1 --unlearn --json-out docs/results/fedlu/bench_fedlu_r10.json
     python scripts/bench_fedlu.py --rounds 1 --strategies fedlu model.dim=64     # a quick look
     python scripts/bench_fedlu.py --rounds 1 --strategies fedlu --limit-batches 10 trainer.accelerator=cpu
 
@@ -24,7 +24,7 @@ round from the seconds per trained batch (labelled as extrapolated in the JSON);
 evaluations stay complete.
 
 ``scripts/bench_official_fedlu.py`` runs the official code on the same split for the
-side-by-side in docs/BENCHMARKS.md.
+side-by-side in docs/results/fedlu.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Time the official FedE code (AnselCmy/FedE) on FB15k-237-Fed3, on CPU, unmodified.
 
-This is the reference side of ``docs/BENCHMARKS.md``. It contains none of the official code:
+This is the reference side of ``docs/results/fede.md``. It contains none of the official code:
 ``--fede-dir`` names a checkout of https://github.com/AnselCmy/FedE (the figures in
-BENCHMARKS.md are for commit 46f5993), whose ``fede.py`` / ``dataloader.py`` /
+docs/results/fede.md are for commit 46f5993), whose ``fede.py`` / ``dataloader.py`` /
 ``kge_model.py`` are imported from that folder. The harness builds the official ``FedE``
 learner exactly as its ``main.py`` does for ``--setting FedE`` (seeds first, then the pickle,
 then ``FedE(args, all_data)``), and drives its rounds through the official methods
@@ -11,7 +11,7 @@ then ``FedE(args, all_data)``), and drives its rounds through the official metho
 each call. ``FedE.train`` itself is not called: it validates every 5 rounds, writes
 checkpoints and TensorBoard logs, and cannot stop after R rounds without an evaluation.
 
-Hyperparameters (FedE's, as in BENCHMARKS.md): TransE, dim 256, 256 negatives, batch 512,
+Hyperparameters (FedE's, as in docs/results/fede.md): TransE, dim 256, 256 negatives, batch 512,
 Adam lr 1e-3, gamma 10, epsilon 2, adversarial temperature alpha 1, E = 3 local epochs,
 fraction F = 1 (all 3 clients each round), test batch 16, seed 12345.
 

@@ -3,7 +3,7 @@
 
 This is the reference side of the FedLU benchmarks. It contains none of the official code:
 ``--fedlu-dir`` names a checkout of https://github.com/nju-websoft/FedLU (the figures in
-``docs/official_fedlu_r10_transe.json`` are for commit 43d8cb5; the git blob ids of the files
+``docs/results/fedlu/official_fedlu_r10_transe.json`` are for commit 43d8cb5; the git blob ids of the files
 that run are checked against that commit and reported). The harness starts
 ``<fedlu-dir>/Code/fedlu.py`` as a child process (``python -u``, working directory ``Code/``)
 with the flags of the official ``Code/run_FedLU.sh`` (FedDist mode, co-distillation,
@@ -69,14 +69,14 @@ the clients that finished (``2 * ceil(train / batch_size) * max_epoch`` batches 
 
 ``--reestimate JSON`` recomputes those estimates (and the data summary) in an existing JSON.
 
-``docs/official_fedlu_r10_transe.json`` came from (one thread, 45-minute limit; the run covers
+``docs/results/fedlu/official_fedlu_r10_transe.json`` came from (one thread, 45-minute limit; the run covers
 setup, the complete initial test and two clients' training of round 0):
 
     python scripts/bench_official_fedlu.py --fedlu-dir /work/fedlu_official \\
         --python /work/venv_fedlu/bin/python --rounds 1 --threads 1 --time-limit 2700 \\
-        --out docs/official_fedlu_r10_transe.json
+        --out docs/results/fedlu/official_fedlu_r10_transe.json
     python scripts/bench_official_fedlu.py --fedlu-dir /work/fedlu_official \\
-        --reestimate docs/official_fedlu_r10_transe.json
+        --reestimate docs/results/fedlu/official_fedlu_r10_transe.json
 
 The interpreter given by ``--python`` needs what ``Code/fedlu.py`` imports: torch, numpy < 2
 (``server.py`` imports ``numpy.lib.function_base``, ``dataloader.py`` uses ``np.in1d``),

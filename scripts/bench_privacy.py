@@ -12,7 +12,7 @@ over seeds with its spread. Finished
 runs and audits in ``--out`` are reused.
 
     python scripts/bench_privacy.py --seeds 0 1 2 3 4 --out runs/privacy_umls \\
-        --json-out docs/privacy/umls_audit.json
+        --json-out docs/results/privacy/umls_audit.json
     python scripts/bench_privacy.py --variants fede fede_secure --seeds 0   # a subset
 
 The DP variants are local Gaussian noise with per-row clipping at ``--clip`` (the median

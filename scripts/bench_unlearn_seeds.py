@@ -13,7 +13,7 @@ Finished runs are reused. ``--sources`` may point at the runs of ``scripts/bench
 for the same training config (``<out>/<config stem>``), so nothing is trained twice.
 
     python scripts/bench_unlearn_seeds.py -c configs/fedlu/umls_unlearn.yaml --seeds 0 1 2 3 4 \\
-        --sources runs/seeds/umls_fedlu --out runs/unlearn_seeds --json docs/seeds_unlearn.json
+        --sources runs/seeds/umls_fedlu --out runs/unlearn_seeds --json docs/results/fedlu/unlearn/seeds.json
 """
 
 from __future__ import annotations

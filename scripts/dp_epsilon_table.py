@@ -1,4 +1,4 @@
-"""Recompute the ε of the DP benchmark runs in docs/BENCHMARKS.md under both neighbouring
+"""Recompute the ε of the DP benchmark runs in docs/results/privacy.md under both neighbouring
 relations, from the rounds each run made (no training: only the accounting changed).
 
 The runs were calibrated under add/remove (σ for a target ε over the planned rounds), so the

@@ -9,7 +9,7 @@ valid/test entity and relation kept in its train split; ``random``; ``clustered`
 and an ``unlearn.txt`` of ``--unlearn-fraction`` of each client's train triples, drawn with
 FedLU's rule (a triple is taken only if its entities and relation keep a retained triple;
 :func:`lightning_fedkg.methods.fedlu.phase.sample_forget_set`). Both sides of the
-side-by-side in docs/BENCHMARKS.md then read the same files: ``fedkg`` through
+side-by-side in docs/results/fedlu.md then read the same files: ``fedkg`` through
 ``data.name=<out>``, the official code through ``scripts/bench_official_fedlu.py --data <out>``.
 
 Deterministic: a function of the input KG and the arguments. Example::

@@ -2,7 +2,7 @@
 """FedCQA side by side: the authors' FedNGDB code, unmodified, against ours, on one set of queries.
 
 The reference is HKUST-KnowComp/FedNGDB (the code of Hu et al.'s FedCQA / "federated neural
-graph databases"; run at commit 234e674 for ``docs/fedcqa/reference_fedngdb_umls.json`` and
+graph databases"; run at commit 234e674 for ``docs/results/fedcqa/reference_fedngdb_umls.json`` and
 ``..._umls_e30.json``). Its FedCQA is ``model/train_fed.py
 --server_model fedC`` with ``--partial_update`` (without that flag its ``fedC`` client update
 overwrites no entity row, so entity rows are never shared). That repository carries no
@@ -70,7 +70,7 @@ pooled per-client figure (``x-test-<i>-inf_mrr``, a mean over all queries) is in
 
     .venv/bin/python scripts/reference_fedngdb.py --original /path/to/FedNGDB \\
         --python runs/fedngdb_venv/bin/python -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 5 \\
-        --work runs/fedngdb_work --json-out docs/fedcqa/reference_fedngdb_umls.json
+        --work runs/fedngdb_work --json-out docs/results/fedcqa/reference_fedngdb_umls.json
 
 Matched: the clients (our partition of ``data.name`` into ``data.num_clients``), every
 query and answer set, the query types trained on and evaluated, dim, batch size, learning

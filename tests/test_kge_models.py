@@ -1,5 +1,5 @@
-"""Tests for lightning_fedkg.models.kge: hand-computed scores, brute-force oracles for the
-1-vs-many paths, PyG parity, init ranges, chunking and bf16 autocast."""
+"""Tests for the lightning_fedkg.models.kge package: hand-computed scores, brute-force oracles
+for the 1-vs-many paths, PyG parity, init ranges, chunking and bf16 autocast."""
 
 import math
 
@@ -152,7 +152,7 @@ def test_rotate_zero_phase_is_sum_of_complex_moduli():
 
 
 def test_rotate_modulus_gradient_matches_autograd_oracle():
-    from lightning_fedkg.models.kge import _ComplexModulus
+    from lightning_fedkg.models.kge.rotate import _ComplexModulus
 
     torch.manual_seed(2)
     re, im = torch.randn(5, 3, dtype=torch.double), torch.randn(5, 3, dtype=torch.double)

@@ -1,31 +1,11 @@
 """Lightning data module for one KG: training batches with negatives, filtered eval batches.
 
-Training batches (dicts):
-
-* ``"positive"``: ``LongTensor[B, 3]`` (head, relation, tail);
-* ``"negatives"``: ``LongTensor[B, n]`` (``per_triple``) or ``LongTensor[n]`` (``shared``:
-  one set for the whole batch) — entity ids replacing the corrupted side;
-* ``"mode"``: ``"tail"`` or ``"head"`` (which side the negatives replace), or ``"mixed"``
-  with ``"head_mask": BoolTensor[B]`` (True = head corrupted) for the Bernoulli sampler.
-
-Evaluation batches: ``{"triples": [B, 3], "mode": "tail"|"head", "filter_row": [K],
-"filter_col": [K]}`` where ``(filter_row[k], filter_col[k])`` = (row in batch, entity) are
-the OTHER true answers of that row's query in the filter set (the target itself is never
-listed). Tail batches come first, then head batches when ``eval_sides="both"``.
-
-Training batches are made on the data module's device (:meth:`KGDataModule.to_device`; a
-``Party`` moves it to its Trainer's device, a Trainer given the data module moves it on its
-first ``train_dataloader``): the train triples, the epoch's permutation, the filter keys
-and every negative live there, so a batch is slices of device tensors and the GPU path
-reads nothing back to the host per batch. The CPU is just another device: the same
-draws from the same generator, so CPU batches are what they always were.
-
-All randomness is drawn from ``dm.generator`` (a seeded ``torch.Generator`` on that device) whose state
-is saved by ``dm.state_dict()`` and restored by ``dm.load_state_dict()``: a run resumed from
-an end-of-epoch checkpoint draws the same batches as an uninterrupted run. The loaders
-must run in the main process (``num_workers=0``, the default here) for that to hold.
-With ``fixed_negatives`` the batches come from a generator of their own, seeded with
-``seed``, so a resumed run rebuilds exactly the cached epoch.
+:class:`KGDataModule` yields training dicts (``positive`` ``[B, 3]``, ``negatives``
+``[B, n]`` per triple or ``[n]`` shared, ``mode`` tail/head/mixed) and evaluation dicts
+(``triples``, ``mode``, and the other true answers of each query as ``filter_row`` /
+``filter_col``). Batches are made on the module's device (:meth:`KGDataModule.to_device`),
+and every draw comes from ``dm.generator``, saved by ``state_dict()``, so a resumed run
+draws the same batches. The batch layout and device rules are in docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Federated knowledge graphs: one :class:`KnowledgeGraph` per client plus a global id table.
 
-Each client's KG uses client-LOCAL ids. A client's local entities are exactly the entities
-of its ``train`` split, numbered in increasing global id (relations likewise), so
-``entity_index[c]`` (local -> global) is sorted. This is the index array ``idx_c`` of the
-FedE paper (Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting",
-IJCKG 2021, Sec. 2.2): the permutation matrix ``P^c`` has ``P^c[idx_c[j], j] = 1`` and the
-existence vector ``v^c`` marks the global ids in ``idx_c``.
-
-Sources: :func:`partition_by_relation` (FedE's relation partition of one KG),
-:func:`partition_randomly` (triples dealt at random), :func:`partition_by_clusters` (FedLU's
-C-k split: spectral clusters of co-occurring relations),
-:func:`load_federated_folder` (``client_<k>/{train,valid,test}.tsv``) and
-:func:`load_fedlu_folder` (FedLU's ``<k>/{train,valid,test,unlearn}.txt``); :func:`write_fedlu_folder`
-writes that layout.
+Each client uses local ids (its ``train`` entities in increasing global id), so
+``entity_index[c]`` is FedE's sorted index array ``idx_c``. Sources:
+:func:`partition_by_relation`, :func:`partition_randomly`, :func:`partition_by_clusters`
+(FedLU's C-k), :func:`load_federated_folder`, :func:`load_fedlu_folder`; and
+:func:`write_fedlu_folder`. The layouts are described in docs/datasets.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Knowledge graphs with integer ids, and loaders for the common on-disk formats.
 
-A :class:`KnowledgeGraph` holds named splits (``train``, ``valid``, ``test`` and optionally
-more, e.g. FedLU's ``unlearn``) as ``LongTensor[E, 3]`` with columns (head, relation, tail),
-plus optional id -> name vocabularies. Each split is also available as a PyG
-``Data(edge_index, edge_type, num_nodes)``.
-
-Input policy, applied by every loader (see :func:`clean_splits`):
-
-* a malformed line raises :class:`KGFormatError` naming ``file:line``;
-* duplicate triples inside one split are removed (count logged);
-* triples of the evaluation splits (every split but ``train``) whose head, relation or tail
-  never occurs in ``train`` are dropped (count logged), because no embedding could be
-  learned for them;
-* a split file without triples raises :class:`KGFormatError`.
-
-Messages go to ``logging.getLogger("lightning_fedkg")``.
+A :class:`KnowledgeGraph` holds named splits (``train``, ``valid``, ``test``, optionally
+``unlearn``) as ``LongTensor[E, 3]`` (head, relation, tail) with optional vocabularies, and
+each split as a PyG ``Data``. Entry point: :func:`load_kg`. Every loader applies
+:func:`clean_splits` (malformed lines are errors naming ``file:line``, duplicates and
+unseen evaluation triples are dropped with a logged count); formats and the input policy
+are in docs/datasets.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The federated core: parties, strategies as server/client halves, a transport, the runners.
 
 It names no method: methods live in :mod:`lightning_fedkg.methods` and are found through
-the registries (:mod:`lightning_fedkg.registry`).
-
-* :class:`~.channel.Channel` -- the in-process transport; every message crosses as bytes
-  and is logged (``"server"``, ``"client_k"``).
-* :mod:`.message` -- :class:`~.message.Message`: named arrays, metrics and config.
-* :mod:`.alignment` -- round-0 alignment from keyed hashes of names.
-* :mod:`.aggregation` -- holder-mean over the clients that hold each row (FedE Eq. 2);
-  :mod:`.holder_mean` -- the server half built on it.
-* :mod:`.strategy` -- :class:`~.strategy.Strategy`, :class:`~.strategy.ServerHalf`,
-  :class:`~.strategy.ClientHalf`; :mod:`.peer` -- peer-to-peer halves and the event runner.
-* :mod:`.tasks`, :mod:`.phases` -- pluggable tasks and post-training phases.
-* :func:`~.orchestrator.run_federated` -- the resumable round loop behind ``fedkg fit``.
+the registries (:mod:`lightning_fedkg.registry`). Main pieces: :class:`~.channel.Channel`
+(the logged in-process transport), :mod:`.message`, :mod:`.alignment` (round 0 from keyed
+hashes), :mod:`.aggregation` and :mod:`.holder_mean` (FedE's Eq. 2), :mod:`.strategy` and
+:mod:`.peer` (the halves), :mod:`.tasks`, :mod:`.phases`, and
+:func:`~.orchestrator.run_federated`, the resumable loop behind ``fedkg fit``.
+The map is docs/DESIGN.md.
 """
 
 from lightning_fedkg.federated.aggregation import damped_holder_mean, holder_counts, holder_mean, holder_sums

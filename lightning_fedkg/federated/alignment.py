@@ -1,22 +1,10 @@
 """Alignment as a protocol step: parties find shared entities/relations from keyed hashes.
 
-Each client sends ``HMAC-SHA256(federation key, name)`` of every entity (and relation) it
-holds, in its local id order; the server sorts the union of the digests, which fixes the
-global ids, and reads each client's local→global map and every row's holder count off the
-digests alone (:func:`union_alignment`). The federation key is shared by the clients and
-never given to the server. :func:`pairwise_alignment` is the two-peer variant for methods
-without a server (FKGE).
-
-What this hides and what it does not:
-
-* the server never receives a name, only 32-byte digests, and cannot invert them without
-  the key;
-* anyone who *holds the key* can hash candidate names and compare (a dictionary attack),
-  which succeeds for enumerable names such as Freebase MIDs or Wikidata ids: the key must
-  stay with the clients;
-* the server learns how many items each client holds and which clients hold each (hashed)
-  item — holder-mean aggregation needs exactly that;
-* a peer in :func:`pairwise_alignment` learns which of its own items the other holds.
+Each client sends ``HMAC-SHA256(federation key, name)`` of its items in local id order; the
+server sorts the union of the digests (fixing the global ids) and reads each client's
+local→global map and every row's holder count off them (:func:`union_alignment`).
+:func:`pairwise_alignment` is the two-peer variant (FKGE). The key never reaches the
+server; what the digests still reveal is listed in docs/privacy.md.
 """
 
 from __future__ import annotations

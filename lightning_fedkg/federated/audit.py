@@ -2,36 +2,11 @@
 received, measured with a reconstruction attack on a finished run's recorded payloads.
 
 After Hu et al., "Quantifying and Defending against Privacy Threats on Federated Knowledge
-Graph Embedding" (WWW 2023): an honest-but-curious server that knows a fraction of a
-victim client's training triples (``known``, 10% by default) and the victim's score
-function fits the missing parameters on those known triples, with what it saw frozen, then
-ranks every candidate ``(h, r, t)`` over the victim's entities and the known relations. Its
-``k`` guesses (``k`` = the number of the victim's other training triples, spread over the
-relations as the known triples are: :func:`top_candidates`) are scored by precision,
-recall and F1 against those other triples (the *training targets*).
-
-Leakage, not generalisation: a model that predicts links well also "recovers" true triples
-it never trained on, so recall on training targets alone mixes what the view leaks about
-the victim's training data with how well it generalises. The same guesses are therefore
-also scored against the victim's *held-out* triples (its valid and test splits), and both
-recalls are taken in the same candidate space (:func:`candidate_space`: the known
-relations, not a known triple, no self-loop the guesses cannot contain); their difference,
-``leakage = recall_train - recall_heldout``, is what the view reveals about membership in
-the victim's training set. The baseline's leakage (about 0) is the control. Views, each
-from the payloads the server holds (``federated.record_payloads``):
-
-* ``uploads``: the victim's last upload as received. Masked words (secure aggregation) are
-  read as fixed point, which is all the server can do with them.
-* ``aggregate``: the rows the server sent the victim last (the holder-mean), what it still
-  sees under secure aggregation; offset sums (``hide_aggregate``) read as the server can,
-  without the offset.
-* ``baseline``: nothing observed; the same attacker trained on the known triples alone.
-
-An attack that beats the baseline in a view shows what the view gives the server; a
-leakage above the baseline's shows that part of it is the victim's training data. The
-audit reads the run and writes only to its own output folder, never over an earlier
-``audit.json``. Scoring every candidate is
-``|E|² · |R|`` scores per victim: meant for KGs of the size of UMLS, Nations, Kinship.
+Graph Embedding" (WWW 2023). The attacker knows ``known`` of a victim's training triples,
+fits the rest of the model with what it saw frozen and guesses the victim's other triples;
+guesses are scored against the training targets and, for *leakage*, against the held-out
+triples in the same candidate space. Views: ``uploads``, ``aggregate``, ``baseline``.
+The audit writes only its own folder. Threat model and reading: docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The one path by which messages move between federated parties, with a traffic log.
 
-Every party is a plain string (``"server"``, ``"client_3"``, ...), so server-client and
-peer-to-peer protocols (FKGE handshakes, pairwise secure-aggregation masks) use the same
-``send``. A :class:`Channel` is the in-process *transport*: it serializes every message to
-bytes (:mod:`.message`, safetensors) and hands the receiver a freshly decoded copy, so no
-party ever shares storage with another or unpickles another's bytes. A transport for other
-processes (Flower) replaces the delivery, not the log.
-
-The log is what tests read to prove that something *never* crossed (triples, FedE relation
-embeddings, unmasked uploads) and what communication-cost numbers come from:
-
-* ``bytes``: the tensors' raw bytes (FedE's measure; ``metrics.json``'s ``bytes_sent``);
-* ``wire_bytes``: the serialized size, header and metadata included.
-
-With :meth:`open_log` each record is appended to ``channel_log.jsonl`` as the transfer
-happens; with ``record_payloads`` the serialized bytes are kept under ``payloads/`` (for
-tests and privacy audits, never on by default).
+Parties are plain strings (``"server"``, ``"client_3"``). A :class:`Channel` serializes every
+message (:mod:`.message`, safetensors) and hands the receiver a decoded copy, so no party
+shares storage with another; other transports (Flower) replace the delivery, not the log.
+Each record has ``bytes`` (tensor bytes, ``bytes_sent``) and ``wire_bytes`` (serialized);
+:meth:`open_log` appends them to ``channel_log.jsonl`` and ``record_payloads`` keeps the
+bytes under ``payloads/``. See docs/DESIGN.md.
 """
 
 from __future__ import annotations

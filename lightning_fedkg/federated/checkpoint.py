@@ -1,19 +1,10 @@
 """Per-party round checkpoints committed by a manifest, and RNG capture.
 
-Layout under ``run_dir/checkpoints/``::
-
-    <party>/round_0007.pt     each party's state (server, client_0, ..., runner) of round 7
-    round_0007.json           the manifest: written last, it commits round 7
-    <party>/best.pt, best.json   the state of the best validation round, same scheme
-
-Every file is written to a temporary name and moved into place with ``os.replace``
-(atomic on POSIX and Windows). A round counts only once its manifest exists, so a crash
-between two party files never leaves a mixed round: the previous manifest still names a
-complete set. The last two committed rounds are kept, so a corrupt file of the newest round
-can be skipped by deleting that round's manifest.
-
-Files hold plain containers of tensors and RNG states (Python's ``random`` state is a tuple,
-NumPy's holds an array), read with ``weights_only=False``: only load checkpoints you wrote.
+Under ``run_dir/checkpoints/``: ``<party>/round_<r>.pt`` per party and ``round_<r>.json``,
+the manifest written last, which commits the round (likewise ``best``). Files are written
+to a temporary name and moved with ``os.replace``; the two newest rounds are kept. Files
+hold tensors and RNG states read with ``weights_only=False``: only load checkpoints you
+wrote. Resuming is described in docs/usage.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Where the client halves of a round-based run live: a *client pool*.
 
-:class:`~.orchestrator.FederatedRun` holds the server half and talks to its clients only
-through a pool. :class:`LocalClients` (the default) keeps every client's
-:class:`~.party.Party` and client half in this process and calls them one after the other.
-Another pool keeps them elsewhere (the Flower engine, :mod:`lightning_fedkg.flower`: one
-ClientApp per organisation) and implements the same five operations:
-
-* :meth:`exchange`: hand each client its message of a stage, collect the replies and the
-  failures, logging both directions on the run's :class:`~.channel.Channel`;
-* :meth:`deliver`: put a message into a client without a reply (what an evaluation of a
-  restored state is made with);
-* :meth:`states` / :meth:`load_states`: what a checkpoint stores for each client, and
-  restoring it. A pool whose clients are elsewhere stores a *reference* to a snapshot the
-  client keeps itself (their weights never reach the server);
-* :meth:`close` / :meth:`mute`.
-
-A pool is built by a factory ``pool(run) -> ClientPool`` passed as
-``FederatedRun(..., clients=pool)``; the run gives it the config, the task, the strategy
-and the client half class (:attr:`~.orchestrator.FederatedRun.client_half_class`).
+:class:`~.orchestrator.FederatedRun` talks to its clients only through a pool.
+:class:`LocalClients` (the default) keeps every party and client half in this process;
+another pool (Flower's) keeps them elsewhere and implements the same operations:
+:meth:`exchange`, :meth:`deliver`, :meth:`states` / :meth:`load_states`, :meth:`close` /
+:meth:`mute`. A pool is built by a factory ``pool(run)`` passed as
+``FederatedRun(..., clients=pool)``. See docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Differentially private uploads for every holder-mean strategy (``federated.dp``).
 
-Each selected client clips its update (trained rows minus the rows it downloaded, per row
-or per client: :mod:`lightning_fedkg.privacy.dp`) to norm ``clip`` and adds Gaussian noise
-before it uploads. The noise is drawn from ``os.urandom`` and the release is snapped to a
-grid (:mod:`lightning_fedkg.privacy.noise`), so no party can reproduce or predict it and its
-low-order bits carry nothing. ``placement``:
-
-* ``local``: every upload carries noise ``σ·clip`` per coordinate. Threat model: the server
-  and any coalition of other clients see each upload; the guarantee holds against all of
-  them (no secure aggregation needed).
-* ``distributed`` (needs ``federated.secure_aggregation``): each of the ``k`` holders of a
-  row adds ``σ·clip/√k``, so the sum the server unmasks carries ``σ·clip``. Threat model:
-  the server follows the protocol and the clients are honest (they all add their share);
-  ``metrics.json``'s ``epsilon`` is stated under it. The holder counts ``k`` and the
-  realised σ after dropouts come from the server, which could lie to shrink the noise: a
-  client refuses a ``k`` above the number of parties it shared its mask secrets with (it
-  knows those from secure aggregation's key stage) and a realised σ above the requested
-  one, and it also accounts ``epsilon_deviating_server``: the ε its own share alone gives
-  (``σ/√k`` with the largest ``k`` it used), which holds whatever the server claimed and
-  whoever else dropped or colluded.
-
-ε is stated under ``neighbours`` (``replace`` by default, sensitivity ``2·clip``; the
-add/remove figure is given beside it). The server's selection is public (seeded from
-``cfg.seed``), so ε has no amplification by sampling: each upload is one Gaussian event, a
-round without an upload costs nothing, and a client's final ε composes every upload it made,
-to the end of the run. Every client keeps its own ledger and reports ε with each upload
-(``privacy/epsilon`` in its TensorBoard); ``metrics.json``'s ``privacy`` block has ε per
-client, the relation, the mechanism, the accountant and what crosses unprotected.
+Each selected client clips its update (trained rows minus downloaded rows, per ``unit``) and
+adds Gaussian noise from ``os.urandom`` on a grid (:mod:`lightning_fedkg.privacy.noise`)
+before it uploads. ``placement: local`` noises every upload in full; ``distributed`` (with
+secure aggregation) splits the noise among a row's holders and also accounts
+``epsilon_deviating_server``. ε is composed per client over every upload, with no
+amplification by sampling. Threat model and guarantees: docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Holder-mean aggregation of shared groups (FedE's engine, Chen et al., IJCKG 2021, Eq. 2).
 
-The server keeps one union table per shared tensor and, per client, its index map
-``idx_c`` (the permutation matrix ``P^c`` of FedE's Eq. 1), learnt in round 0 from keyed
-hashes of the item names (:mod:`.alignment`). Each round the selected clients receive
-their rows ``E[idx_c]`` and send them back trained; the server replaces each table by the
-holder-mean of the uploads (:mod:`.aggregation`). Nothing outside the strategy's declared
-groups ever crosses.
-
-A strategy may declare several groups (``("entity", "relation")``): each is aggregated
-over its own holders with the alignment of its own row index (one union per index kind);
-a group without a row index is averaged whole over the clients that answered.
-
-The server's initial rows come from the clients' declarations
-(:class:`~lightning_fedkg.models.shareable.InitSpec`), each row drawn from a key derived
-from its hash, so the initial table does not depend on the order of the global ids.
-
-Unsampled clients (``federated.fraction < 1``; ``federated.aggregation``):
-
-* ``selected_holders`` (default): a row is averaged over the *sampled* holders only;
-  rows none of them holds keep their value.
-* ``all_holders``: the official FedE code's behaviour: unsampled holders count as having
-  returned the current row, so the update is damped by ``#sampled holders / #holders``.
+The server keeps one union table per shared tensor and each client's index map (learnt in
+round 0 from keyed hashes, :mod:`.alignment`); selected clients get their rows, train them
+and send them back, and each row becomes the mean over the holders that answered
+(:mod:`.aggregation`). Several groups are aggregated each over its own holders; initial rows
+are drawn per digest. ``federated.aggregation``: ``selected_holders`` (default) or
+``all_holders`` (the official FedE code's damped update). See docs/methods/fede.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Per-client identity keys and the security policy of secure aggregation (``active``).
 
-A provisioning folder (``identities/``) holds::
-
-    <client>.key    the client's Ed25519 private identity key (hex of its 32 raw bytes),
-                    mode 0600: it goes to that client only
-    roster.json     {"members": {client: public key hex}, "threshold": t, "num_clients": n},
-                    public: every client gets the same copy
-
-The roster is the policy the clients agreed to: whom they accept as peers (the members,
-with the key each one signs with) and the t of t-of-n secret sharing. A client reads both
-from its own disk, never from the server, so a server can neither sign for a client whose
-private key it does not hold nor lower t below the roster's.
-
-What it assumes: the folder is written and handed out honestly, out of band (each
-organisation receives its own private key and the one roster). In-process runs write it
-under ``<run_dir>/identities/`` (:func:`provision`), a Flower run beside its
-``federation.key``; the server never reads it.
+A provisioning folder ``identities/`` holds ``<client>.key`` (an Ed25519 private key, mode
+0600, for that client only) and ``roster.json`` (every member's public key, ``threshold``
+and ``num_clients``: the policy the clients agreed to). A client reads both from its own
+disk, never from the server. :func:`provision` writes the folder; it must be handed out
+honestly and out of band (threat model: docs/privacy.md).
 """
 
 from __future__ import annotations

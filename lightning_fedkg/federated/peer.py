@@ -1,23 +1,12 @@
 """Peer-to-peer methods: parties without a server, driven by events instead of rounds.
 
-Some methods have no central server and no synchronous rounds: FKGE (Peng et al., 2021)
-lets pairs of KG owners run handshakes whenever both are free. Such a method is a
-:class:`PeerStrategy` whose one half, :class:`PeerHalf`, lives at every party. A peer
-reacts to a delivered message by returning the messages it sends next
-(``(receiver, event, Message)`` triples); :class:`EventRunner` delivers them one at a time
-through the same :class:`~.channel.Channel` as the round runner (same bytes, same log), over
-the same :class:`~.party.Party` objects, with the same per-party checkpoints and
-``metrics.json`` fields. Peers align with each other pairwise
-(:func:`~.alignment.pairwise_alignment` over their keyed hashes, :meth:`PeerHalf.digests`).
-
-This runner is the deterministic scheduler: pending messages are delivered in the order
-they were sent (FIFO), one at a time, so a run is reproducible and resumable after any
-event. ``federated.engine=ray`` runs the same peers asynchronously, one Ray actor process
-per party (:mod:`.peer_ray`): it replaces the scheduler and the transport, not the peers,
-and writes the same log, checkpoints and ``metrics.json``.
-
-The event budget is ``federated.rounds`` (the number of deliveries); a run also ends when no
-message is pending.
+A :class:`PeerStrategy` has one half, :class:`PeerHalf`, at every party; a peer reacts to a
+delivered message by returning the ``(receiver, event, Message)`` triples it sends next.
+:class:`EventRunner` delivers them one at a time, FIFO, through the same
+:class:`~.channel.Channel`, parties and checkpoints as the round runner, so a run is
+reproducible and resumable after any event; ``federated.engine=ray`` (:mod:`.peer_ray`)
+replaces the scheduler, not the peers. The budget is ``federated.rounds`` deliveries.
+See docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -1,52 +1,12 @@
 """The asynchronous engine for peer-to-peer methods: one Ray actor process per party.
 
-``federated.engine=ray`` (the ``ray`` extra: ``pip install "lightning-fedkg[ray]"``) runs
-the same :class:`~.peer.PeerStrategy` as the deterministic :class:`~.peer.EventRunner`, with
-every party in its own process, so parties train at the same time:
-
-* **Actors.** :class:`PartyActor` builds its own :class:`~.party.Party`
-  (:func:`~.peer.build_named_party`: ``build_parties(..., only=name)``), the strategy's
-  :class:`~.peer.PeerHalf` over it, and its TensorBoard writer; it speaks bytes only: it
-  decodes what it is delivered and returns what its peer sends as ``(receiver, event,
-  bytes)`` (:func:`~.message.encode`, once, in the sender). The driver learns the names
-  from :meth:`~.peer.PeerStrategy.party_names`.
-* **The driver routes.** It is the only place messages pass through: it logs each one in a
-  single :class:`~.channel.Channel` (:meth:`~.channel.Channel.relay`: the same
-  ``channel_log.jsonl`` records as the local engine; ``round`` = deliveries handled so far)
-  and submits ``deliver(sender, event, bytes)`` to the receiver's actor. Ray runs the
-  tasks one caller submits to one actor in submission order, so each party receives its
-  messages in the order they were sent (FIFO per receiver, as locally); different parties
-  work in parallel. Every party's ``start()`` runs in parallel too.
-* **End.** Nothing in flight or pending (quiescence), or ``federated.rounds`` deliveries
-  (the local event budget: the driver submits no delivery beyond it, so exactly that many
-  are handled and the rest stay pending). A peer's handler that raises is recorded in
-  ``metrics["failures"]`` (as :meth:`~.peer.EventRunner.step` does) and the run goes on;
-  anything else that fails (an actor's start, a dead actor) stops the run.
-* **Results.** ``metrics.json`` has the local engine's keys (each party tests itself in its
-  actor) plus ``engine: "ray"`` and ``wall_seconds`` (from the first ``start``/delivery to
-  quiescence or budget).
-
-Checkpoints and resuming: when the run ends, every actor is idle and the undelivered
-messages are held by the driver, so the end state is a consistent cut; it is committed as
-the local engine commits (``checkpoints/<party>/round_<events>.pt``, the ``runner`` file
-with the pending messages as bytes), and a later run of either engine resumes from it (a
-larger ``federated.rounds`` continues the run). A Ray run commits nothing *during* the run
-(a consistent cut with messages in flight is out of scope): a Ray run that is killed
-restarts from the last committed checkpoint, i.e. the end of its last completed run, not
-from mid-run. It resumes from any committed checkpoint, a local run's included (cut short
-or not: the local engine's checkpoints hold the pending messages too), since both engines
-write the same files; ``federated.engine`` is free to change on resume. A Ray run is not
-bit-reproducible: the interleaving of different parties' deliveries depends on timing
-(each actor seeds its own process with ``seed``).
-
-Ray is started here (``num_cpus`` = the number of parties, no dashboard, workers' output
-not forwarded) unless the caller already started it, and shut down again if started here.
-Actors reserve no CPU (Ray's default for actors), so any number of parties fit on a node;
-their torch threads follow ``trainer.threads`` (else Ray's ``OMP_NUM_THREADS=1``). With a
-GPU accelerator and GPUs in the cluster, each actor asks for an equal share of them. Workers
-import the project and a strategy given by import path from the driver's ``sys.path``
-(passed as ``PYTHONPATH``); on a multi-machine cluster the project, the data and the run
-directory must be at the same paths on every node.
+``federated.engine=ray`` (the ``ray`` extra) runs the same :class:`~.peer.PeerStrategy` as
+:class:`~.peer.EventRunner` with every party in its own :class:`PartyActor`. The driver is
+the only router: it logs each message on one :class:`~.channel.Channel` and delivers FIFO
+per receiver. The run ends at quiescence or after ``federated.rounds`` deliveries and is
+committed as the local engine commits, so either engine resumes the other's checkpoints;
+nothing is committed mid-run and a Ray run is not bit-reproducible. Actors, threads, GPUs
+and multi-machine notes: docs/deployment.md.
 """
 
 from __future__ import annotations

@@ -1,79 +1,13 @@
 """Secure aggregation for every holder-mean strategy (``federated.secure_aggregation``).
 
 After Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine
-Learning" (CCS 2017). A training round (or the ``upload`` stage of a phase) becomes four
-exchanges of the core's stage API (five with ``active``)::
-
-    sa_keys     each selected client makes two fresh X25519 key pairs and sends the
-                public halves (U1: those that answered); with ``active``, signed with its
-                long-term Ed25519 identity key
-    sa_shares   the server forwards U1's public keys; with ``active`` each client first
-                checks every peer's signature and aborts on one that fails; each client
-                splits its self-mask seed b and its mask private key s t-of-|U1| (Shamir)
-                and encrypts one share to each peer (ChaCha20-Poly1305 under an X25519
-                key); U2: those that answered
-    train       the download as the method sends it, plus the peers' ciphertexts and mask
-                keys; each client trains, quantises its upload to fixed point and adds, in
-                ℤ_{2^32}, a self mask PRG(b) and one pairwise mask ±PRG(s_u·s_v) per peer
-                of U2 (U3: those that uploaded)
-    sa_check    (``active`` only) each survivor signs the survivor list U3, once per round
-    sa_unmask   the survivors send their shares of b for every survivor and of s for every
-                client of U2 that dropped (never both for one client; the dropped list is
-                the client's own U2 minus the survivors); with ``active`` only once t
-                survivors' signatures on the list it signed itself check out. From t of them
-                the server removes the self masks and the dropped clients' pairwise masks;
-                the survivors' pairwise masks cancel in the sum
-
-If fewer than t answer any exchange the round is retried (:class:`~.strategy.RetryRound`,
-then ``federated.max_retries``). Fresh keys every attempt, from the OS.
-
-Threat model (docs/DESIGN.md, "Secure aggregation"): by default the server is honest but
-curious (it runs the protocol, reads all it receives); with ``active`` it may deviate
-(send any message, substitute keys, show clients different survivor lists, restore a
-client's saved states) and collude with clients. Defences against a deviating server that
-hold in both modes: t comes from what the client holds itself, never from the server (the
-roster of :mod:`.identities` where there is one: a Flower client's config is the server's;
-an in-process client's own config otherwise), and a client refuses to share unless t is a
-strict majority of the parties it is asked to share among, all of them in the roster; a
-client answers one unmasking per round, whose secrets it then forgets, and no saved
-(restorable) state ever holds a round's secrets (:meth:`SecureClient.state_dict`), so a
-rollback cannot unmask a round twice. What ``active`` adds is authentication: without it a
-server can substitute its own key for a peer's and read the shares. Each client signs with
-its own random Ed25519 identity key and checks its peers against the roster's public keys
-(:mod:`.identities`, provisioned out of band; the server reads neither), so a server
-colluding with a set C of clients can sign only as the members of C.
-
-What the server learns, per mode (README, "Privacy"):
-
-* ``shared_rows`` (default): the per-row sum over the surviving holders and their number,
-  hence the holder-mean it needs, and nothing about one upload beyond it; a row held by
-  one survivor only *is* its value (that is its holder-mean). Each client learns which of
-  its rows each peer holds (the positions of the rows it masks with that peer).
-* ``dense``: as above, without learning which rows a client uploaded (each upload spans
-  the union, with a masked holder indicator); clients learn the union's size and their
-  rows' positions in it, not their peers' rows. Bytes: ``N / n_c`` times FedE's.
-* ``hide_aggregate``: every holder also adds its own offset, derived from the federation
-  key the server does not hold, the round, the stage and its own fresh mask public key (so
-  two aggregations never share an offset, whatever the server sends); the sum of the
-  holders' independent offsets is uniform in ℤ_{2^32} for any holder count. The server
-  stores and forwards the offset sums with, per row, which clients' offsets they hold; the
-  clients remove those offsets. The server learns neither the uploads nor the aggregate
-  (it still knows the holder sets from alignment, the sizes and the timing).
-
-Collusion: the server with a set C of clients knows C's inputs, pair keys and identity
-keys and, under ``hide_aggregate``, the federation key: it then learns the aggregate, and
-on a row that only C and one honest client hold, that client's value (the sum minus C's).
-With ``active`` it can sign only as the members of C: it cannot substitute an honest
-client's keys or seat a peer outside the roster. It can still drop honest clients (down to
-t survivors), abort any round, and sign or answer as C. The signed survivor list stops a
-split view only while 2t > n + |C| (n: the clients that shared): C signs both lists, so
-with 2t <= n + |C| two lists each signed by t clients exist and the server gets t shares of
-both secrets of an honest client (at t = ⌊n/2⌋ + 1 that is one insider for n = 3). So with
-``active`` the default is t = ⌊2n/3⌋ + 1, which tolerates |C| < n/3 (the paper's setting)
-and as many dropouts as n − t. t or more colluding
-clients rebuild any peer's masks outright. The roster is trusted as provisioned: whoever
-writes and hands out the identities (each client its own key, every client the same
-roster) is assumed honest; a roster the server wrote would let it choose every peer's key.
+Learning" (CCS 2017). A training round becomes the stages ``sa_keys``, ``sa_shares``,
+``train`` (masked fixed-point uploads), ``sa_check`` (``active`` only: signed survivor list)
+and ``sa_unmask``; fewer than t answers retry the round (:class:`~.strategy.RetryRound`).
+Modes: ``shared_rows`` (default), ``dense``, and ``hide_aggregate`` (the server learns
+neither an upload nor the mean). t comes from the client's own roster or config, never
+from the server, and no restorable state holds a round's secrets. The protocol, what the
+server learns per mode, collusion and the ``active`` threat model: docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Strategies as two halves that only exchange messages.
 
-A federated method is a :class:`Strategy`: a pair of classes, a :class:`ServerHalf`
-(client selection, aggregation, server state) and a :class:`ClientHalf` (what one client
-does with what it receives, what it sends back, how it prepares for evaluation). Each half
-touches only its own party's objects; everything between them is a
-:class:`~lightning_fedkg.federated.message.Message` that a transport moves as bytes. The
-server half is shaped like Flower's ``Strategy`` (``configure_train`` / ``aggregate_train``
-/ ``configure_evaluate`` / ``aggregate_evaluate``), so a Flower deployment is a transport,
-not a rewrite.
-
-A round is a sequence of *stages* (:attr:`ServerHalf.stages`, default ``("train",)``). For
-stage ``s`` the runner calls ``server.configure_<s>(round, selected)`` → one message per
-client → ``client.on_<s>(message, round)`` → one reply each → ``server.aggregate_<s>(round,
-replies, failures)``. Secure aggregation (:mod:`.secure`), for instance, runs
-``("sa_keys", "sa_shares", "train", "sa_unmask")``; an ``aggregate_<stage>`` that cannot
-complete the round raises :class:`RetryRound`.
-Before round 1 an ``align`` stage (round 0) lets the server learn, from keyed hashes only,
-which clients hold which items (:mod:`..alignment`).
-
-Parties are addressed by name (``"client_0"``); the server never holds a client object.
+A :class:`Strategy` pairs a :class:`ServerHalf` (selection, aggregation, server state) and
+a :class:`ClientHalf` (what one client does with what it receives). The server half is
+shaped like Flower's ``Strategy``. A round is a sequence of *stages* (default
+``("train",)``): ``server.configure_<s>`` → ``client.on_<s>`` → ``server.aggregate_<s>``;
+an aggregation that cannot complete raises :class:`RetryRound`. Round 0 is the ``align``
+stage. Parties are addressed by name. See docs/DESIGN.md.
 """
 
 from __future__ import annotations

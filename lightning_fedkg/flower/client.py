@@ -1,32 +1,11 @@
 """The client side: one organisation's ClientApp, with only its own data folder.
 
-A SuperNode is started with three paths in its node config (``data-path``: the client's
-folder, :mod:`.data`; ``key-file``: the federation secret; ``work-dir``: where the client
-keeps its states) and runs :data:`client_app`. With secure aggregation the client also
-reads ``identities/`` beside its key file (its own ``<name>.key`` and ``roster.json``,
-:mod:`lightning_fedkg.federated.identities`): the threshold and, with ``active``, the
-peers' public keys come from there, never from the server. Every Flower message it
-receives is one request of the server's (:mod:`.wire`):
-
-* ``hello``: the experiment config (not secret: the settings everyone agreed on) and the
-  run's id; the client answers its name and :func:`~.data.data_digest` of its folder. A
-  ``reject`` follows when the digest is not the one the client registered with.
-* ``stage``: ``half.handle(stage, message, round)``, exactly the call an in-process run
-  makes, and the reply; ``deliver``: ``half.receive(arrays)``, no reply.
-* ``restore``: go back to one of the client's own saved states (a resumed or tested run).
-  A saved state holds no secret of a secure-aggregation round: those live in memory and in
-  one file beside the states (``round_secrets.pt``) that the round's unmasking deletes,
-  so a restore can never make a client unmask one round twice.
-
-Flower starts a fresh ClientApp process for every message (deployment; a simulation reuses
-its Ray workers), so the client's state lives on its own disk: after each message it saves
-its party, half and RNG as state number ``n`` (``<work-dir>/<run id>/<client>/states/``) and answers
-``n``; the server's checkpoints point to those numbers (the weights never reach the
-server). A process that already holds state ``n`` in memory skips the reload. The newest
-``federated.flower.keep_states`` states are kept, plus those the server pins for its
-``best`` set. With a client worker (:mod:`.worker`, ``worker-socket`` in the node config)
-the ClientApp process only hands the request over: the worker's process holds the party.
-Every message appends where its time went to ``<client>/messages.jsonl``.
+A SuperNode's node config names ``data-path``, ``key-file`` and ``work-dir``; with secure
+aggregation the client reads ``identities/`` beside its key file, never the server's word.
+Requests (:mod:`.wire`): ``hello`` (answered with the client's name and data digest),
+``stage``, ``deliver`` and ``restore``. Since Flower starts a process per message, the
+client saves its state after every message on its own disk and answers the state's number;
+a client worker (:mod:`.worker`) can hold the party instead. See docs/deployment.md.
 """
 
 from __future__ import annotations

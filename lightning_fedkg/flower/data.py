@@ -1,19 +1,10 @@
 """One organisation's data folder: what a SuperNode is given, and nothing of the others'.
 
-A client folder holds one client's KG with its own ids::
-
-    client.json                 {"name": "client_1"}
-    entities.dict, relations.dict   local id<TAB>name, in local id order
-    train.txt, valid.txt, test.txt  head<TAB>relation<TAB>tail names (and any extra split)
-
-Written in the local id order the in-process run uses (:func:`write_client_folders`), the
-client builds exactly the party it would build in-process, so a Flower run can match an
-in-process run number for number. An organisation preparing its own folder writes the same
-files (any id order).
-
-:func:`data_digest` is the folder's registration: a keyed hash (HMAC-SHA256 with the
-federation key, which the server never has) of every file, so the server can tell that a
-client came back with other data without learning anything about it.
+A client folder holds ``client.json`` (its name), ``entities.dict`` / ``relations.dict``
+(local id<TAB>name) and ``train.txt``, ``valid.txt``, ``test.txt`` of named triples.
+:func:`write_client_folders` writes them in the in-process id order, so a Flower run can
+match an in-process one number for number. :func:`data_digest` is the folder's keyed hash,
+the client's registration. See docs/deployment.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """A Flower deployment on this machine: a SuperLink and one SuperNode per client, as
 separate OS processes started with Flower's own commands (``fedkg flower up``).
 
-Each SuperNode is given its client's data folder, the path of the federation-key file
-(never the key itself: a command line shows in ``ps``) and a work folder, in its
-``--node-config``, and, unless ``federated.flower.client_workers=false``, the socket of
-a client worker started beside it with the same paths (:mod:`.worker`). The run is
-submitted with ``flwr run`` from an app project written under the run folder
-(components :mod:`.apps`, runtime dependency installation off, the SuperLink connection
-in its own ``FLWR_HOME``). Logs go to ``<run>/flower/logs/``.
-
-This is also what an organisation runs on its own machine, with TLS instead of
-``--insecure`` (README, "Running across organisations"). ``Deployment(tls=...)`` runs
-the same processes over TLS: the SuperLink with a certificate, the SuperNodes and
-``flwr`` verifying it against a CA (:func:`localhost_certificates` makes a throwaway set
-for this machine).
+Each SuperNode gets its data folder, the path of the federation-key file and a work folder,
+plus a client worker's socket (:mod:`.worker`) unless ``federated.flower.client_workers=false``.
+The run is submitted with ``flwr run`` from an app project under the run folder; logs go to
+``<run>/flower/logs/``. ``Deployment(tls=...)`` runs it over TLS
+(:func:`localhost_certificates` makes a throwaway set). See docs/deployment.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The server side: our round loop inside a Flower ``ServerApp``, its clients on a Grid.
 
-The ServerApp runs the same :class:`~lightning_fedkg.federated.orchestrator.RoundEngine` as
-``federated.engine=local`` (same server half, stages, checkpoints, wire log), with a
-:class:`FlowerClients` pool in place of the in-process clients:
-
-* **Registration.** Every node is sent ``hello`` (the config and the run's id) and answers
-  its client name and data digest (:func:`~.data.data_digest`). The first registration of
-  a run is written to ``<run_dir>/flower/registration.json``; a node whose digest differs
-  from its name's registered one is told why (``reject``), recorded as a failure, and gets
-  nothing else of the run. Nodes that join later (a SuperNode restarted) are registered
-  the same way before the next exchange.
-* **Exchanges.** One Flower message per client and stage (``train``, ``evaluate`` or
-  ``query`` type), pushed together; replies are pulled every
-  ``federated.flower.poll_interval`` seconds. A reply with an error, a node that leaves the
-  Grid (Flower's heartbeat notices a killed SuperNode) or no reply within the deadline is a
-  failure, handled as in-process (``federated.min_clients``, retries). Each direction is
-  logged on the run's Channel with Flower's serialized size as ``wire_bytes``.
-* **State.** A client saves its state after every message and answers its number; the
-  server's checkpoints store ``{"remote": number}`` per client and a restore sends it back
-  (:mod:`.client`). Numbers in a ``best`` set are pinned at the client.
+The ServerApp runs the same :class:`~lightning_fedkg.federated.orchestrator.RoundEngine`
+as in-process, with a :class:`FlowerClients` pool: nodes register with ``hello`` (a digest
+differing from the registered one is rejected), each stage is one Flower message per
+client, and a failed, departed or late node is a failure as in-process. The server's
+checkpoints store ``{"remote": number}`` per client; the weights stay with the clients.
+See docs/deployment.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """A long-lived client process beside a SuperNode: the party stays in memory between messages.
 
-In a deployment Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message
-(its SuperExec has no long-lived ClientApp mode), and each such process would import
-torch, Lightning and PyG and rebuild its party from its data folder and last saved state.
-A *client worker* is one process per organisation, started beside its SuperNode with the
-same three paths (``fedkg flower worker``; ``fedkg flower up`` starts one per client),
-that holds the :class:`~.client.ClientRuntime`. The ClientApp process, told the worker's
-socket by its node config (``worker-socket``), hands each message's head and payload to the
-worker and returns its answer; it imports neither torch nor our models.
-
-The hand-over is a Unix socket on the same machine, through the standard library's
-:mod:`multiprocessing.connection` (an HMAC challenge with a key derived from the
-federation secret, so only a process that can read the key file connects; the socket is
-the owner's only, and so is its folder when the worker creates it). Flower hands tasks to its own prestarted workers the same
-way. Nothing crosses the network that did not before, and the worker reads only what the
-ClientApp would have read.
-
-The ClientApp's side of the hand-over is :func:`.client.forward`. The worker is a
-speed-up, never a requirement: a ClientApp that cannot reach it handles the message
-itself, from the same state files on disk (:meth:`.client.ClientRuntime.ready` reloads
-whatever the other process saved).
+Flower 1.41 starts a fresh ClientApp process per message; the worker (``fedkg flower
+worker``) holds the :class:`~.client.ClientRuntime` instead, and the ClientApp hands it each
+message over a Unix socket (:mod:`multiprocessing.connection`, an HMAC challenge keyed by
+the federation secret, owner-only). It is a speed-up, never a requirement: a ClientApp that
+cannot reach it answers from the same state files (:func:`.client.forward`).
+See docs/deployment.md.
 """
 
 from __future__ import annotations

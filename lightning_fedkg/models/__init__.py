@@ -1,6 +1,6 @@
-"""KGE score functions (:mod:`.kge`) and the Lightning module that trains them (:mod:`.kge_module`).
+"""KGE score functions (the :mod:`.kge` package) and the Lightning module that trains them (:mod:`.kge_module`).
 
-The score functions need only torch; :class:`KGEModule` is loaded on first use, so that
+The score functions need only torch and PyG; :class:`KGEModule` is loaded on first use, so that
 ``lightning_fedkg.models.kge`` (model names, for config checks) does not import Lightning.
 """
 

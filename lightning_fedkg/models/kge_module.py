@@ -1,7 +1,7 @@
 """LightningModule that trains a KGE score function and evaluates filtered link prediction.
 
 Training batches and evaluation batches are the dicts produced by
-:class:`lightning_fedkg.data.datamodule.KGDataModule` (DESIGN.md §1). The same module is
+:class:`lightning_fedkg.data.datamodule.KGDataModule`. The same module is
 used for single-KG runs and as the per-client model of the federated orchestrator, which calls
 ``fit()`` many times on it; see ``reset_optimizer``.
 """

@@ -1,32 +1,11 @@
 """Differential privacy of uploads: clipping, Gaussian noise, and the privacy spent, from
 Google's maintained accountant (``dp-accounting``, the ``[dp]`` extra).
 
-The mechanism is DP-FedAvg's (McMahan et al., "Learning Differentially Private Recurrent
-Language Models", ICLR 2018): each selected client clips its update (the trained rows
-minus the rows it downloaded) to L2 norm ``C`` and Gaussian noise of standard deviation
-``σ·C`` covers what the server can see. Every round is one Gaussian event of noise
-multiplier ``σ`` for each client that uploads in it. No amplification by sampling: the
-server's selection is seeded from the run's config, so it is public to the server and to
-anyone holding ``config.yaml``, and a sample known to the adversary amplifies nothing; a
-round in which a client is not selected releases nothing of its data and costs it nothing.
-
-The neighbouring relation (``federated.dp.neighbours``) says what ε is a guarantee about:
-
-* ``add_remove``: the protected unit's data is present or absent (its clipped update is
-  there or is zero): L2 sensitivity ``C``, the relation DP-SGD and DP-FedAvg state.
-* ``replace`` (default): the unit's data is replaced by any other: the update moves from
-  one point of the clip ball to another, L2 sensitivity ``2C``. The server knows who
-  participates and which rows each client holds, so "absent" is not a secret it can be
-  kept from; what must stay hidden is *which* data produced the update: replace-one.
-  The same σ gives a larger ε (ε 4 under add/remove is 9.06 under replace, 100 rounds).
-
-The unit protected (``federated.dp.unit``):
-
-* ``client``: the whole update of a client is clipped together, so ε covers everything
-  the client's data did to its upload in a round: client-level DP.
-* ``row``: each uploaded row's update is clipped on its own, so ε covers one row (one
-  entity's embedding) of one client; a triple changes the rows of its head and tail and,
-  through training, possibly others, so this is *not* a guarantee about triples.
+DP-FedAvg's mechanism (McMahan et al., ICLR 2018): each selected client clips its update to
+L2 norm ``C`` and Gaussian noise of deviation ``σ·C`` covers it; each upload is one Gaussian
+event, with no amplification by sampling (the selection is public). ``neighbours``:
+``replace`` (default, sensitivity ``2C``) or ``add_remove`` (``C``); ``unit``: ``client`` or
+``row`` (one entity's row, not a triple). What each choice guarantees: docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Gaussian noise for DP releases: a cryptographic source, and outputs snapped to a grid.
 
-Two weaknesses of ``torch.randn`` as a DP noise source, and what this module does about each:
-
-* **The source.** ``torch.randn`` draws from MT19937, whose state follows from 624 outputs,
-  and whose seed we took from the OS: anyone who learns the state predicts every later
-  sample. We take uniform bits from ``os.urandom`` (the kernel's CSPRNG, ChaCha20 on Linux),
-  fresh for every draw, so there is no state for a party to reconstruct, and seeding torch
-  changes nothing.
-* **Floating point.** A Gaussian computed in floating point and added to a value in floating
-  point leaks that value through the low-order bits of the sum: which floats are reachable
-  depends on the value (Mironov, "On Significance of the Least Significant Bits for
-  Differential Privacy", CCS 2012). We release only points of a grid ``Λ·ℤ`` (a power of two,
-  ``C·2^-20``): the clipped update is rounded to the grid, then ``round(Y/Λ)`` is added.
-  Because the rounded update is on the grid, ``round(x/Λ) + round(Y/Λ) = round(round(x/Λ) +
-  Y/Λ)``: the release is a deterministic function of the Gaussian mechanism applied to the
-  rounded update, so it is exactly as private as that mechanism (post-processing). Rounding
-  moves each coordinate by at most ``Λ/2``, so two neighbouring updates differ by at most
-  ``Δ + Λ·√d`` after it (``d`` coordinates under one clip); :func:`grid_slack` gives
-  ``Λ·√d/C`` and the ledger accounts the larger sensitivity.
-
-What is not covered by the post-processing argument: the sample itself is Box-Muller on
-53-bit uniforms in float64, not an exact Gaussian. Its tail is cut at ``√(2·53·ln 2) ≈ 8.6``
-standard deviations and its values carry float64 rounding (relative error about 1e-16);
-the grid is ``2^20`` times coarser than the clip, so a rounding error can move a release to
-the next grid point only when the exact sample falls within about 1e-15·σC of a grid
-boundary. We state this and do not add it to δ. An exact discrete Gaussian (OpenDP's
-``make_gaussian``, Canonne, Kamath & Steinke 2020) removes it at a cost we measured at
-about 36 µs a coordinate, two minutes a client for an FB15k-237 table (docs/BENCHMARKS.md).
+Uniform bits come fresh from ``os.urandom`` (no generator state to reconstruct), and a
+release is a point of the grid ``Λ·ℤ`` (``Λ = C·2^-20``): the clipped update is rounded to
+the grid before ``round(Y/Λ)`` is added, so low-order float bits carry nothing (Mironov,
+CCS 2012) and the release is post-processing of the Gaussian mechanism on the rounded
+update; :func:`grid_slack` gives the extra sensitivity the ledger accounts. The sample is
+Box-Muller in float64, not an exact Gaussian; what that leaves uncovered: docs/privacy.md.
 """
 
 from __future__ import annotations

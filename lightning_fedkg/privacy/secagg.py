@@ -1,27 +1,11 @@
-"""Cryptographic pieces of secure aggregation (Bonawitz et al., "Practical Secure
-Aggregation for Privacy-Preserving Machine Learning", CCS 2017), from maintained libraries.
+"""Cryptographic pieces of secure aggregation (Bonawitz et al., CCS 2017), from maintained libraries.
 
-* Key agreement: X25519 (``cryptography``); every client makes two fresh key pairs per
-  round, one to encrypt the secret shares it sends its peers, one for its pairwise masks.
-* Key derivation: HKDF-SHA256 (``cryptography``), with the purpose, round and tensor in
-  ``info`` so that no two masks ever come from one key.
-* Masks: the ChaCha20 keystream under a derived key (``cryptography``), read as 32-bit
-  words. Never ``torch.Generator`` or ``numpy.random``: a mask must be unpredictable to the
-  server, and those generators are not.
-* Secret sharing: Shamir t-of-n from pycryptodome (``Crypto.Protocol.SecretSharing``), which
-  shares 16-byte secrets; longer secrets are shared 16 bytes at a time.
-* Share encryption: ChaCha20-Poly1305 (``cryptography``), so a share forwarded by the server
-  can be neither read nor altered by it.
-* Signatures (``active``): Ed25519 (``cryptography``), for the signed key advertisements and
-  the signed survivor list of the paper's actively secure variant (its §6), under each
-  client's own random identity key (:func:`new_identity`).
-
-Uploads are fixed-point integers in ℤ_{2^32}: :func:`quantise` rounds ``x·2^bits`` to the
-nearest integer, masks are added modulo 2^32, and :func:`signed` reads a sum back as a
-signed 32-bit value. Masks therefore cancel *exactly*; the only error of a securely
-aggregated mean is the rounding, at most ``2^-(bits+1)`` per coordinate.
-
-The two packages form the ``[secure]`` extra; :func:`require` names it when one is missing.
+X25519 key agreement, HKDF-SHA256 key derivation, ChaCha20 keystream masks (never
+``torch.Generator`` or ``numpy.random``), Shamir t-of-n sharing (pycryptodome, 16-byte
+pieces), ChaCha20-Poly1305 share encryption and Ed25519 signatures (``active``). Uploads
+are fixed point in ℤ_{2^32} (:func:`quantise`, :func:`signed`), so masks cancel exactly and
+the only error is rounding, at most ``2^-(bits+1)``. The two packages form the ``[secure]``
+extra; :func:`require` names it when one is missing. See docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """FedCQA's own masking of the entity rows (``federated.fedcqa.secret: paper``), for comparison.
 
 Hu et al., "FedCQA: Answering Complex Queries on Multi-Source Knowledge Graphs via
-Federated Learning", §4.1, Eq. 2–4 and appendix A. Client ``i`` holds one
-random mask ``E_r^i`` over its entity rows, drawn once and known to every other client (the
-paper hands it over pairwise encrypted channels). Each round a selected client uploads
-``E^i + E_r^i`` (its operators in clear); the server holder-averages the masked rows
-(Eq. 2), so the table it holds and sends back is masked by the holder-mean of the masks of
-the clients that contributed; each client subtracts that mean of masks (Eq. 4) and holds
-exactly the plain holder-mean.
-
-How this module models it, in one process:
-
-* *Every client knows every mask*: client ``j``'s mask of an entity is drawn from a 64-bit
-  seed ``HMAC-SHA256(federation key, j | tensor | digest)`` (first 8 bytes), ``digest`` being
-  the entity's alignment digest (itself keyed). Any client, holding the key, computes any
-  peer's mask over the entities it holds itself; the server, without the key, computes none.
-  The seed is expanded by :func:`~lightning_fedkg.seeding.keyed_uniform` (SplitMix64), which
-  is not a cryptographic generator: a per-row seed keeps one recovered row from revealing
-  the others.
-* *Scale*: standard normal, ``N(0, 1)`` per coordinate, whatever the model. It is larger
-  than the entity rows' own scale (GQE draws them in ``±(γ + 2)/d``, 0.8 at d = 32 and
-  0.03 at d = 800) so it hides them, and small enough that float32 keeps the masked rows
-  to ~1e-7 (a far larger mask would eat the rows' low bits); the init scale would tie the
-  mask to one model's init and
-  at large d be smaller than the rows it hides. Masks and the unmasking are float64.
-* *Which masks to remove*: a row's value on the server is the mean over the clients that
-  contributed to its **last** update (selection, failures, rows none of the selected
-  clients hold keep their value). The server therefore keeps, per entity row, that set of
-  contributors (a bool matrix over its client list) and sends it with every download,
-  training and evaluation alike; rows never updated are the server's own initial rows,
-  unmasked, with an empty set (the paper's Eq. 4 leaves both points unsaid).
-
-What it does not protect (README, "FedCQA"): the masks are static, so the difference of two
-uploads of one client is its true update; and one client that gives the server the
-federation key (or its masks) lets the server unmask every upload of every client.
-``federated.fedcqa.secret: secure`` (secure aggregation with the aggregate hidden) has
-neither weakness.
+Federated Learning", §4.1, Eq. 2–4. Each client adds one static N(0, 1) mask to its entity
+rows, which every other client can compute (here from keyed per-row seeds); the server
+holder-averages the masked rows and keeps, per row, which clients contributed last, and
+the clients subtract the mean of those masks. It protects much less than the default
+``secret: secure``; how it is modelled and what it leaks: docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations

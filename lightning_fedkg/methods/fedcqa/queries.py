@@ -1,21 +1,10 @@
 """Complex logical queries on a KG: structures, batched answering, sampling (FedCQA's data).
 
-Structures are data, in KGReasoning's nested-tuple grammar (Ren & Leskovec, "Beta Embeddings
-for Multi-Hop Logical Reasoning", NeurIPS 2020): a *branch* is
-``(anchor, (r, ..., r))``; a tuple of two or more sub-queries is their conjunction, and a
-disjunction when it ends with the marker ``("u",)``; ``(compound, ("r",))`` projects a
-compound. An instance of a structure is one row of integers in depth-first order: anchor
-entity ids for ``"e"``, relation ids for ``"r"``, ``-1`` for ``"u"`` (a 2p query is
-``[a, r1, r2]``, an ip query ``[a1, r1, a2, r2, r3]``). A batch of one structure is a
-``LongTensor [B, slots]``.
-
-Relations come in pairs: relation ``k`` of the KG is id ``2k`` forward and ``2k + 1``
-inverse (:class:`QueryGraph`), as KGReasoning's query creation adds every triple reversed.
-
-Answers are computed by set operations on boolean entity matrices ``[B, N]``, a batch at a
-time: a projection follows, for every (query, member) pair, the edges of the query's
-relation out of that member (a binary search in the sorted edge list), an intersection is
-``&``, a union ``|``. There is no Python loop over queries, entities or edges.
+Structures follow KGReasoning's nested-tuple grammar; an instance is one row of integers in
+depth-first order, a batch of one structure a ``LongTensor [B, slots]``. Relation ``k`` is
+id ``2k`` forward and ``2k + 1`` inverse (:class:`QueryGraph`). Answers are set operations on
+boolean ``[B, N]`` entity matrices, a batch at a time, with no Python loop over queries or
+edges. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Queries typed by a person, answered by a finished federation (``fedkg query``).
 
-Syntax (KGReasoning's grammar with names; whitespace is free)::
-
-    query  := "(" source "," "(" rel { "," rel } ")" ")"     a chain of projections
-            | "i(" query "," query { "," query } ")"         an intersection
-            | "u(" query "," query { "," query } ")"         a union
-    source := "e:" name | query
-    rel    := "r:" name | "r-:" name                         forward / inverse
-    (a comma may follow the last relation, as in Python's ``(r:x,)``)
-    name   := characters other than ``,()"`` and spaces, or a "double-quoted string"
-
-``(e:aspirin, (r:treats, r:causes))`` is a 2p query, ``i((e:a, (r:x)), (e:b, (r:y)))`` a
-2i, ``(u((e:a, (r:x)), (e:b, (r:y))), (r:z))`` an up. The query must have one of the
-structures the encoders know (:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`). An
-unknown name is an error listing the closest names; a malformed query says where it breaks.
+KGReasoning's grammar with names: ``(e:NAME, (r:NAME, r-:NAME))`` is a chain,
+``i(q, q, ...)`` an intersection, ``u(q, q, ...)`` a union; names with spaces or commas go in
+double quotes. The query must have one of the known structures
+(:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`). An unknown name is an error listing the
+closest names; a malformed query says where it breaks. The grammar is in
+docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """Distributed retrieval of cross-graph queries (FedCQA §4.2, Eq. 5–6).
 
-A cross-graph query uses relations of several clients. Nobody holds its whole graph and
-no client's entity or relation rows may leave it, so the server routes the query's
-computation instead:
-
-* **keys**: each client sends the first 8 bytes of the keyed hashes (:mod:`...alignment`)
-  of its entity and relation names; the server learns who holds which item, nothing more.
-* **hops**: every projection runs at the client that owns its relation (relations and
-  their inverses have one owner). The first projection of a branch runs there with the
-  anchor, which that client holds (the anchor has an edge of that relation); a later one
-  gets the intermediate state from the server. An intersection or a union that feeds a
-  projection is computed by the projecting client with its own operators (FedAvg'd under
-  FedCQA, so every client has the same). Hop ``h`` runs every projection ``h`` steps deep,
-  for a batch of queries at once.
-* **score**: the server sends the states the query's root needs to every client; each
-  finishes the root (the last intersection or union, or the DNF alternatives), scores its
-  own entities (Eq. 5) and returns the score table; the server holder-averages the tables
-  over the union of the clients' entities (Eq. 6) and ranks the answers it was given as
-  keyed hashes, filtered as in-graph answers are.
-
-What crosses: keys, intermediate query states (functions of a relation row and an anchor
-row, never a row alone) and score tables; never an entity or relation row (tested on the
-recorded payloads). The evaluator (:func:`issue_cross_queries`) holds the federation key
-to hash a query's names; the server never sees a name or a global id.
-
-The mixins run as evaluation stages (``eval_stages``: ``evaluate`` then one ``cq_step``
-per step), on the ``test`` split only (cross-graph sets have no validation counterpart).
+No client holds a cross-graph query's graph and no row may leave its client, so the server
+routes the computation: clients send keyed hashes of their names (**keys**), each
+projection runs at the client that owns its relation (**hops**), and every client scores its
+own entities while the server holder-averages the score tables and ranks (**score**). Only
+keys, intermediate query states and score tables cross. The mixins run as evaluation
+stages on the ``test`` split. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations

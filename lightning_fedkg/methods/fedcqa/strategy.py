@@ -1,21 +1,12 @@
 """FedCQA and its baselines under the query-answering task.
 
 Hu et al., "FedCQA: Answering Complex Queries on Multi-Source Knowledge Graphs via
-Federated Learning" (§4.1, Eq. 2–4): each round the selected clients train
-their query encoder on their own training queries; the server averages the operator
-networks over them (FedAvg, unweighted) and each entity row over the clients that hold it
-(holder-mean, Eq. 2), while relation rows stay with their owners. The paper's point is
-that the server learns neither a client's entity rows nor their aggregate: by default
-(``federated.fedcqa.secret: secure``) :class:`FedCQA` therefore requires secure aggregation
-with the aggregate hidden from the server (``federated.secure_aggregation: {enabled: true,
-hide_aggregate: true}``, a ``federated.federation_key``), where the paper's own scheme lets
-one client colluding with the server unmask everyone. ``secret: paper`` runs the paper's
-scheme itself (static masks, Eq. 2–4; :mod:`.paper_secret`) for comparison.
-
-The baselines as the paper adapts them (§5.1.3): :class:`CQAFedE` shares everything in
-clear (entity, relation and operator parameters), :class:`CQAFedR` relations and
-operators. *Local* is ``single``, *Central* ``entire``. Every one of them answers
-cross-graph queries by the task's distributed retrieval.
+Federated Learning" (§4.1, Eq. 2–4): the server averages the operator networks and
+holder-averages entity rows; relation rows stay with their owners. :class:`FedCQA`
+requires secure aggregation with the aggregate hidden (``secret: secure``, default) or runs
+the paper's static masks (``secret: paper``, :mod:`.paper_secret`). Baselines (§5.1.3):
+:class:`CQAFedE` and :class:`CQAFedR` share in clear; Local is ``single``, Central
+``entire``. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Complex query answering as a federated task (``federated.task: query_answering``).
 
 Each party trains a :class:`~lightning_fedkg.methods.fedcqa.module.QueryAnsweringModule` on
-queries sampled on its own graph (:func:`~lightning_fedkg.methods.fedcqa.query_sets.graph_query_sets`;
-a client's counts are the whole-graph counts divided by the number of clients, FedCQA §5.1)
-and is evaluated in-graph: every hard answer ranked among the party's own entities with the
-query's other answers filtered, MRR and HR@1/3/10 per structure and their mean over
-structures (KGReasoning's filtered protocol, as FedCQA §5.1 reports it). A party's entry
-carries ``<type>/<metric>`` keys too.
-
-Cross-graph queries (on the union of the clients' graphs, relations of at least two
-clients) are the evaluator's (:meth:`QueryAnswering.evaluation_data`): it hands the server
-their anchors, relations and answers as keyed hashes of names, never ids or names, and the
-server answers them by distributed retrieval (:mod:`.retrieval`), which this task adds to
-whatever strategy runs it (:meth:`QueryAnswering.halves`).
+queries sampled on its own graph and is evaluated in-graph (hard answers ranked among its
+own entities, filtered; MRR and HR@1/3/10 per structure and their mean). Cross-graph test
+queries are issued by the evaluator as keyed hashes and answered by distributed retrieval
+(:mod:`.retrieval`), which this task adds to whatever strategy runs it
+(:meth:`QueryAnswering.halves`). See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations

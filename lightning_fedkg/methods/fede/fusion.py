@@ -1,27 +1,11 @@
 """FedE model fusion: a learned 2→1 combination of a Single and a federated KGE model.
 
-FedE (Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting", IJCKG 2021,
-§2.2.3, Eq. 5–6) improves each client after federated training by fusing two frozen models
-that score the *same* client-local id space:
-
-* the **Single** model, trained on the client's KG alone, and
-* the **federated** model (the aggregated entity table seen through the client's
-  local→global id map, plus the client's own relation embeddings).
-
-For a triple ``(h, r, t)`` the feature vector is ``x = [s_single(h,r,t), s_fed(h,r,t)]`` and
-the fused score is ``s(h,r,t) = w·x + b`` (:class:`ScoreFusion`). The layer is fit on the
-client's **validation** triples: each positive gets ``num_negatives`` uniformly drawn tail
-corruptions that are not true tails of the same ``(h, r)`` among the validation triples,
-and the loss is the margin ranking loss against the *mean* negative score,
-``max(0, β − s(pos) + mean_j s(neg_j))`` (:func:`fusion_loss`).
-
-Both KGE models stay frozen, so their scores on the positives (``[V]``) and on the negatives
-(``[V, n]``) are computed **once** before training; the epochs then only train the two
-weights and the bias of the fusion layer on these cached tensors. This makes fitting take
-seconds rather than the minutes a forward pass through both models per batch would cost.
-
-Because the layer is fit on validation triples, validation metrics after fusion are not a
-clean estimate; report fused numbers on the test split only.
+Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting", IJCKG 2021, §2.2.3,
+Eq. 5–6. For a triple the fused score is ``w·[s_single, s_fed] + b`` (:class:`ScoreFusion`),
+fit on the client's validation triples with a margin ranking loss against the mean of
+``num_negatives`` tail corruptions (:func:`fusion_loss`). Both models are frozen, so their
+scores are computed once and fitting takes seconds. Validation metrics after fusion are
+not clean: report test numbers only. See docs/methods/fede.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""``federated.fusion: true``: FedE's model fusion as its own result row.
+"""``federated.fede.fusion: true``: FedE's model fusion as its own result row.
 
-FedE (Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting", IJCKG 2021,
-§2.2.3, Eq. 5–6) finishes federated training with a per-client *model fusion*: the
-client's **Single** model (trained on its own KG alone) and its **federated** model (the
-aggregated entity rows of the best round plus the client's own relations) score the same
-client-local ids, and a 2→1 linear layer over the two scores is fit on the client's
-validation triples. This module runs that step after :func:`~.orchestrator.run_federated`
-has tested a FedE run at its best round:
-
-1. :func:`obtain_single_run` trains the Single models with the same config but
-   ``federated.strategy=single`` in ``<run_dir>/fusion_single`` by calling ``run_federated``
-   (so it is resumable and early-stopped like any run), or reuses a finished one there;
-2. per client, :func:`fuse_client` fits :class:`~lightning_fedkg.methods.fede.fusion.ScoreFusion`
-   on the validation triples (generator seeded from ``cfg.seed`` and the client) and ranks
-   the test triples with FedE's protocol: tail-only, the client's filter over its
-   train ∪ valid ∪ test, its candidate set, ties from ``cfg.train.ties``;
-3. :func:`run_fusion` returns the ``metrics.json`` block: the fused result and, under the
-   same tail-only protocol, the two inputs (``single`` and ``federated``), each as a
-   triple-weighted average (``test``) and per client (``clients``).
-
-The inputs are ranked through :func:`~lightning_fedkg.methods.fede.fusion.evaluate_fusion` with
-the fixed weights (1, 0) and (0, 1): the fused score is then exactly the input's score, so
-the three rows differ only in the scores, never in the protocol. Since the layer is fit on
-validation triples, only test numbers are reported.
+After a FedE run is tested at its best round, :func:`obtain_single_run` trains (or reuses)
+the Single models in ``<run_dir>/fusion_single``, :func:`fuse_client` fits
+:class:`~lightning_fedkg.methods.fede.fusion.ScoreFusion` per client on its validation
+triples and ranks the test triples with FedE's tail-only protocol, and :func:`run_fusion`
+returns the ``metrics.json`` block (the fused result and its two inputs, ranked through the
+same code with fixed weights). See docs/methods/fede.md.
 """
 
 from __future__ import annotations

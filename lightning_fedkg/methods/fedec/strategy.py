@@ -1,36 +1,12 @@
 """FedEC on FedE: holder-mean of entity rows, with an embedding-contrastive term in every local fit.
 
 Chen et al., "Federated Knowledge Graph Embedding with Embedding-Contrastive learning"
-(FedEC), applied to FedE's entity table as FedLU (Zhu et al., WWW 2023, §5) uses it as a
-baseline (FedLU's official code, ``model.py``, ``fed_mode == "FedEC"``). During the E local
-epochs of a round each client minimises its KGE loss plus
-
-    L_con = −μ · log( exp(cos̄(E, E_glb)/τ) / (exp(cos̄(E, E_glb)/τ) + exp(cos̄(E, E_prev)/τ)) )
-
-over its shared entity rows ``E``: ``cos̄(A, B)`` is the mean over entities of the row-wise
-cosine similarity, ``E_glb`` the rows it received at the start of the round (positive) and
-``E_prev`` its own rows at the end of its previous local training (negative), so the local
-model is drawn towards the global one and away from where it drifted last time
-(``federated.fedec.mu``, ``federated.fedec.temperature``; FedLU's script: 0.1 and 0.2). The
-server is FedE's. With ``mu = 0`` it trains exactly like FedE.
-
-Where ``E_prev`` comes from: FedLU's client keeps ``old_entity_embedding``, the value of
-its entity table just before a training download overwrites it. Here a client's module is
-also overwritten by every *evaluation* download (it evaluates with the aggregated rows,
-:meth:`~.fede.HolderMeanServer.configure_evaluate`), so "the rows before the download" is
-not its own previous model after an evaluated round or a round it was not selected in.
-The client half therefore copies its rows at the end of each successful local training
-and keeps them itself (``FedECClient.state_dict``: ``{"previous": {tensor: rows}}``, empty
-before the first local fit); the runner saves that state in the client's checkpoint next
-to its module, so a resumed run computes the same term, and the module's own state has
-nothing of FedEC's. Before its first local training a client has no previous local
-model; as in FedLU's code, whose client model starts from the server's initial rows,
-``E_prev`` is then the download itself and the term is the constant ``μ·log 2`` (no
-gradient) in that round.
-
-Checkpoints written when the rows were module buffers (``fedec_previous_<tensor>`` and
-``fedec_has_previous`` in the module's state, no half state) still load: the client
-takes the old buffers out of the module's state as it is loaded.
+(FedEC), as FedLU (WWW 2023, §5) uses it as a baseline. Each client adds
+``−μ·log(e^{g/τ} / (e^{g/τ} + e^{p/τ}))`` to its loss, g and p the mean row-wise cosine of
+its entity rows to the rows it received and to its own rows after its previous local fit
+(``federated.fedec.mu``, ``federated.fedec.temperature``). ``mu = 0`` is FedE exactly. The
+previous rows are the client half's own state (:meth:`FedECClient.state_dict`), saved in its
+checkpoint. See docs/methods/fedec.md.
 """
 
 from __future__ import annotations

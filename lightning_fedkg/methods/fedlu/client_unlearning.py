@@ -1,48 +1,12 @@
 """FedLU's client-side unlearning: retroactive interference, then passive decay.
 
 Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023, §4.3, and FedLU's client.py ``unlearn`` / model.py ``unlearn_step``. Given a
-trained client module and its forgetting set
-``G_u`` (with retain set ``G_c = G \\ G_u``):
-
-1. **Retroactive interference**, for ``interference_epochs`` over ``G_u``:
-
-   ``L_loc = ½ (w · mean −log σ(−S(u)) + mean ℓ_neg) + μ_soft · mean ‖S(negs) − S(u)‖₂``
-   ``L_glb = (the same with the avatar's scores) + μ_distill · KL(P_loc ‖ P_glb)``
-
-   *hard confusion* (the forgotten triple scored as a negative, weighted ``w``; the
-   official code uses w = 10), *soft confusion* (the L2 norm of the gap between the
-   negatives' scores and the forgotten triple's: pull it into the crowd), and for the
-   avatar distillation from the local side that has just forgotten. The paper also
-   distils into the local step; the official code does not, and neither do we: measured on
-   UMLS (docs/BENCHMARKS.md, "Unlearning on UMLS"), the term moved the result away from
-   the retrained model (more forgetting than retraining, lower test MRR).
-2. **Passive decay**, at most ``decay_epochs`` over ``G_c``: mutual distillation with its
-   prediction loss; after every epoch the local side is validated and decay stops at the
-   first epoch that does not improve, keeping the best epoch's tables.
-
-How many updates each batch gets (``official_updates``):
-
-* ``False`` (default): interference takes one local step and then one avatar step per
-  forget batch; decay one step per retained batch, teacher and student alternating by
-  batch (even batches the local side with the avatar as teacher, odd batches the avatar).
-* ``True``, the official ``client.unlearn``: each interference epoch is a pass of avatar
-  steps over the forget batches, a pass of local steps, then a pass of avatar + local
-  steps per batch (2 + 2 per batch); each decay batch takes 5 steps: local (prediction
-  only), avatar (prediction only), avatar (+ KL from the local side), avatar (prediction
-  only), local (+ KL from the avatar).
-
-Filtered negatives (``negative_mask`` False where a negative is a known true triple) count
-in no loss: not in the confusion's negative term nor its gap norm, nor in either side's
-distribution of the KL (as in training, :mod:`.distillation`).
-
-Relations are frozen throughout (only entity-indexed tables move, the official choice):
-the knowledge to remove is carried by the forgotten triples' entities, and the relation
-table is shared by both scorers. Both steps start with fresh Adams (the official code
-keeps one through both, so the interference's momentum carries into the decay).
-
-A plain :class:`~lightning_fedkg.models.KGEModule` (a FedE client) has no avatar: its
-interference has no distillation term and its decay is plain training on ``G_c``.
+WWW 2023, §4.3. :class:`ClientUnlearner` runs ``interference_epochs`` over the forgetting
+set (hard and soft confusion; for the avatar, distillation from the local side), then at
+most ``decay_epochs`` of mutual distillation over the retained triples, stopping at the
+first epoch whose local validation does not improve. ``official_updates`` picks the
+official code's update counts. Relations stay frozen; filtered negatives count in no loss.
+The losses and where they differ from the paper: docs/methods/fedlu.md.
 """
 
 from __future__ import annotations

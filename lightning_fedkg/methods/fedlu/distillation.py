@@ -1,33 +1,12 @@
 """FedLU's client learner: local entity embeddings and a global avatar that teach each other.
 
 Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023, §4.2, and FedLU's model.py / client.py. A client keeps two entity tables over its own
-entities, both scored with **one** relation table that never leaves the client:
-
-* the local table ``E_loc`` (``self.model``, with the relations ``R``), private;
-* the avatar ``E_glb`` (``self.avatar``), its copy of the server's aggregated rows, the
-  only thing a strategy may move (the module declares it as the shareable group
-  ``"avatar"``; ``"entity"``/``"relation"`` are not declared).
-
-Each training batch makes two steps (the official code's order):
-
-1. local: ``L_pred(S_loc) + μ · KL(P_glb ‖ P_loc)`` → the local optimizer (``E_loc``, ``R``);
-2. avatar: ``L_pred(S_glb) + μ · KL(P_loc ‖ P_glb)`` → the avatar optimizer (``E_glb`` only;
-   the backward pass is restricted to the avatar's tensors, so ``R`` receives no gradient).
-
-``P = softmax(S)`` over the positive and its negatives (no temperature), the teacher's
-scores are detached and computed with its current parameters (after the local step, for
-the avatar step), ``KL`` sums over candidates and averages over the batch. Each direction
-is switched by a flag (``distill_local``: the avatar teaches the local side;
-``distill_global``: the local side teaches the avatar) that a federated strategy sets per
-round; the validation-gated schedule lives in :mod:`lightning_fedkg.methods.fedlu.strategy`.
-
-Optimizers as in the official code: the local Adam persists across ``fit()`` calls (its
-state travels in checkpoints through :meth:`optimizer_state_dict`); the avatar's Adam is
-built anew at every ``fit()``, i.e. after every aggregation.
-
-The module is a plain LightningModule: ``Trainer.fit(DistillationModule(...), dm)`` trains
-both sides on one KG, and validation/test rank with the side named by :attr:`eval_side`.
+WWW 2023, §4.2. :class:`DistillationModule` keeps a private local table and an avatar of the
+global rows (the only shareable group, ``"avatar"``), both scored with one relation table.
+Each batch makes a local step (KGE loss + μ·KL from the avatar) and then an avatar step
+(the mirror, reaching only the avatar's rows); ``distill_local`` / ``distill_global`` switch
+the directions. The local Adam persists across ``fit()`` calls, the avatar's is rebuilt.
+A plain LightningModule. See docs/methods/fedlu.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,12 @@
 """``fedkg unlearn``: forget triples from a finished FedLU (or FedE) run, checked against retraining.
 
-Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023, §4.3. :func:`run_unlearn` reads a finished run directory (never writing to
-it), restores its parties at their best state and runs the :class:`UnlearnPhase` into a
-new run directory:
-
-1. **forgetting sets** per client (:func:`forget_sets`): FedLU's ``unlearn.txt`` split
-   (``unlearn.forget: file``) or a seeded sample of ``unlearn.fraction`` of the client's
-   train triples (``sample``; ``auto``, the default, is ``file`` where the data has the
-   split, else ``sample``); the retain set is the rest of its train triples;
-2. **before**: each client's filtered metrics on its forgetting set (filter: every true
-   triple *except* the forgotten ones, FedLU's protocol) and on its test set, plus the
-   membership-inference AUC (:func:`membership_auc`);
-3. **unlearning** on the clients that have something to forget
-   (:class:`~lightning_fedkg.methods.fedlu.client_unlearning.ClientUnlearner`: retroactive interference,
-   then passive decay on the retained triples); then ``unlearn.propagate_rounds``
-   aggregation rounds carry the change to the global model: first the clients' unlearned
-   shared rows are uploaded and averaged (so no download overwrites them), then normal
-   rounds train on the retained triples only. With 0 rounds (the official pipeline) only
-   each client's own avatar changes. From the start of the decay on, every client's data
-   is its retained triples, so the decay's validation filter no longer holds the
-   forgotten ones (they are negatives like any unknown triple, as in the official code);
-4. **after**: the same metrics; the unlearned parties are saved as the new run's ``best``
-   checkpoint set (each client with the state it was evaluated with), so ``fedkg test
-   --from`` and every other ``--from`` command read the unlearned model;
-5. **retrain** (gold standard): the same config trained from scratch on the retained
-   triples for an equal budget (``unlearn.retrain_rounds``; by default the source's rounds
-   plus the rounds' worth of decay epochs and the propagation rounds), as a resumable
-   sub-run in ``<out>/retrain/``, and the same metrics on the very same forgotten triples
-   (its data folder keeps them as its ``unlearn`` split, so its vocabulary, ids and test
-   sets are the source's; a differing count is an error).
-
-``metrics.json`` of the new run: ``before``, ``after``, ``retrain``, each with
-``forget`` and ``test`` blocks (triple-weighted over clients: MRR, MR, Hits@1/3/5/10,
-count), ``forgotten`` (triples ranked), ``seconds`` (training of the source run, the
-unlearning, the retraining) and per-client entries; FedLU runs add
-``forget_global``/``test_global`` (the avatar); ``mia_auc: {before, after, retrain}``;
-``forget`` (mode and triples per client) and ``budget`` (the source's rounds, the decay
-epochs each client ran, the propagation rounds, the retrain's rounds). The phase's block is
-its resume point (``phases/unlearn.json``); the retrain sub-run resumes by itself.
-
-Membership inference (beyond the paper): a threshold on the triple score separating
-forgotten triples (members) from the client's never-seen test triples; its AUC is
-``P(score(forgotten) > score(test))``. A model that never saw the forgotten triples scores
-them like test triples (AUC near the retrained model's); the score-based AUC of the
-trained model is well above it.
+Zhu et al., WWW 2023, §4.3. :func:`run_unlearn` reads a finished run (never writing to it)
+and runs the :class:`UnlearnPhase` into a new run directory: forgetting sets per client
+(:func:`forget_sets`), metrics before, client unlearning and ``propagate_rounds``
+aggregation rounds, metrics after (saved as the new run's ``best``), and an equal-budget
+retrain from scratch in ``<out>/retrain/``, with the membership-inference AUC
+(:func:`membership_auc`) at each step. The steps and the ``metrics.json`` layout:
+docs/methods/fedlu.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """FedLU: mutual knowledge distillation between local and global entity embeddings.
 
 Zhu et al., "Heterogeneous Federated Knowledge Graph Embedding Learning and Unlearning",
-WWW 2023, §4, and FedLU's fedlu.py / server.py. Each client trains a
-:class:`~lightning_fedkg.models.DistillationModule`: private local entity embeddings and
-relations, plus an *avatar* of the global entity embeddings. Only the avatar crosses the
-wire (group ``"avatar"``, tensors ``avatar_*``); the server averages it over the clients
-that hold each entity exactly as FedE does (the official ``agg=weighted`` is a plain
-holder-mean) and sends each client its rows back, which overwrite the avatar while the
-local table and its Adam state persist.
-
-Distillation schedule (``federated.fedlu.schedule``):
-
-* ``always``: both directions from the first round, as the paper describes it;
-* ``gated`` (default): the official code's validation-driven switches
-  (:class:`DistillationGate`). Clients report local *and* avatar validation MRR; the server
-  turns each direction on (never off) from the triple-weighted means and sends the flags
-  with the next round's rows. The paper's numbers come from this schedule.
-
-Early stopping monitors the local validation MRR. ``federated.fedlu.early_stopping=official``
-counts a validation toward the patience only when the avatar's MRR did not improve either,
-as the official code's ``bad_iter`` (:meth:`FedLUServer.stall_counts`).
-
-``metrics.json``: ``test`` is the local embeddings' result (what FedLU reports),
-``test_global`` the avatar's (aggregated rows + local relations), each with per-client
-entries; ``distillation`` records the schedule, the round each direction switched on and
-the validation MRRs of both sides.
+WWW 2023, §4. Each client trains a :class:`~lightning_fedkg.methods.fedlu.distillation.DistillationModule`;
+only its avatar crosses, and the server holder-averages it as FedE averages entities.
+``federated.fedlu.schedule``: ``gated`` (default, the official code's validation-driven
+switches, :class:`DistillationGate`) or ``always`` (the paper's text). Early stopping
+monitors the local validation MRR (``early_stopping=official``: the code's ``bad_iter``).
+``metrics.json``: ``test`` (local), ``test_global`` (avatar), ``distillation``.
+See docs/methods/fedlu.md.
 """
 
 from __future__ import annotations

@@ -1,51 +1,11 @@
 """PATE's moments accountant: per-query log-moments, composed, turned into (epsilon, delta).
 
-Notation (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, §3.2): the
-``l``-th log moment of a mechanism ``M`` is ``alpha(l) = max log E[exp(l * c)]`` over
-neighbouring inputs, ``c`` the privacy loss of one output. Log moments add under adaptive
-composition (their Thm 2.1), and ``M`` is ``(eps, delta)``-DP for
-
-    eps = min_l ( alpha(l) + log(1/delta) ) / l                 (their Thm 2.2, tail bound)
-
-Per answered PATE query (one noisy label of one sample; Papernot et al., ICLR 2017), with
-``Lap(1/lambda)`` noise, hence a ``2*lambda``-DP answer (PATE Thm 2), and vote gap
-``Delta = n_top - n_second`` of that sample's hard votes, we charge
-
-    di(l)  = 2 lambda^2 l (l+1)                                   data-independent, PATE Thm 2
-    pure(l) = 2 lambda l                                          |c| <= 2 lambda for a 2 lambda-DP answer
-    q      = min(1 - 1/C, (C-1) (2 + lambda Delta) / (4 exp(lambda Delta)))   PATE Prop. 7 / §A
-    dd(l)  = log( (1-q) ((1-q) / (1 - e^{2 lambda} q))^l + q e^{2 lambda l} )  PATE Thm 3,
-             valid ONLY IF q < (e^{2 lambda} - 1) / (e^{4 lambda} - 1)  (= 1 / (e^{2 lambda} + 1))
-    alpha(l) += min(di(l), pure(l), dd(l) if valid else +inf)
-
-Notes on each choice:
-
-* ``di`` is the moment of any pure ``eps``-DP mechanism at ``eps = 2 lambda`` through
-  ``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 3.3): RDP of order ``l+1`` is
-  ``2 lambda^2 (l+1)`` and ``alpha(l) = l * RDP(l+1)``. The test suite checks this branch
-  against Google's ``dp-accounting`` (``ZCDpEvent``, ``RdpAccountant``).
-* ``pure`` is the trivial bound (a ``2 lambda``-DP answer's privacy loss is at most
-  ``2 lambda``), which PATE's own analysis script also takes; it only binds for
-  ``l >= 1/lambda``, i.e. for large lambda.
-* ``q`` bounds ``Pr[noisy label != plurality label]``. For two classes it is *exact*: the
-  difference of two iid ``Lap(b)`` variables exceeds ``Delta`` with probability
-  ``(2 + Delta/b) e^{-Delta/b} / 4``, and ``(2 + x) e^{-x} / 4 <= 1/2`` for ``x >= 0``, so
-  the ``1 - 1/C = 1/2`` cap (from PATE's script) never binds when ``C = 2``. For ``C > 2``
-  only the top-second gap is known here; every other class trails by at least that gap and
-  the per-class term decreases in its gap, so ``(C-1)`` times it is still an upper bound.
-* ``dd`` is used only where PATE Thm 3's condition holds. FKGE (Peng et al., CIKM 2021,
-  Eq. 8-10) transcribes ``di`` and ``dd`` but omits the condition, without which
-  ``1 - e^{2 lambda} q`` can be ``<= 0``. At FKGE's ``lambda = 0.05`` with 4 teachers
-  (``Delta in {0, 2, 4}``) only unanimous votes qualify and even then ``dd > di`` for
-  ``l <= 17``, so at the orders that minimise eps every query costs ``0.005 l (l+1)``
-  (by our arithmetic 29 queries then give eps = 2.729 at l = 9, FKGE's reported value). Outside
-  the condition Thm 3 says nothing, and the formula may not even be defined
-  (``1 - e^{2 lambda} q < 0`` at, e.g., lambda = 0.5, Delta = 1).
-
-One query per *labelled sample*, as PATE requires (FKGE's reported ``eps = 2.73`` equals
-29 queries, i.e. apparently one per batch, by our count). With data-dependent terms the
-resulting ``eps`` is itself a function of the private votes (PATE releases it through
-smooth sensitivity); treat it as a logged metric and claim no more than it proves.
+Abadi et al., CCS 2016 (log moments, Thm 2.1/2.2) and Papernot et al., ICLR 2017 (PATE).
+Each answered query (one noisy label, ``Lap(1/lambda)``, a ``2 lambda``-DP answer) is
+charged ``min(di, pure, dd)`` at every order: the data-independent bound, the trivial
+pure-DP bound, and PATE Thm 3's data-dependent bound only where its condition holds (FKGE's
+Eq. 8-10 omit it). One query per labelled sample. The derivation and its checks:
+docs/privacy.md.
 """
 
 from __future__ import annotations

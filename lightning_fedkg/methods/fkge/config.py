@@ -62,7 +62,7 @@ class FKGEConfig:
     removed, sensitivity 1: half the noise for the same ``dp_epsilon``). ``metrics.json``
     reports the add/remove figure beside (``privacy.epsilon_add_remove``).
 
-    Privacy per party: one :class:`~lightning_fedkg.privacy.PrivacyLedger` per KG composes
+    Privacy per party: one :class:`~lightning_fedkg.methods.fkge.ledger.PrivacyLedger` per KG composes
     everything it releases under a mechanism (PATE labels, DP targets) into the
     ``epsilon`` of ``metrics.json`` and lists what no mechanism covers (``privacy.unprotected``:
     translated rows sent as a client, accept broadcasts, exact targets). With

@@ -1,65 +1,13 @@
 """FKGE's federation: one peer per KG, pairwise PPAT handshakes, KGEmb-Update with backtracking.
 
-Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021, Alg. 1
-(and Alg. 2). There is no server: every KG owner is a :class:`FKGEPeer` on the core's
-peer-to-peer runner (:mod:`lightning_fedkg.federated.peer`), so the same code runs under the
-deterministic FIFO scheduler (``federated.engine: local``) and on Ray actors, one process per
-KG (``engine: ray``); every message crosses the core's transport and lands in its wire log.
-
-Protocol (events; ``C`` the client, whose embeddings are translated, ``H`` the host, whose
-embeddings are updated):
-
-1. ``start``: each peer pre-trains ``pretrain_epochs`` alone, scores its own validation split
-   (the best score so far) and records its ``before`` block, then sends ``fkge_hello`` with
-   the keyed hashes of its entity (and, with relation alignment, relation) names to every
-   other peer. Pairwise alignment (:func:`~lightning_fedkg.federated.alignment.pairwise_alignment`)
-   orders the shared items by digest, so both sides of a pair agree on row ``i`` without
-   either learning the other's unshared names.
-2. ``fkge_request`` (C -> H, "I improved; translate me"): sent to every aligned partner after
-   pre-training and after each accepted update (the paper's broadcast after an improvement).
-   H queues C (once). A request from the partner H is hosting right now is queued too: C
-   improved after H took its rows, so H translates it again once the handshake ends.
-3. H, when not hosting (state ``Ready``/``Sleep``), takes the oldest queued partner, becomes
-   ``Busy`` and sends ``fkge_start``. C snapshots its current rows of the aligned items
-   (``X``) and a fresh generator, and drives PPAT (:mod:`.ppat`): ``ppat_fake`` (C -> H,
-   ``G(X_batch)``) and ``ppat_grad`` (H -> C, the gradient w.r.t. that batch) until its
-   epochs are done, or H answers ``ppat_stop`` because the next batch's PATE labels would
-   take H's epsilon past ``max_epsilon``.
-4. ``fkge_translated`` (C -> H): ``G(X)`` for all aligned rows and ``G(N(X))`` for at most
-   ``neighbours`` non-aligned neighbours per aligned entity, each with the alignment
-   position of its anchor, the joining relation (its relation-alignment position, or -1 for
-   the one fresh virtual relation of the update, as the official code does) and its side.
-   H runs :func:`~.update.kgemb_update` (replace/average the aligned rows, add and later
-   remove the virtual rows, train ``update_epochs``, keep the result only if its validation
-   MRR beat its best, else restore the exact previous state), records the handshake, and
-   after an improvement sends ``fkge_request`` to all its partners. Then it takes the next
-   queued partner, or sleeps (state ``Sleep``) until a request wakes it.
-
-A run ends when no message is pending (no KG improved any more, or every host's budget --
-``handshakes_per_kg``, ``max_seconds``, ``max_epsilon`` -- is spent) or after
-``federated.rounds`` deliveries.
-
-Where this differs from the paper's Alg. 1, and why:
-
-* **Only the host is exclusive.** The paper lets a handshake start only if neither side is
-  Busy. Here a party hosts one handshake at a time (its model changes only then) but serves
-  as a client at any time, from a snapshot of its current (= best, thanks to backtracking)
-  embeddings taken at ``fkge_start``, which is what the official code does too (the host
-  reads the partner's best-embedding file). Requiring both sides idle needs a lock protocol
-  between peers that can deadlock or livelock under a fair scheduler; this rule cannot.
-* No idle self-training (Alg. 1 lines 24-28): a sleeping party waits for requests.
-* Backtracking scores link-prediction MRR on the host's ``backtrack_on`` split; the official
-  code scores triple-classification accuracy on test (its Config.py ``federated`` loop).
-* Neighbour choice is vectorised: each non-aligned neighbour is used once (its first joining
-  triple in train order) and each aligned entity keeps its first ``neighbours`` of them; the
-  official code's greedy loop can pick a different neighbour for an entity whose first
-  candidate was taken by another.
-
-Per-KG quality (``before`` after pre-training, ``after`` at the end): filtered link
-prediction on test (both sides) and triple-classification accuracy (one tail-corrupted
-negative per positive, tails drawn among the relation's tails, per-relation thresholds
-tuned on valid; OpenKE's protocol, as Peng et al. §4.1 use it), with the same negatives
-before and after.
+Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
+Alg. 1. There is no server: every KG owner is an :class:`FKGEPeer` on the core's
+peer-to-peer runner (local FIFO scheduler or Ray). A peer pre-trains, aligns with every
+partner by keyed hashes and asks to be translated (``fkge_request``); a host takes one
+queued client at a time, runs PPAT or the supervised alignment with it, receives the
+translated rows and keeps the update only if its validation improved, then broadcasts.
+The run ends when no message is pending or the budgets are spent. The protocol, its
+events and where it differs from Alg. 1: docs/methods/fkge.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The Poisson-subsampled Gaussian mechanism's log moments, and noise calibration.
 
-A release ``M(D) = f(D_sample) + N(0, (sigma * Delta)^2 I)`` where each record enters the
-sample independently with probability ``q`` (the sample secret from the recipient) and
-``f``'s sensitivity to adding or removing one record is ``Delta`` (the "add or remove one
-record" neighbouring relation, DP-SGD's). For an integer Renyi order ``a >= 2`` its RDP is
-exactly (Mironov, Talwar & Zhang, "Renyi Differential Privacy of the Sampled Gaussian
-Mechanism", 2019, §3.3)
-
-    RDP(a) = log( sum_{k=0..a} C(a, k) (1-q)^(a-k) q^k exp((k^2 - k) / (2 sigma^2)) ) / (a - 1)
-
-which for ``q = 1`` is the plain Gaussian's ``a / (2 sigma^2)``. We return it as the log
-moment ``alpha(l) = l * RDP(l + 1)`` at ``l = 1 .. L`` (the form of
-:class:`~lightning_fedkg.privacy.PateMomentsAccountant`), so one ledger can add the two
-mechanisms order by order: log moments, like RDP, add under adaptive composition.
-
-Why our own twenty lines and not Google's ``dp-accounting`` at run time: a party's ledger
-must add PATE's *data-dependent* moments (not a ``DpEvent``) to the Gaussian's at the same
-orders, and ``dp-accounting``'s public API gives an epsilon per event list, not the RDP
-curve. ``tests/test_privacy_ledger.py`` checks this formula against ``dp-accounting``'s
-``RdpAccountant`` (``PoissonSampledDpEvent(GaussianDpEvent)``) order by order.
+Exact RDP at integer orders (Mironov, Talwar & Zhang, 2019, §3.3) returned as log moments
+``alpha(l) = l * RDP(l + 1)``, the form of
+:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant`, so one ledger adds PATE's
+data-dependent moments and the Gaussian's order by order (which ``dp-accounting``'s public
+API does not expose). ``tests/test_privacy_ledger.py`` checks it against ``dp-accounting``.
+See docs/privacy.md.
 """
 
 from __future__ import annotations

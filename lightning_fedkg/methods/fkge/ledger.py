@@ -1,29 +1,11 @@
 """One party's privacy ledger: every mechanism it runs on its data, composed into one epsilon.
 
-A party of a federation can release information about its private rows through several
-channels. The ledger adds the log moments of each accounted mechanism order by order (log
-moments, like Renyi DP, add under adaptive composition; Abadi et al., CCS 2016, Thm 2.1)
-and turns the sum into one ``(epsilon, delta)``:
-
-* ``pate`` -- PATE labels answered as a PPAT host
-  (:class:`~lightning_fedkg.privacy.PateMomentsAccountant`, data-dependent);
-* ``gaussian`` -- Poisson-subsampled Gaussian releases
-  (:func:`~lightning_fedkg.methods.fkge.gaussian.sampled_gaussian_log_moments`): the supervised
-  DP alignment as a host, noised translated rows as a client.
-
-Releases that no mechanism protects are not hidden: :meth:`declare` counts them by kind
-(e.g. un-noised translated rows sent as a client, the accept/reject bit a broadcast
-reveals), and :meth:`summary` reports them beside epsilon, so a reader sees what the
-epsilon does *not* cover.
-
-The unit of the epsilon is one record of the mechanisms' input: for FKGE, one aligned
-entity's row of the party's embedding. The ledger composes under one neighbouring relation
-(``neighbours``: ``replace`` one record, or ``add_remove`` one) and keeps the Gaussian
-releases' cost under add/remove beside it (``epsilon_add_remove``). PATE's per-query bound
-(a ``2 lambda``-DP answer) holds under both relations: one record changes one teacher's
-vote. What neither covers, stated in :meth:`summary` (``not_covered``): one triple of a
-party's knowledge graph can move every row of its embedding, so the epsilon does not bound
-what the graph reveals at triple level.
+Log moments of each accounted mechanism (``pate``: PATE labels as a PPAT host; ``gaussian``:
+the supervised alignment's releases) add order by order into one ``(epsilon, delta)`` under
+one neighbouring relation, with the Gaussian releases' add/remove cost beside it.
+:meth:`declare` counts releases no mechanism protects and :meth:`summary` reports them, and
+what the epsilon does not cover (one triple can move every row). The unit is one aligned
+entity's row. See docs/privacy.md.
 """
 
 from __future__ import annotations

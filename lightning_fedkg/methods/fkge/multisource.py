@@ -1,28 +1,11 @@
 """Multi-source KGs: several standalone KGs whose entities partly overlap (FKGE's setting).
 
-FKGE (Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
-§3.1, §4.1) federates independently owned KGs ``g_k = (E_k, R_k, T_k)``; pairs of parties
-align the entities (and relations) they share, in this project by keyed hashes of the names
-(:func:`lightning_fedkg.federated.alignment.pairwise_alignment`). Every source here is
-therefore a plain :class:`~lightning_fedkg.data.kg.KnowledgeGraph` with its OWN local ids
-and the entity / relation NAMES of the data it came from: two sources share an entity
-exactly when they share its name, and names are the only alignment key. There is no global
-id table (unlike :class:`~lightning_fedkg.data.federated.FederatedKG`).
-
-The paper's 11 linked-open-data KGs (Dbpedia, Geonames, Yago, ...; Peng et al., CIKM 2021,
-§4.1, Table 2) are not
-available offline. Two ways to get sources:
-
-* :func:`split_into_sources` cuts one KG into sources by relation (FedE's relation partition,
-  reused from :mod:`lightning_fedkg.data.federated`), each split 90:5:5 train/valid/test
-  (OpenKE's default, which FKGE uses, §4.1); sources then share entities, not relations
-  (unless ``shared_relations > 0``);
-* :func:`load_multisource_folder` reads a folder of aligned KGs, one sub-folder per KG
-  (``<name>/{train,valid,test}.txt`` named triples, or an OpenKE folder with
-  ``entity2id.txt``), so a user holding the paper's data can run it.
-
-:func:`write_multisource_folder` writes sources in that layout (``scripts/make_multisource.py``
-uses it); :func:`aligned_pairs` is the plain name intersection, for tests and statistics.
+Every source is a plain :class:`~lightning_fedkg.data.kg.KnowledgeGraph` with its own ids
+and names; two sources share an entity exactly when they share its name (the alignment key;
+there is no global id table). :func:`split_into_sources` cuts one KG by relation (90/5/5
+per source), :func:`load_multisource_folder` reads one sub-folder per KG,
+:func:`write_multisource_folder` writes them and :func:`aligned_pairs` intersects names.
+See docs/methods/fkge.md.
 """
 
 from __future__ import annotations

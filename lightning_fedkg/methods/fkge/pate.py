@@ -1,25 +1,11 @@
 """PATE voting: disjoint teacher partitions, hard votes, the Laplace noisy argmax.
 
-Papernot, Abadi, Erlingsson, Goodfellow, Talwar, "Semi-supervised Knowledge Transfer for
-Deep Learning from Private Training Data", ICLR 2017 (PATE), §2.1: teachers are trained on
-*disjoint* partitions of the private data; for a query ``x`` each teacher casts one hard
-vote, ``n_j(x) = |{i : T_i(x) = j}|``, and the aggregate answers
-
-    f(x) = argmax_j ( n_j(x) + Lap(1/lambda) )            (independent noise per class)
-
-(PATE calls the parameter gamma; FKGE, Peng et al. CIKM 2021 §3.2, calls it lambda). One
-teacher's data changes one vote, so every answered query is ``2*lambda``-DP (PATE Thm 2),
-and :class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant` charges each answer
-from the vote gap that :func:`noisy_argmax` returns.
-
-How this differs from the official FKGE code (``HKUST-KnowComp/FKGE``,
-``FederalTransferLearning/hetro_AGCN_mul_dataset_pate.py``): that code sums the teachers'
-*probabilities* (not hard votes), adds Laplace noise of scale 0.05 (not ``1/lambda = 20``)
-in a (teachers, batch)-shaped tensor, so the sum is noised four times independently, and
-thresholds ``value < 0.5`` into an *inverted* label; its student loss then cancels the
-label altogether. Here the noise is ``Lap(1/lambda)`` on hard vote counts, as PATE and the
-FKGE paper state, the label is the plurality class, and the noise comes from the caller's
-``torch.Generator`` so runs are reproducible and different seeds give different labels.
+Papernot et al., "Semi-supervised Knowledge Transfer for Deep Learning from Private
+Training Data", ICLR 2017, §2.1: teachers on disjoint partitions cast hard votes and the
+answer is ``argmax_j (n_j(x) + Lap(1/lambda))``, a ``2 lambda``-DP answer that
+:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant` charges from the vote gap
+:func:`noisy_argmax` returns. The official FKGE code sums probabilities with noise of scale
+0.05 instead; the differences are listed in docs/methods/fkge.md.
 """
 
 from __future__ import annotations

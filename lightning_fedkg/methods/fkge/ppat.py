@@ -1,130 +1,14 @@
 """PPAT: privacy-preserving adversarial translation between two KGs (FKGE's GAN).
 
 Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
-§3.2 (Eq. 3-7, Alg. 2). Two parties share ``m`` aligned items, row ``i``
-of each side's matrix being the same item. The **client** holds ``X`` (``[m, d]``, its
-embeddings of the aligned items) and the generator ``G(x) = W x`` (rows: ``X W^T``); the
-**host** holds ``Y`` (``[m, d]``, its own embeddings of the same items), ``|T|`` teacher
-discriminators trained on disjoint partitions of the aligned rows and a student
-discriminator trained only on generated samples labelled by the noisy PATE vote. The two
-halves exchange :class:`~lightning_fedkg.federated.message.Message` objects and nothing else:
-
-* client -> host, ``"ppat_fake"``: ``G(X_batch)`` (``[B, d]``) and, in the config, the
-  batch's aligned row ids (``"rows"``; both sides know the alignment order, and the host
-  receives all of ``G(X)`` in row order after PPAT anyway);
-* host -> client, ``"ppat_grad"``: ``dL_G / dG(X_batch)`` (``[B, d]``).
-
-The client forms ``dL_G/dW = sum_b grad_b x_b^T`` itself through autograd. The paper says
-the host returns a ``(d, d)`` gradient, which the host cannot compute without ``X``.
-``Y``, the discriminators, their losses and ``X`` never
-cross; :func:`run_ppat` reads the host's own local log (:attr:`PPATHost.last`) to report
-losses, as each party reports its own metrics, not through the wire.
-
-One batch is a real alternating game (Goodfellow et al. 2014; PATE-GAN, Jordon et al.
-ICLR 2019), on the host in this order:
-
-1. **Teachers** ``T_i`` step on BCE: the batch's real rows ``Y[rows ∩ D_i]`` (label 1) vs
-   the generated rows of the same partition (label 0), so over an epoch teacher ``i`` sees
-   exactly its partition ``D_i`` of ``Y`` (``teacher_fakes="own"``, the default). The
-   paper's teacher loss (PATE-GAN's) gives every teacher *all* fakes:
-   ``teacher_fakes="all"``. The fakes are not the host's data, so either choice keeps the
-   partitions of ``Y`` disjoint, which is what PATE's sensitivity argument needs.
-2. **Student** ``S`` steps on the generated batch only, with labels
-   ``gamma_b = argmax_c (n_c(G(x_b)) + Lap(1/lambda))`` (Eq. 6; hard teacher votes,
-   threshold 0.5) and the log-likelihood of Eq. 7 (printed without its leading minus).
-   Each label is one PATE query, charged to the host's
-   :class:`~lightning_fedkg.privacy.PateMomentsAccountant` from that sample's vote gap
-   (one query per labelled sample, as PATE counts them: Papernot et al.,
-   ICLR 2017). The student never sees ``Y``: the
-   noisy labels are its only supervision, so they matter (``tests/test_ppat.py``).
-3. **Generator gradient** through the (just updated) student only:
-   ``L_G = mean_b -log S(G(x_b))``, the non-saturating form (Goodfellow et al. 2014 §3):
-   the generator wants the student to say "real". The paper's
-   ``L_G = (1/n) sum log(1 - S(G(x)))`` (the saturating minimax form, whose gradient
-   vanishes while the student rejects the fakes) is ``saturating=True``. Only
-   ``dL_G/dG(X_batch)`` is returned.
-
-Where we differ from the official code (``HKUST-KnowComp/FKGE``,
-``FederalTransferLearning/hetro_AGCN_mul_dataset_pate.py``) and why:
-
-* Losses: there the student loss ``BCE(S, a) + BCE(S, 1 - a)`` does not depend on the PATE
-  label ``a``, the student also sees real rows, and one Adam minimises the sum of all
-  losses over ``W``, the teachers and the student jointly (so ``W`` helps the teachers
-  and no min-max game is played). Here: one optimizer per net, the order above, the
-  student on noisy labels of fakes only, the generator through the student only.
-* Votes: probabilities summed, ``Lap`` scale 0.05, a ``(4, B)`` noise tensor, inverted
-  labels. Here hard votes + ``Lap(1/lambda)`` (:func:`~lightning_fedkg.privacy.noisy_argmax`).
-* Discriminators: the code's are three ``Dense`` layers without activations, i.e.
-  affine classifiers (a linear decision boundary). Here ``d -> hidden -> 1`` with
-  LeakyReLU(0.2) (MUSE's discriminator nonlinearity), logits with BCE; ``hidden=1024``
-  is the code's width.
-* Teacher data: each batch of 32 cut into 4 contiguous slices of reals *and* fakes, one
-  per teacher. Here a seeded partition of the aligned rows
-  (:func:`~lightning_fedkg.privacy.split_teacher_partitions`), fixed for the whole run.
-* Generator: ``W`` Xavier-initialised, Adam lr 0.01. The paper only says ``G(x) = W x``
-  is "MUSE-style", and MUSE initialises ``W`` to the identity. With the identity the first
-  batch the host receives *is* ``X_batch`` (and stays close to it while ``W ≈ I``); with
-  Xavier ``W`` is far from an isometry. Default ``init="orthogonal"``: a random orthogonal
-  ``W`` (seeded, known only to the client), as well conditioned as the identity, so the
-  host only ever sees ``X`` through a map it does not know. The final ``G(X)`` still
-  shows the host ``X``'s Gram matrix, as any near-isometric translation must (PATE's
-  guarantee covers the teachers' training data, not the ``G(X)`` that is sent).
-  ``init="identity"`` (MUSE) and ``"xavier"`` (code) are options; so is MUSE's
-  orthogonalisation ``W <- (1 + beta) W - beta W W^T W`` after each step
-  (``orthogonalize=beta``, default 0: neither the paper nor the code has it). Every net
-  defaults to the paper's SGD, lr 0.02, momentum 0.9.
-* Epochs: the code runs one epoch with an early exit on a repeated loss; the paper trains
-  "until converged" without a criterion. :func:`run_ppat` runs a fixed number of epochs
-  (default 1, the code's; every epoch costs ``m`` PATE queries) and optionally stops
-  before a batch whose worst-case charge would push ``epsilon`` past ``max_epsilon``.
-* The code has no accountant; here one accountant per host spans all its PPAT runs.
-* No CSLS: the paper names it once without detail and the code has none.
-
-What we measured on the synthetic task of ``tests/test_ppat.py`` (``Y = R X`` + noise,
-``R`` Haar-random orthogonal, ``X`` a cloud around a mean, ``d = 8``, ``m = 256``, 18
-epochs of 8 batches; small discriminators, ``hidden = 32``):
-
-* The paper's optimizer setting for the generator (the discriminators' SGD 0.02 with
-  momentum 0.9) does not converge: ``W`` leaves the isometries (Frobenius norm 2.1 to 12
-  over seeds 0-4, against ``sqrt(8) = 2.83``) and the mean cosine between ``W x_i`` and
-  ``y_i`` ends anywhere in ``[-0.5, 0.5]``. A two-timescale setting -- generator SGD lr
-  0.002 without momentum (10x slower than the discriminators), MUSE's identity start and
-  ``beta = 0.01`` -- raises it by 0.14-0.77 over seeds 0-4 (noiseless labels), but that
-  is ``W`` matching the cloud's *mean direction*, not the rotation: ``‖W − R‖/‖R‖`` goes
-  only from 1.32-1.49 to 1.24-1.43 (a random rotation: ~1.41) and the mean cosine of the
-  centred rows ``W(x_i − x̄)`` and ``y_i − ȳ`` rises by only +0.01 to +0.14. PPAT as built
-  does not learn a rotation on this task.
-* On a zero-mean, anisotropic, clustered cloud (``d = 8``, ``m = 512``, 6 clusters; only the
-  distribution's shape identifies ``R``) nothing adversarial learns the rotation reliably:
-  PPAT without privacy noise and with MUSE's recipe (label smoothing 0.1, input dropout
-  0.1, orthogonalisation, generator SGD 0.01 / momentum 0.9, 30 epochs) ends at
-  ``‖W − R‖/‖R‖`` 1.06-1.24 over seeds 0-4 (from 1.30-1.44), its teachers rejecting every
-  fake by the last epoch; a plain MUSE-style GAN without PATE (one discriminator, 5
-  discriminator steps per generator step, 3,000 steps) ends at 0.97-1.74. The supervised
-  alignment (:mod:`.supervised`) on the same task: 0.18-0.45 at ``epsilon = 4``, 0.07-0.22
-  at 16, 0.01 exact, with the release calibrated under add/remove (``neighbours=
-  "add_remove"``; the default replace-one doubles the noise for the same epsilon). Measured
-  by ``python scripts/bench_ppat_synthetic.py --task clusters`` when add/remove was its default.
-* With the paper's ``lambda = 0.05`` and 4 teachers a label equals the teachers'
-  plurality with probability at most 0.55 (a vote gap of at most 4
-  against two ``Lap(20)`` draws; :mod:`lightning_fedkg.methods.fkge.accountant`), and ``W`` does
-  not move
-  (``|change of cosine| <= 0.007``): the privacy noise drowns the signal.
-* The student sees only fakes. Once the teachers reject every fake (few rows per teacher
-  to memorise, e.g. ``m = 64``, or a generator step too large) it only ever gets "fake"
-  labels, and its gradient pushes the fakes away from wherever they are; a run that first
-  aligns can collapse this way later. Hence the fixed epoch count, and more aligned rows
-  per teacher help.
-* Stopping rule: ``run_ppat`` runs a fixed number of epochs; in a federation the host ends a
-  handshake's PPAT after ``ppat_patience`` epochs without its mean generator loss dropping
-  (``federation.py``), so the loss never leaves it.
-
-Plain ``torch`` with explicit optimizers, not LightningModules: the host cannot own a
-training loop, since its batches are whatever the client sends, one message at a time
-through the transport, and each message drives ``|T| + 2`` optimizer steps on small nets;
-a Trainer's ``fit`` pulls batches from a DataLoader and would add more per-call overhead
-than the work. Both halves have ``state_dict`` / ``load_state_dict`` (nets, optimizers,
-partition, the noise generator, the accountant) for checkpoints.
+§3.2 (Eq. 3-7, Alg. 2). The **client** holds its aligned rows ``X`` and the generator
+``G(x) = W x``; the **host** holds its rows ``Y``, PATE teachers on disjoint partitions of
+them and a student trained only on noisy teacher votes about the generated rows, and
+returns only the gradient of the generator loss with respect to each generated batch.
+:class:`PPATClient` and :class:`PPATHost` exchange messages only; :func:`run_ppat` moves
+them through a channel. Plain torch with explicit optimizers (the host cannot own a
+training loop). The game, where it differs from the official code and what it was
+measured to learn: docs/methods/fkge.md.
 """
 
 from __future__ import annotations
@@ -399,7 +283,7 @@ class PPATHost:
 
     def epsilon_after(self, queries: int) -> float:
         """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost
-        (:meth:`~lightning_fedkg.privacy.PateMomentsAccountant.epsilon_after`)."""
+        (:meth:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant.epsilon_after`)."""
         return self.accountant.epsilon_after(queries)
 
     def state_dict(self) -> dict:

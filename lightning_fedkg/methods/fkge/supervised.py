@@ -1,56 +1,12 @@
 """Supervised DP alignment: the translation ``W`` fitted on the known aligned pairs, under DP.
 
-An alternative to PPAT's GAN (beyond the FKGE paper). The two parties of a handshake
-already know which rows describe the same item (that is how PPAT pairs its batches), so the
-host can supervise the client's translation directly instead of through a discriminator.
-
-Loss: over orthogonal maps ``V``, maximise ``sum_i <V z_i, y_i>`` (equivalently minimise
-``sum_i ||V z_i - y_i||^2``) on unit rows: ``y_i`` the host's, ``z_i = W0 x_i`` the
-client's rows under its secret random orthogonal start ``W0``. Its optimum is orthogonal
-Procrustes (Schoenemann 1966): ``V = U Vh`` for ``U S Vh = svd(M)``, with the cross-
-covariance ``M = sum_i y_i z_i^T`` (``d x d``) the only thing it needs from the host. One
-handshake:
-
-1. client -> host, ``align_rows``: ``Z`` (``[m, d]``, unit rows). The host learns ``X``
-   only up to the unknown ``W0``: the same as from the translated rows it receives after
-   any alignment (PPAT's included), i.e. ``X``'s Gram matrix of directions.
-2. host -> client, ``dp_crosscov``: ``M~ = Y^T Z + N(0, sigma^2)`` per entry, the Gaussian
-   mechanism with ``sigma`` calibrated so that the release costs ``dp_epsilon`` at ``delta``
-   (:func:`~lightning_fedkg.privacy.calibrate_gaussian_noise`) under the neighbouring
-   relation ``dp_neighbours``, charged to the host's
-   :class:`~lightning_fedkg.privacy.PrivacyLedger`. The host normalises both sides itself,
-   so nothing the client sends can raise the sensitivity: *replacing* one of the host's
-   aligned rows ``y_j`` changes ``M`` by ``(y_j - y_j') z_j^T``, of Frobenius norm up to 2
-   (exactly 2 for ``y_j' = -y_j``): ``replace``, the default, calibrates at sensitivity 2;
-   *adding or removing* one aligned pair changes it by ``y_j z_j^T``, norm exactly 1:
-   ``add_remove`` calibrates at sensitivity 1 (half the noise). Either way the ledger also
-   keeps the release's cost under add/remove, reported beside the configured one.
-3. The client sets ``W = V W0`` with ``V`` = Procrustes on ``M~`` and sends its translated
-   rows as after PPAT.
-
-Why one release and not DP-SGD's many subsampled steps: the loss is linear in ``V``'s
-data term, so every gradient step is a function of ``M``, and for the Gaussian mechanism
-``T`` releases at noise ``sigma`` carry exactly the information of one at ``sigma /
-sqrt(T)`` (Renyi DP composes exactly): iterating costs messages and buys nothing. The noise
-does not grow with the number of aligned rows ``m`` while the signal does (``M``'s
-singular values are about ``m/d`` for well-spread rows), so the alignment improves with
-``m``: weak on UMLS's ~130 shared entities at ``d = 64``, good at FB15k-237 scale
-(``tests/test_fkge_supervised.py`` and ``docs/BENCHMARKS.md``).
-
-``dp_epsilon: null`` releases ``M`` exactly (not private; the host declares it): the exact
-supervised alignment, the upper bound for any translation learnt from these pairs.
-
-What this protects and what it does not. Threat model: the client is curious (it sees
-``M~`` and everything after it) and may send any rows it likes; the host runs the
-mechanism honestly. The unit is **one aligned entity's row of the host** (its direction;
-norms are never used): whether the host's row of that entity is this one or any other,
-the client's view changes by at most ``epsilon`` (``replace``), or whether the pair is
-in the alignment at all (``add_remove``). It is *not* a bound on what the host's
-knowledge graph reveals at the level of its triples: one triple of the host's training
-data can move every row of its embedding (training couples all rows), so changing one
-triple may change all ``m`` aligned rows at once, and group privacy over ``m`` rows gives
-no useful bound. The client's rows are not protected by it either: ``Z`` and the later
-translated rows are declared on the client's ledger.
+Beyond the FKGE paper. The client sends its aligned rows' directions under a secret random
+rotation ``W0``; the host answers once with their cross-covariance with its own rows plus
+Gaussian noise calibrated to ``dp_epsilon`` at ``delta`` under ``dp_neighbours``, charged
+to its :class:`~lightning_fedkg.methods.fkge.ledger.PrivacyLedger`; the client sets ``W = V W0`` with
+``V`` the orthogonal Procrustes solution. ``dp_epsilon: null`` releases the exact
+cross-covariance (not private). The unit protected is one aligned entity's row of the
+host, not a triple. Derivation and threat model: docs/methods/fkge.md.
 """
 
 from __future__ import annotations

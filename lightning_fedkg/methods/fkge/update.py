@@ -1,30 +1,11 @@
 """FKGE's host-side KGEmb-Update with virtual entities and backtracking.
 
-Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
-§3.3 (KGEmb-Update) and Alg. 1: once PPAT has converged the client sends ``G(X)`` (its
-aligned entities translated into the host's space) and ``G(N(X))`` (translated neighbours
-of the aligned entities, with the triples joining them). The host
-
-1. writes ``G(X)`` into the rows of the aligned entities (:func:`add_virtual_rows`),
-2. appends ``G(N(X))`` as *virtual* entities (and, optionally, virtual relations) and the
-   joining triples to its training split,
-3. trains its own KGE model on the augmented graph,
-4. drops the virtual rows again (:func:`remove_virtual_rows`) before it answers any other
-   party, and
-5. **backtracks**: the update is kept only if the evaluation score improved; otherwise the
-   previous state is restored exactly (:func:`kgemb_update`).
-
-Paper vs. official code (``HKUST-KnowComp/FKGE``, made a parameter here):
-
-* ``mode="replace"`` (default, the paper): ``e_host[a] <- G(x_a)``;
-  ``mode="average"`` (the official code, Config.py ``make_embedding``):
-  ``e_host[a] <- (e_host[a] + G(x_a)) / 2``.
-* ``backtrack_on="valid"`` (default; the paper's "eval") compares validation MRR;
-  ``backtrack_on="test"`` compares test MRR, as the official code selects on test accuracy
-  (Config.py ``federated``; test-set model selection, use only to reproduce it).
-* The official code adds one fresh relation per partner for the virtual triples
-  (``OpenKE/benchmarks/change_graph.py``): pass ``virtual_relations=1`` (an int asks for
-  freshly initialised rows, a tensor gives their values, e.g. translated joining relations).
+Peng et al., CIKM 2021, §3.3 and Alg. 1: the host writes the translated aligned rows into
+its table (``mode="replace"``, the paper, or ``"average"``, the official code), appends the
+translated neighbours as virtual rows with their joining triples (:func:`add_virtual_rows`),
+trains, removes them (:func:`remove_virtual_rows`) and keeps the result only if its
+``backtrack_on`` score improved, else restores the exact previous state
+(:func:`kgemb_update`). See docs/methods/fkge.md.
 """
 
 from __future__ import annotations
