@@ -115,3 +115,17 @@ def test_index_filtering_refuses_another_device_before_changing_anything():
     with pytest.raises(ValueError, match="index"):
         dm.to_device("meta")
     assert dm.device.type == "cpu" and torch.equal(dm.generator.get_state(), state)
+
+
+def test_the_config_selects_the_sampler():
+    from lightning_fedkg.builders import build_datamodule
+    from lightning_fedkg.config import load_config
+
+    kg = load_kg("nations")
+    dm = build_datamodule(kg, load_config(None, ["train.negative_sampler=bernoulli", "train.num_negatives=7",
+                                                 "train.filter_negatives=true"]), seed=0)
+    assert type(dm.sampler) is BernoulliSampler and dm.sampler.num_negatives == 7 and dm.sampler.filtered
+    dm = build_datamodule(kg, load_config(None, ["train.corruption=head", "train.negative_mode=shared",
+                                                 "train.batch_size=33"]), seed=0, batch_size=11)
+    assert type(dm.sampler) is UniformSampler and dm.sampler.sides == ("head",) and dm.sampler.mode == "shared"
+    assert dm.loader.batch_size == 11 and not dm.sampler.filtered
