@@ -1,6 +1,7 @@
 """Data layer: knowledge graphs, federated splits and the Lightning data module."""
 
-from .datamodule import FilterIndex, KGDataModule, bernoulli_head_probability
+from .datamodule import FilterIndex, KGDataModule, LoaderSettings
+from .sampling import BernoulliSampler, NegativeSampler, UniformSampler, bernoulli_head_probability
 from .federated import (
     FederatedKG,
     load_federated,
@@ -36,11 +37,15 @@ from .multisource import (
 
 __all__ = [
     "BUNDLED_DATASETS",
+    "BernoulliSampler",
     "FederatedKG",
     "FilterIndex",
     "KGDataModule",
     "KGFormatError",
     "KnowledgeGraph",
+    "LoaderSettings",
+    "NegativeSampler",
+    "UniformSampler",
     "aligned_pairs",
     "bernoulli_head_probability",
     "clean_splits",
