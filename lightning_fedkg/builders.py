@@ -7,11 +7,14 @@ thing everywhere.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lightning_fedkg.config import ExperimentConfig, TrainerConfig
-from lightning_fedkg.data import KGDataModule, KnowledgeGraph
+from lightning_fedkg.data import (BernoulliSampler, KGDataModule, KnowledgeGraph, LoaderSettings, NegativeSampler,
+                                  UniformSampler)
 from lightning_fedkg.models import KGEModule
 
-__all__ = ["trainer_kwargs", "datamodule_kwargs", "build_datamodule", "build_module"]
+__all__ = ["trainer_kwargs", "negative_sampler", "datamodule_kwargs", "build_datamodule", "build_module"]
 
 
 def trainer_kwargs(trainer: TrainerConfig) -> dict:
@@ -25,31 +28,32 @@ def trainer_kwargs(trainer: TrainerConfig) -> dict:
     )
 
 
+def negative_sampler(cfg: ExperimentConfig) -> NegativeSampler:
+    """The negative sampler ``cfg.train`` selects (``train.negative_sampler``)."""
+    t = cfg.train
+    common = dict(num_negatives=t.num_negatives, mode=t.negative_mode, filtered=t.filter_negatives)
+    if t.negative_sampler == "bernoulli":
+        return BernoulliSampler(**common)
+    return UniformSampler(corruption=t.corruption, **common)
+
+
 def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
     """The :class:`KGDataModule` arguments of ``cfg.train`` (sampling and evaluation), no seed."""
     t = cfg.train
-    return dict(
-        batch_size=t.batch_size,
-        num_negatives=t.num_negatives,
-        corruption=t.corruption,
-        negative_sampler=t.negative_sampler,
-        negative_mode=t.negative_mode,
-        filter_negatives=t.filter_negatives,
-        subsampling=t.subsampling,
-        fixed_negatives=t.fixed_negatives,
-        eval_batch_size=t.eval_batch_size,
-        eval_sides=t.eval_sides,
-        valid_filter=t.valid_filter,
-        batches_per_step=t.batches_per_step,
-    )
+    loader = LoaderSettings(batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, eval_sides=t.eval_sides,
+                            subsampling=t.subsampling, fixed_negatives=t.fixed_negatives,
+                            batches_per_step=t.batches_per_step)
+    return dict(sampler=negative_sampler(cfg), loader=loader, valid_filter=t.valid_filter)
 
 
-def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int, **overrides) -> KGDataModule:
-    """A :class:`KGDataModule` for ``kg`` with the sampling/evaluation settings of ``cfg.train``."""
+def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int,
+                     batch_size: int | None = None) -> KGDataModule:
+    """A :class:`KGDataModule` for ``kg`` with the sampling/evaluation settings of ``cfg.train``
+    (and another training ``batch_size`` if given)."""
     kwargs = datamodule_kwargs(cfg)
-    kwargs["seed"] = seed
-    kwargs.update(overrides)
-    return KGDataModule(kg, **kwargs)
+    if batch_size is not None:
+        kwargs["loader"] = replace(kwargs["loader"], batch_size=batch_size)
+    return KGDataModule(kg, seed=seed, **kwargs)
 
 
 def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,

@@ -170,7 +170,7 @@ class TrainConfig:
     with ``margin``). ``subsampling`` weights each triple's loss by RotatE's/FedLU's frequency
     weights (``lightning_fedkg.data.datamodule.subsampling_weights``) instead of a plain mean.
     ``fixed_negatives`` draws one epoch of batches and negatives once and replays it every
-    epoch and round (the official FedLU code's sampling; ``KGDataModule(fixed_negatives=)``).
+    epoch and round (the official FedLU code's sampling; ``LoaderSettings(fixed_negatives=)``).
     ``eval_chunk_size`` bounds how many evaluation queries are scored at once (None: a whole
     ``eval_batch_size`` batch). ``valid_filter: without_unlearn`` leaves a KG's ``unlearn``
     triples (FedLU's forgetting sets) out of the validation filter, as the official FedLU

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from lightning_fedkg.data import KGDataModule, load_kg
+from lightning_fedkg.data import KGDataModule, LoaderSettings, UniformSampler, load_kg
 from lightning_fedkg.models import KGEModule
 
 
@@ -84,12 +84,8 @@ def main() -> None:
         for mode in args.modes:
             dm = KGDataModule(
                 kg,
-                batch_size=args.batch_size,
-                num_negatives=args.negatives,
-                corruption="tail",
-                negative_mode=mode,
-                eval_batch_size=args.eval_batch_size,
-                eval_sides="both",
+                UniformSampler(args.negatives, corruption="tail", mode=mode),
+                LoaderSettings(batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, eval_sides="both"),
                 seed=0,
             )
             dm.setup("fit")

@@ -58,7 +58,7 @@ def main() -> int:
     for _ in range(args.repeats):
         for method in ("index", "search") if args.device == "cpu" else ("search",):  # index: CPU only
             dm = build_datamodule(kg, cfg, seed=0)
-            dm.filter_method = method
+            dm.sampler.filter_method = method
             dm.to_device(args.device)
             list(islice(dm.train_dataloader(), 2))  # builds the indexes and the device copies
             sync()

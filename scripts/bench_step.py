@@ -68,7 +68,7 @@ def main() -> int:
     kg = load_federated_kg(cfg).clients[args.client]
     party = build_party(cfg, LinkPrediction(), f"client_{args.client}", kg, names={})
     module, dm = party.module, party.datamodule
-    k = dm.batches_per_step
+    k = dm.loader.batches_per_step
     n = min(args.batches, dm.num_train_batches) // k * k  # whole groups of train.batches_per_step
     party.trainer.limit_train_batches = n // k
     start = time.perf_counter()

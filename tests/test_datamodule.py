@@ -1,12 +1,14 @@
 """KGDataModule: filter index, evaluation batches, negative sampling, reproducibility."""
 
 import math
+from dataclasses import replace
 
 import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_fedkg.data import FilterIndex, KGDataModule, KnowledgeGraph, bernoulli_head_probability, load_kg
+from lightning_fedkg.data import (BernoulliSampler, FilterIndex, KGDataModule, KnowledgeGraph, LoaderSettings,
+                                  UniformSampler, bernoulli_head_probability, load_kg)
 
 
 def random_triples(seed, n, num_entities, num_relations):
@@ -80,7 +82,7 @@ def test_filter_index_hand_case():
 
 def test_eval_batches_equal_bruteforce_filter():
     kg = small_kg(1)
-    dm = KGDataModule(kg, eval_batch_size=7, eval_sides="both")
+    dm = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=7, eval_sides="both"))
     dm.setup("validate")
     true_set = {tuple(x) for s in ("train", "valid", "test") for x in kg.triples(s).tolist()}
     batches = list(dm.val_dataloader())
@@ -94,7 +96,7 @@ def test_eval_batches_equal_bruteforce_filter():
         expect = {(i, e) for i, e in brute_answers(true_set, b["triples"], b["mode"])
                   if e != b["triples"][i, target].item()}
         assert pairs(b["filter_row"], b["filter_col"]) == expect
-    tails_only = KGDataModule(kg, eval_batch_size=100, eval_sides="tail")
+    tails_only = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=100, eval_sides="tail"))
     assert [b["mode"] for b in tails_only.test_dataloader()] == ["tail"]
 
 
@@ -107,7 +109,7 @@ def test_empty_split_gives_no_batches():
 def test_explicit_filter_triples_replace_the_default():
     kg = small_kg(2)
     train_only = {tuple(x) for x in kg.triples("train").tolist()}
-    dm = KGDataModule(kg, eval_batch_size=100, filter_triples=kg.triples("train"))
+    dm = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=100), filter_triples=kg.triples("train"))
     for b in dm.test_dataloader():
         target = 2 if b["mode"] == "tail" else 0
         expect = {(i, e) for i, e in brute_answers(train_only, b["triples"], b["mode"])
@@ -125,7 +127,7 @@ def test_the_official_validation_filter_leaves_the_unlearn_triples_out_of_valida
     without = everything - {tuple(x) for x in unlearn.tolist()}
     filtered = {}
     for valid_filter, valid_truth in (("all", everything), ("without_unlearn", without)):
-        dm = KGDataModule(kg, eval_batch_size=100, valid_filter=valid_filter)
+        dm = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=100), valid_filter=valid_filter)
         filtered[valid_filter] = sum(len(b["filter_row"]) for b in dm.eval_dataloader("valid"))
         for split, truth in (("valid", valid_truth), ("test", everything)):
             for b in dm.eval_dataloader(split):
@@ -139,13 +141,13 @@ def test_the_official_validation_filter_leaves_the_unlearn_triples_out_of_valida
 
 
 def test_setup_is_idempotent_and_lazy():
-    dm = KGDataModule(small_kg(), filter_negatives=True)
+    dm = KGDataModule(small_kg(), UniformSampler(filtered=True))
     assert dm._filter_index is None
     dm.setup("fit")
-    index, train_index = dm.filter_index, dm.train_index
+    index, train_index = dm.filter_index, dm.sampler.train_index
     dm.setup("fit")
     dm.setup("test")
-    assert dm.filter_index is index and dm.train_index is train_index
+    assert dm.filter_index is index and dm.sampler.train_index is train_index
 
 
 # ---- negative sampling ------------------------------------------------------------------
@@ -160,28 +162,31 @@ def tiny_kg():
 
 def test_filtered_negatives_hand_case():
     kg = tiny_kg()
-    dm = KGDataModule(kg, num_negatives=50, filter_negatives=True, max_filter_retries=200, seed=3)
-    neg = dm.sample_negatives(torch.tensor([[0, 0, 1]]), torch.tensor([False]))
+    dm = KGDataModule(kg, UniformSampler(50, filtered=True, max_filter_retries=200), seed=3)
+    neg = dm.sampler.sample_negatives(torch.tensor([[0, 0, 1]]), torch.tensor([False]), dm.generator)
     assert neg.tolist() == [[2] * 50]
-    neg = dm.sample_negatives(torch.tensor([[2, 0, 1]]), torch.tensor([True]))
+    neg = dm.sampler.sample_negatives(torch.tensor([[2, 0, 1]]), torch.tensor([True]), dm.generator)
     assert neg.tolist() == [[1] * 50]
-    unfiltered = KGDataModule(kg, num_negatives=50, seed=3)
-    raw = unfiltered.sample_negatives(torch.tensor([[0, 0, 1]]), torch.tensor([False]))
+    unfiltered = KGDataModule(kg, UniformSampler(50), seed=3)
+    raw = unfiltered.sampler.sample_negatives(torch.tensor([[0, 0, 1]]), torch.tensor([False]),
+                                            unfiltered.generator)
     assert set(raw.flatten().tolist()) == {0, 1, 2}
 
 
-@pytest.mark.parametrize("sampler,corruption,method", [("uniform", "tail", "index"), ("uniform", "both", "index"),
-                                                       ("bernoulli", "tail", "index"), ("uniform", "both", "search"),
-                                                       ("bernoulli", "tail", "search")])
+@pytest.mark.parametrize("sampler,corruption,method", [(UniformSampler, "tail", "index"),
+                                                       (UniformSampler, "both", "index"),
+                                                       (BernoulliSampler, None, "index"),
+                                                       (UniformSampler, "both", "search"),
+                                                       (BernoulliSampler, None, "search")])
 @pytest.mark.slow
 def test_filtered_negatives_are_never_train_triples(sampler, corruption, method):
     # Nations has 14 entities: many draws collide with true triples, and some queries
     # have a single valid negative (e.g. 13 true heads), hence the generous retry bound
     kg = load_kg("nations")
     train = {tuple(x) for x in kg.triples("train").tolist()}
-    dm = KGDataModule(kg, batch_size=64, num_negatives=16, corruption=corruption,
-                      negative_sampler=sampler, filter_negatives=True, max_filter_retries=1000,
-                      filter_method=method)
+    side = {} if corruption is None else {"corruption": corruption}
+    dm = KGDataModule(kg, sampler(16, filtered=True, max_filter_retries=1000, filter_method=method, **side),
+                      LoaderSettings(batch_size=64))
     dm.setup("fit")
     collisions = 0
     for i, b in enumerate(dm.train_dataloader()):
@@ -210,11 +215,11 @@ def test_filtered_negatives_are_never_train_triples(sampler, corruption, method)
 def test_negative_pool_and_shared_mode():
     kg = small_kg()
     pool = torch.tensor([2, 5, 7])
-    dm = KGDataModule(kg, batch_size=10, num_negatives=40, negative_pool=pool)
+    dm = KGDataModule(kg, UniformSampler(40, pool=pool), LoaderSettings(batch_size=10))
     b = next(iter(dm.train_dataloader()))
     assert b["negatives"].shape == (10, 40)
     assert set(b["negatives"].unique().tolist()) == {2, 5, 7}
-    shared = KGDataModule(kg, batch_size=10, num_negatives=6, negative_mode="shared")
+    shared = KGDataModule(kg, UniformSampler(6, mode="shared"), LoaderSettings(batch_size=10))
     b = next(iter(shared.train_dataloader()))
     assert b["negatives"].shape == (6,) and b["mode"] == "tail"
     assert ((b["negatives"] >= 0) & (b["negatives"] < kg.num_entities)).all()
@@ -224,8 +229,8 @@ def test_negative_pool_and_shared_mode():
 @pytest.mark.parametrize("corruption", ["tail", "head"])
 def test_filtered_shared_negatives_mask_equals_bruteforce(corruption, method):
     kg = small_kg(seed=3, num_entities=8, num_relations=2)
-    dm = KGDataModule(kg, batch_size=16, num_negatives=8, negative_mode="shared",
-                      filter_negatives=True, corruption=corruption, seed=1, filter_method=method)
+    dm = KGDataModule(kg, UniformSampler(8, corruption=corruption, mode="shared", filtered=True, filter_method=method),
+                      LoaderSettings(batch_size=16), seed=1)
     train = {tuple(t) for t in kg.triples("train").tolist()}
     masked = 0
     for b in dm.train_dataloader():
@@ -239,14 +244,9 @@ def test_filtered_shared_negatives_mask_equals_bruteforce(corruption, method):
     assert masked > 0  # the case is dense enough that some negatives are true triples
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"negative_mode": "shared", "negative_sampler": "bernoulli"},
-    {"corruption": "sideways"},
-    {"eval_sides": "head"},
-])
-def test_invalid_options(kwargs):
-    with pytest.raises(ValueError):
-        KGDataModule(small_kg(), **kwargs)
+def test_invalid_options():
+    with pytest.raises(ValueError, match="valid_filter"):
+        KGDataModule(small_kg(), valid_filter="none")
 
 
 def test_bernoulli_probability_hand_case():
@@ -258,8 +258,8 @@ def test_bernoulli_probability_hand_case():
 
 def test_bernoulli_head_rate_matches_tph_over_tph_plus_hpt():
     kg = load_kg("umls")
-    dm = KGDataModule(kg, negative_sampler="bernoulli", num_negatives=1, seed=11)
-    p = dm.head_probability
+    dm = KGDataModule(kg, BernoulliSampler(1), seed=11)
+    p = dm.sampler.head_probability
     assert ((p > 0.2) & (p < 0.8)).sum() < p.numel()  # the rates really differ per relation
     reps = 60
     pos = kg.triples("train").repeat(reps, 1)
@@ -279,7 +279,7 @@ def test_bernoulli_head_rate_matches_tph_over_tph_plus_hpt():
 
 def test_both_sides_each_triple_once_per_side():
     kg = small_kg(3)
-    dm = KGDataModule(kg, batch_size=16, num_negatives=2, corruption="both")
+    dm = KGDataModule(kg, UniformSampler(2, corruption="both"), LoaderSettings(batch_size=16))
     batches = list(dm.train_dataloader())
     n = kg.triples("train").shape[0]
     assert len(batches) == len(dm.train_dataloader()) == 2 * math.ceil(n / 16)
@@ -296,7 +296,7 @@ def flatten(batches):
 
 def test_generator_state_round_trip():
     kg = small_kg(4)
-    kw = dict(batch_size=20, num_negatives=5, corruption="both", filter_negatives=True)
+    kw = dict(sampler=UniformSampler(5, corruption="both", filtered=True), loader=LoaderSettings(batch_size=20))
     a = KGDataModule(kg, seed=1, **kw)
     list(a.train_dataloader())  # epoch 1
     state = a.state_dict()
@@ -331,7 +331,7 @@ def fit(module, dm, epochs, ckpt=None, tmp=None):
 
 def test_lightning_resume_draws_the_same_batches(tmp_path):
     kg = small_kg(5)
-    kw = dict(batch_size=32, num_negatives=4, negative_sampler="bernoulli")
+    kw = dict(sampler=BernoulliSampler(4), loader=LoaderSettings(batch_size=32))
     straight = Recorder()
     fit(straight, KGDataModule(kg, seed=7, **kw), 2, tmp=tmp_path)
     first = Recorder()
@@ -365,13 +365,14 @@ def test_subsampling_weights_by_hand_and_against_counting():
 
 def test_subsampling_batches_carry_the_weights_of_their_rows():
     kg = small_kg()
-    dm = KGDataModule(kg, batch_size=16, num_negatives=4, corruption="both", subsampling=True, seed=1)
+    dm = KGDataModule(kg, UniformSampler(4, corruption="both"), LoaderSettings(batch_size=16, subsampling=True), seed=1)
     weight_of = {tuple(row): w for row, w in zip(kg.triples("train").tolist(), dm.train_weights.tolist())}
     batches = list(dm.train_dataloader())
     assert len(batches) == dm.num_train_batches
     for batch in batches:
         assert batch["weight"].tolist() == [weight_of[tuple(row)] for row in batch["positive"].tolist()]
-    assert "weight" not in next(iter(KGDataModule(kg, batch_size=16, num_negatives=4).train_dataloader()))
+    assert "weight" not in next(iter(KGDataModule(kg, UniformSampler(4),
+                                                  LoaderSettings(batch_size=16)).train_dataloader()))
 
 
 def test_train_subsampling_reaches_the_datamodule():
@@ -379,8 +380,8 @@ def test_train_subsampling_reaches_the_datamodule():
     from lightning_fedkg.builders import build_datamodule
 
     kg = small_kg()
-    assert build_datamodule(kg, load_config(None, ["train.subsampling=true"]), seed=0).subsampling
-    assert not build_datamodule(kg, load_config(None, []), seed=0).subsampling
+    assert build_datamodule(kg, load_config(None, ["train.subsampling=true"]), seed=0).loader.subsampling
+    assert not build_datamodule(kg, load_config(None, []), seed=0).loader.subsampling
 
 
 def batch_tensors(batch):
@@ -394,31 +395,32 @@ def same_batches(a, b):
         for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(corruption="both", filter_negatives=True, subsampling=True),
-    dict(negative_mode="shared", filter_negatives=True, corruption="both"),
-    dict(negative_sampler="bernoulli"),
+@pytest.mark.parametrize("sampler,subsampling", [
+    (UniformSampler(5, corruption="both", filtered=True), True),
+    (UniformSampler(5, mode="shared", filtered=True, corruption="both"), False),
+    (BernoulliSampler(5), False),
 ])
-def test_fixed_negatives_replay_one_epoch_that_the_seed_determines(kw):
+def test_fixed_negatives_replay_one_epoch_that_the_seed_determines(sampler, subsampling):
     kg = small_kg(6)
-    dm = KGDataModule(kg, batch_size=16, num_negatives=5, seed=3, fixed_negatives=True, **kw)
+    fixed = LoaderSettings(batch_size=16, fixed_negatives=True, subsampling=subsampling)
+    dm = KGDataModule(kg, sampler, fixed, seed=3)
     epoch1, epoch2 = list(dm.train_dataloader()), list(dm.train_dataloader())
     assert len(epoch1) == dm.num_train_batches and same_batches(epoch1, epoch2)
     # the live generator neither feeds nor disturbs the fixed epoch: a resumed run (new
     # datamodule, any loaded sampler state) replays the same batches
-    other = KGDataModule(kg, batch_size=16, num_negatives=5, seed=3, fixed_negatives=True, **kw)
+    other = KGDataModule(kg, sampler, fixed, seed=3)
     other.load_state_dict(KGDataModule(kg, seed=42).state_dict())
     assert same_batches(list(other.train_dataloader()), epoch1)
-    fresh = KGDataModule(kg, batch_size=16, num_negatives=5, seed=3, **kw)
+    fresh = KGDataModule(kg, sampler, replace(fixed, fixed_negatives=False), seed=3)
     assert not same_batches(list(fresh.train_dataloader()), list(fresh.train_dataloader()))
-    assert not same_batches(list(KGDataModule(kg, batch_size=16, num_negatives=5, seed=4,
-                                              fixed_negatives=True, **kw).train_dataloader()), epoch1)
+    assert not same_batches(list(KGDataModule(kg, sampler, fixed, seed=4).train_dataloader()), epoch1)
 
 
 def test_fixed_negatives_are_filtered_and_survive_training(tmp_path):
     kg = small_kg(7)
-    kw = dict(batch_size=16, num_negatives=6, corruption="both", filter_negatives=True, seed=2)
-    dm = KGDataModule(kg, fixed_negatives=True, **kw)
+    kw = dict(sampler=UniformSampler(6, corruption="both", filtered=True),
+              loader=LoaderSettings(batch_size=16, fixed_negatives=True), seed=2)
+    dm = KGDataModule(kg, **kw)
     recorder = Recorder()
     fit(recorder, dm, 3, tmp=tmp_path)
     per_epoch = [[(p, n) for e, p, n in recorder.seen if e == epoch] for epoch in range(3)]
@@ -426,7 +428,7 @@ def test_fixed_negatives_are_filtered_and_survive_training(tmp_path):
     assert all(torch.equal(p, q) and torch.equal(n, m)
                for epoch in per_epoch[1:] for (p, n), (q, m) in zip(epoch, per_epoch[0]))
     train = {tuple(t) for t in kg.triples("train").tolist()}
-    for batch in KGDataModule(kg, fixed_negatives=True, **kw).train_dataloader():
+    for batch in KGDataModule(kg, **kw).train_dataloader():
         for (h, r, t), negatives in zip(batch["positive"].tolist(), batch["negatives"].tolist()):
             made = [(e, r, t) if batch["mode"] == "head" else (h, r, e) for e in negatives]
             assert not train.intersection(made)
@@ -434,7 +436,7 @@ def test_fixed_negatives_are_filtered_and_survive_training(tmp_path):
 
 def test_fixed_negatives_draw_only_the_batches_trained():
     kg = small_kg(8)
-    dm = KGDataModule(kg, batch_size=8, num_negatives=3, fixed_negatives=True, seed=1)
+    dm = KGDataModule(kg, UniformSampler(3), LoaderSettings(batch_size=8, fixed_negatives=True), seed=1)
     loader = iter(dm.train_dataloader())
     first_two = [next(loader), next(loader)]
     assert len(dm._fixed_epoch[0]) == 2
@@ -447,5 +449,5 @@ def test_train_fixed_negatives_reaches_the_datamodule():
     from lightning_fedkg.builders import build_datamodule
 
     kg = small_kg()
-    assert build_datamodule(kg, load_config(None, ["train.fixed_negatives=true"]), seed=0).fixed_negatives
-    assert not build_datamodule(kg, load_config(None, []), seed=0).fixed_negatives
+    assert build_datamodule(kg, load_config(None, ["train.fixed_negatives=true"]), seed=0).loader.fixed_negatives
+    assert not build_datamodule(kg, load_config(None, []), seed=0).loader.fixed_negatives

@@ -15,8 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_fedkg.config import load_config
-from lightning_fedkg.data import load_kg
-from lightning_fedkg.data.datamodule import KGDataModule
+from lightning_fedkg.data import BernoulliSampler, KGDataModule, LoaderSettings, UniformSampler, load_kg
 from lightning_fedkg.federated.party import build_party, load_federated_kg
 from lightning_fedkg.federated.tasks import LinkPrediction
 
@@ -65,7 +64,7 @@ def test_a_training_epoch_reads_nothing_back_per_step(strategy, overrides):
     kg = load_federated_kg(cfg).clients[0]
     party = build_party(cfg, LinkPrediction(), "client_0", kg, names={})
     dm, module = party.datamodule, party.module
-    dm.filter_method = "search"
+    dm.sampler.filter_method = "search"
     counter = SyncCounter()
     counted(dm, "make_batch", counter)
     counted(module, "training_loss", counter)
@@ -83,8 +82,8 @@ def test_the_counter_sees_what_would_synchronise():
     """The CPU's own filter path (``index``) gathers known answers with data-dependent
     sizes: the counter must flag it, or the test above could not fail."""
     kg = load_kg("nations")
-    dm = KGDataModule(kg, batch_size=32, num_negatives=8, negative_mode="shared", filter_negatives=True,
-                      filter_method="index")
+    dm = KGDataModule(kg, UniformSampler(8, mode="shared", filtered=True, filter_method="index"),
+                      LoaderSettings(batch_size=32))
     counter = SyncCounter()
     with counter:
         next(iter(dm.train_dataloader()))
@@ -97,8 +96,9 @@ def test_shared_masks_of_both_filter_methods_are_identical(corruption):
     kg = load_kg("umls")
     epochs = []
     for method in ("index", "search"):
-        dm = KGDataModule(kg, batch_size=128, num_negatives=64, negative_mode="shared", filter_negatives=True,
-                          corruption=corruption, seed=4, filter_method=method)
+        dm = KGDataModule(kg, UniformSampler(64, corruption=corruption, mode="shared", filtered=True,
+                                             filter_method=method),
+                          LoaderSettings(batch_size=128), seed=4)
         epochs.append(list(dm.train_dataloader()))
     assert len(epochs[0]) == len(epochs[1])
     masked = 0
@@ -121,10 +121,10 @@ CPU_BATCHES_BEFORE = {
 
 @pytest.mark.parametrize("sampler", sorted(CPU_BATCHES_BEFORE))
 def test_cpu_batches_are_those_of_the_code_before_device_batches(sampler):
-    kwargs = {"shared": dict(negative_mode="shared", corruption="both"),
-              "per_triple": dict(negative_mode="per_triple", corruption="both"),
-              "bernoulli": dict(negative_sampler="bernoulli")}[sampler]
-    dm = KGDataModule(load_kg("nations"), batch_size=64, num_negatives=8, seed=7, filter_negatives=True, **kwargs)
+    negatives = {"shared": UniformSampler(8, mode="shared", corruption="both", filtered=True),
+                 "per_triple": UniformSampler(8, mode="per_triple", corruption="both", filtered=True),
+                 "bernoulli": BernoulliSampler(8, filtered=True)}[sampler]
+    dm = KGDataModule(load_kg("nations"), negatives, LoaderSettings(batch_size=64), seed=7)
     seen = []
     for b in islice(dm.train_dataloader(), 3):
         negatives = b["negatives"].double()
@@ -137,10 +137,10 @@ def test_cpu_batches_are_those_of_the_code_before_device_batches(sampler):
 
 def test_sampler_state_names_its_device_and_restores():
     kg = load_kg("nations")
-    b = KGDataModule(kg, batch_size=16, num_negatives=4, seed=2)
+    b = KGDataModule(kg, UniformSampler(4), LoaderSettings(batch_size=16), seed=2)
     assert b.to_device("cpu") is b and b.state_dict()["device"] == "cpu"
     list(b.train_dataloader())
-    c = KGDataModule(kg, batch_size=16, num_negatives=4, seed=9)
+    c = KGDataModule(kg, UniformSampler(4), LoaderSettings(batch_size=16), seed=9)
     c.load_state_dict(b.state_dict())
     assert torch.equal(next(iter(c.train_dataloader()))["negatives"], next(iter(b.train_dataloader()))["negatives"])
 
@@ -148,8 +148,8 @@ def test_sampler_state_names_its_device_and_restores():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_epoch_runs_under_sync_debug_error():
     kg = load_kg("umls")
-    dm = KGDataModule(kg, batch_size=128, num_negatives=64, negative_mode="shared", filter_negatives=True,
-                      corruption="both").to_device("cuda")
+    dm = KGDataModule(kg, UniformSampler(64, corruption="both", mode="shared", filtered=True),
+                      LoaderSettings(batch_size=128)).to_device("cuda")
     list(islice(dm.train_dataloader(), 1))  # device copies made outside the checked block
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -186,7 +186,7 @@ def test_mixed_batches_score_the_same_without_the_host_split(shared):
     from lightning_fedkg.models.kge_module import KGEModule, mixed_scores_on_device
 
     kg = load_kg("nations")
-    dm = KGDataModule(kg, batch_size=32, num_negatives=8, negative_sampler="bernoulli")
+    dm = KGDataModule(kg, BernoulliSampler(8), LoaderSettings(batch_size=32))
     module = KGEModule("rotate", num_entities=kg.num_entities, num_relations=kg.num_relations, dim=8)
     batch = next(iter(dm.train_dataloader()))
     if shared:  # one set for every row, as negative_mode="shared" gives
@@ -205,15 +205,15 @@ def test_shared_mask_of_distinct_queries_is_the_brute_force_one():
     must be the brute-force one, row by row."""
     kg = load_kg("nations")
     train = {tuple(t) for t in kg.triples("train").tolist()}
-    dm = KGDataModule(kg, batch_size=64, num_negatives=8, negative_mode="shared", filter_negatives=True,
-                      corruption="both", filter_method="index", seed=5)
+    dm = KGDataModule(kg, UniformSampler(8, corruption="both", mode="shared", filtered=True, filter_method="index"),
+                      LoaderSettings(batch_size=64), seed=5)
     batches = list(islice(dm.train_dataloader(), 4))
     heads = [torch.full((64,), b["mode"] == "head") for b in batches]
     heads.append(torch.rand(64, generator=torch.Generator().manual_seed(0)) < 0.5)  # mixed sides
     batches.append(batches[0])
     repeated = masked = 0
     for b, head in zip(batches, heads):
-        mask = dm.shared_negative_mask(b["positive"], head, b["negatives"])
+        mask = dm.sampler.shared_negative_mask(b["positive"], head, b["negatives"])
         queries = [(r, t) if hd else (h, r) for (h, r, t), hd in zip(b["positive"].tolist(), head.tolist())]
         repeated += len(queries) - len(set(queries))
         for i, ((h, r, t), hd) in enumerate(zip(b["positive"].tolist(), head.tolist())):
@@ -265,7 +265,7 @@ def test_compile_is_refused_where_it_would_do_nothing():
 def test_the_cpu_index_filter_is_refused_off_the_cpu():
     """``filter_method="index"`` builds its tables on the CPU: moving it to another device is
     a clear error naming the methods that work there, and changes nothing."""
-    dm = KGDataModule(load_kg("nations"), negative_mode="shared", filter_negatives=True, filter_method="index")
+    dm = KGDataModule(load_kg("nations"), UniformSampler(mode="shared", filtered=True, filter_method="index"))
     with pytest.raises(ValueError, match="'search' or 'auto'"):
         dm.to_device("meta")
     assert dm.device == torch.device("cpu")

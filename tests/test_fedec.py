@@ -10,8 +10,7 @@ import torch
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
-from lightning_fedkg.methods.fedec.strategy import (HAS_PREVIOUS, PREVIOUS_PREFIX, FedEC, FedECClient,
-                                                        contrastive_term)
+from lightning_fedkg.methods.fedec.strategy import FedEC, FedECClient, contrastive_term
 from lightning_fedkg.models.kge_module import KGEModule
 
 BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared", "train.lr=0.05",
@@ -172,7 +171,7 @@ def test_the_half_state_is_a_checked_snapshot():
     assert not client.has_previous() and client.state_dict() == {}
 
 
-def test_checkpoints_without_half_state_still_load(one_thread):
+def test_client_states_without_half_state_leave_the_half_fresh(one_thread):
     trained = FederatedRun(load_config(None, FEDEC), run_dir=None)
     trained.train_round(1)
     states = trained.party_states()
@@ -180,27 +179,12 @@ def test_checkpoints_without_half_state_still_load(one_thread):
     fresh = FederatedRun(load_config(None, FEDEC), run_dir=None)
     names = list(rows)
 
-    def without_half(flag=None):
-        """Client states as written before halves had state: with ``flag``, FedEC's rows
-        as module buffers (``fedec_previous_entity_emb``, ``fedec_has_previous``)."""
-        out = {"server": states["server"]}
-        for n in names:
-            state = {k: v for k, v in states[n].items() if k != "half"}
-            if flag is not None:
-                state["module"] = {**state["module"], PREVIOUS_PREFIX + "entity_emb": rows[n] + 1.0,
-                                   HAS_PREVIOUS: torch.tensor(flag)}
-            out[n] = state
-        return out
-
-    fresh.load_party_states(without_half().__getitem__)  # no half state at all: the half stays fresh
+    without_half = {"server": states["server"]} | {n: {k: v for k, v in states[n].items() if k != "half"}
+                                                  for n in names}
+    fresh.load_party_states(without_half.__getitem__)  # no half state at all: the half stays fresh
     assert not any(fresh.client_halves[n].has_previous() for n in names)
-    fresh.load_party_states(without_half(flag=True).__getitem__)  # the former module buffers
     for c in fresh.clients:
-        assert torch.equal(fresh.client_halves[c.name].previous()["entity_emb"], rows[c.name] + 1.0)
-        assert torch.equal(c.model.entity_emb.detach(), states[c.name]["module"]["model.entity_emb"])
         assert not [k for k in c.module.state_dict() if k.startswith("fedec")]
-    fresh.load_party_states(without_half(flag=False).__getitem__, weights_only=True)
-    assert not any(fresh.client_halves[n].has_previous() for n in names)
     fresh.load_party_states(states.__getitem__)  # the current format
     for n in names:
         assert torch.equal(fresh.client_halves[n].previous()["entity_emb"], rows[n])

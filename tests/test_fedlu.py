@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_fedkg.config import load_config
-from lightning_fedkg.data import KGDataModule, load_kg
+from lightning_fedkg.data import KGDataModule, LoaderSettings, UniformSampler, load_kg
 from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
 from lightning_fedkg.methods.fedlu.strategy import DistillationGate
 from lightning_fedkg.methods.fedlu import DistillationModule
@@ -89,7 +89,7 @@ def test_a_training_step_never_moves_relations_through_the_avatar_step(one_threa
     module.training_loss = lambda batch: sum((p * 0).sum() for p in module.local_parameters())
     relations, local = module.model.relation_emb.detach().clone(), module.model.entity_emb.detach().clone()
     avatar = module.avatar.entity_emb.detach().clone()
-    dm = KGDataModule(kg, batch_size=1024, num_negatives=8, seed=0)
+    dm = KGDataModule(kg, UniformSampler(8), LoaderSettings(batch_size=1024), seed=0)
     trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu")
     trainer.fit(module, train_dataloaders=dm.train_dataloader())

@@ -181,7 +181,7 @@ def test_host_never_receives_x_and_client_never_receives_y(tmp_path, monkeypatch
 
     def record_start(self, message, sender):
         out = on_start(self, message, sender)
-        xs[(self.name, sender)] = self.serving[sender]["ppat"].x.clone()
+        xs[(self.name, sender)] = self.serving[sender].ppat.x.clone()
         return out
 
     def record_host(self, partner, ents, rels, y):
@@ -339,7 +339,7 @@ def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monke
 
     def spy(self, message, sender):
         out = real(self, message, sender)
-        w0 = self.serving[sender]["ppat"].w.detach().clone()  # no gradient has arrived yet
+        w0 = self.serving[sender].ppat.w.detach().clone()  # no gradient has arrived yet
         guess = initial_generator(w0.shape[0], self.fk.generator_init,
                            derive_seed(self.cfg.seed, self.name, f"{sender}:{int(message.config['handshake'])}:generator"))
         starts.append(torch.allclose(w0, guess))

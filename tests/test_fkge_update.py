@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_fedkg.data import load_kg
+from lightning_fedkg.data import LoaderSettings, UniformSampler, load_kg
 from lightning_fedkg.methods.fkge.update import add_virtual_rows, kgemb_update, remove_virtual_rows
 from lightning_fedkg.models.kge_module import KGEModule
 
 DIM = 8
-DM = dict(batch_size=512, num_negatives=16, eval_batch_size=1024)
+DM = dict(sampler=UniformSampler(16), loader=LoaderSettings(batch_size=512, eval_batch_size=1024))
 
 
 @pytest.fixture(scope="module")

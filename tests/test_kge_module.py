@@ -231,14 +231,14 @@ def test_diverged_model_ranks_last_not_first():
 def test_split_emptied_by_the_input_policy_records_count_zero(tmp_path):
     """valid only mentions an entity unseen in train, so loading drops it all: evaluating it
     must record count 0 with NaN metrics (Lightning skips an empty loop, hooks and all)."""
-    from lightning_fedkg.data import KGDataModule, load_kg
+    from lightning_fedkg.data import KGDataModule, LoaderSettings, load_kg
 
     (tmp_path / "train.txt").write_text("a\tr\tb\nb\tr\tc\nc\ts\ta\n")
     (tmp_path / "valid.txt").write_text("x\tr\ta\nb\ts\tx\n")
     (tmp_path / "test.txt").write_text("a\tr\tc\n")
     kg = load_kg(tmp_path)
     assert kg.triples("valid").shape == (0, 3) and kg.removed["valid"]["unseen"] == 2
-    dm = KGDataModule(kg, eval_batch_size=4)
+    dm = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=4))
     module = KGEModule("transe", num_entities=kg.num_entities, num_relations=kg.num_relations, dim=4)
     t = trainer()
     t.validate(module, datamodule=dm, verbose=False)
@@ -338,12 +338,11 @@ def umls():
     return load_kg("umls")
 
 
-def umls_datamodule(kg, **kw):
-    from lightning_fedkg.data import KGDataModule
+def umls_datamodule(kg, eval_batch_size=512):
+    from lightning_fedkg.data import KGDataModule, LoaderSettings, UniformSampler
 
-    args = dict(batch_size=512, num_negatives=32, corruption="both", eval_batch_size=512, seed=0)
-    args.update(kw)
-    return KGDataModule(kg, **args)
+    return KGDataModule(kg, UniformSampler(32, corruption="both"),
+                        LoaderSettings(batch_size=512, eval_batch_size=eval_batch_size), seed=0)
 
 
 E2E = {

@@ -81,18 +81,19 @@ def test_ledger_without_noise_is_infinite_and_survives_a_round_trip():
     assert restored.epsilon() == math.inf
 
 
-def test_ledger_keeps_the_add_remove_cost_beside_and_converts_an_old_add_remove_state():
-    """An FKGE ledger saved before the relation was recorded charged full-batch Gaussians
-    under add/remove; resumed under replace-one each costs what sensitivity 2 gives (its
-    log moments times 4, the Gaussian at half the multiplier), and a state saved under the
-    other relation is refused."""
+def test_ledger_keeps_the_add_remove_cost_beside_and_refuses_a_state_of_the_other_relation():
+    """A ledger under replace-one keeps the add/remove cost of its Gaussians beside (each
+    full-batch Gaussian costs under replace what sensitivity 2 gives: the Gaussian at half
+    the multiplier); both survive its state, and a state saved under the other relation is
+    refused."""
     sigma = 2.5
     old = PrivacyLedger(0.05, neighbours="add_remove")
     old.charge_gaussian(sampled_gaussian_log_moments(1.0, sigma))
-    state = old.state_dict()
-    state.pop("neighbours"), state.pop("gaussian_add_remove")  # the old format
+    ledger = PrivacyLedger(0.05)
+    ledger.charge_gaussian(4 * sampled_gaussian_log_moments(1.0, sigma),
+                           add_remove=sampled_gaussian_log_moments(1.0, sigma))
     resumed = PrivacyLedger(0.05)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(ledger.state_dict())
     assert resumed.epsilon() == pytest.approx(
         epsilon_from_log_moments(sampled_gaussian_log_moments(1.0, sigma / 2), 1e-5))
     assert resumed.epsilon_add_remove() == pytest.approx(old.epsilon())

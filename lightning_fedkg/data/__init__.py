@@ -1,6 +1,7 @@
 """Data layer: knowledge graphs, federated splits and the Lightning data module."""
 
-from .datamodule import FilterIndex, KGDataModule, bernoulli_head_probability
+from .datamodule import FilterIndex, KGDataModule, LoaderSettings
+from .sampling import BernoulliSampler, NegativeSampler, UniformSampler, bernoulli_head_probability
 from .federated import (
     FederatedKG,
     load_federated,
@@ -28,11 +29,15 @@ from .kg import (
 
 __all__ = [
     "BUNDLED_DATASETS",
+    "BernoulliSampler",
     "FederatedKG",
     "FilterIndex",
     "KGDataModule",
     "KGFormatError",
     "KnowledgeGraph",
+    "LoaderSettings",
+    "NegativeSampler",
+    "UniformSampler",
     "bernoulli_head_probability",
     "clean_splits",
     "load_federated",

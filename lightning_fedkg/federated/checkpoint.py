@@ -36,6 +36,7 @@ __all__ = [
     "resolve_manifest",
     "capture_rng",
     "restore_rng",
+    "check_format",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -135,8 +136,8 @@ def load_party(manifest_path: str | Path, manifest: dict, party: str) -> Any:
 
 
 def resolve_manifest(path: str | Path) -> Path:
-    """A manifest from what a user may pass: a manifest, a run or checkpoints folder
-    (its best state), or the former ``best.pt`` / ``last.pt`` names."""
+    """A manifest from what a user may pass: a manifest, or a run or checkpoints folder
+    (its best state)."""
     path = Path(path)
     if path.suffix == ".json" and path.is_file():
         return path
@@ -144,11 +145,6 @@ def resolve_manifest(path: str | Path) -> Path:
         ckpt = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
         if (ckpt / "best.json").is_file():
             return ckpt / "best.json"
-    if path.name in ("best.pt", "last.pt"):
-        ckpt = path.parent
-        found = ckpt / "best.json" if path.name == "best.pt" else latest_manifest(ckpt)
-        if found is not None and found.is_file():
-            return found
     raise CheckpointError(f"no federated checkpoint at {path} (expected a checkpoints/*.json manifest)")
 
 
@@ -173,19 +169,28 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def check_format(path: str | Path, manifest: dict, version: int) -> None:
+    """Refuse a manifest of another checkpoint format than ``version`` (an earlier release's
+    states are not read: their layout may differ in ways no reader checks)."""
+    if manifest.get("version") != version:
+        raise ConfigError(f"{path} holds checkpoint format {manifest.get('version')!r}, written by another version "
+                          f"of lightning_fedkg; this version reads format {version} only. Run the experiment "
+                          "again with this version (in another run directory) to resume or evaluate it")
+
+
 def resume_manifest(ckpt_dir: Path, cfg: ExperimentConfig, version: int, resume: bool = True):
     """``(path, manifest)`` of the newest committed round in ``ckpt_dir``, or ``(None, None)``.
 
-    Raises :class:`ConfigError` listing ``key: saved -> new`` when it was written with other
-    settings (or another checkpoint format) than ``cfg``.
+    Raises :class:`ConfigError` for another checkpoint format (:func:`check_format`), or
+    listing ``key: saved -> new`` when it was written with other settings than ``cfg``.
     """
     path = latest_manifest(ckpt_dir) if resume else None
     if path is None:
         return None, None
     manifest = read_manifest(path)
-    saved = manifest.get("fingerprint") or {}
-    if manifest.get("version") != version or resume_differences(saved, cfg):
-        differences = resume_differences(saved, cfg) or [f"checkpoint format {manifest.get('version')}"]
+    check_format(path, manifest, version)
+    differences = resume_differences(manifest.get("fingerprint") or {}, cfg)
+    if differences:
         raise ConfigError(f"{path} was written with different settings: {', '.join(differences)}; "
                           "use another run directory")
     return path, manifest

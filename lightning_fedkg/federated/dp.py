@@ -250,9 +250,7 @@ class DPServer:
         super().load_state_dict(state)
         # Privacy spent never goes back: restoring the best round's state for the test
         # keeps the ε of every round run since (a resume starts from nothing and takes it).
-        for name, saved in (state.get("dp") or {}).get("epsilons", {}).items():
-            if not isinstance(saved, dict):  # a checkpoint from before the relation was reported
-                continue
+        for name, saved in state["dp"]["epsilons"].items():
             mine = self.epsilons.setdefault(name, {})
             for key, eps in saved.items():
                 mine[key] = max(mine.get(key, 0.0), float(eps))
@@ -363,10 +361,8 @@ class DPClient:
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        # events written before the grid and holder counts were recorded: (round, q, σ)
-        saved = [tuple(e) if len(e) == 4 else (int(e[0]), float(e[2]), 0.0, float(e[2]))
-                 for e in state.get("dp_events", [])]
+        saved = [tuple(e) for e in state["dp_events"]]
         if len(saved) >= len(self.events):  # as the server's ε: what was spent is kept
             self.events = saved
-        pending = state.get("dp_pending")
+        pending = state["dp_pending"]
         self._pending = None if pending is None else tuple(float(x) for x in pending)

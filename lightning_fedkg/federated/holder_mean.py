@@ -216,21 +216,14 @@ class HolderMeanServer(ServerHalf):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`, or the single-group format written before several
-        groups were supported (one alignment under ``"alignment"``, every tensor in the
-        strategy's one group)."""
+        """Restore :meth:`state_dict`."""
         super().load_state_dict(state)
         self.table = {t: v.clone() for t, v in state["table"].items()}
-        if "alignments" in state:
-            stored, self.group_of = state["alignments"], dict(state["group_of"])
-        else:
-            (group,) = self.groups
-            stored = {} if state.get("alignment") is None else {group: state["alignment"]}
-            self.group_of = {t: group for t in self.table}
+        stored, self.group_of = state["alignments"], dict(state["group_of"])
         built: dict[int, Alignment] = {}  # entries that were shared are shared again
         self.alignments = {
             g: None if a is None else built.setdefault(id(a), Alignment(a["digests"], dict(a["index"]), a["holders"]))
             for g, a in stored.items()
         }
-        self.holders_of = {t: list(v) for t, v in state.get("holders_of", {}).items()}
+        self.holders_of = {t: list(v) for t, v in state["holders_of"].items()}
         self._holder_counts = {}

@@ -50,6 +50,7 @@ from lightning_fedkg.federated.clients import ClientPool, LocalClients
 from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
     capture_rng,
+    check_format,
     load_party,
     read_manifest,
     resolve_manifest,
@@ -83,7 +84,7 @@ __all__ = [
 
 log = logging.getLogger("lightning_fedkg")
 
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
 RUNNER = "runner"
 
 #: Channel names of each stage's two directions (FedE's traffic keeps its first names).
@@ -644,11 +645,11 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
 
 
 def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[FederatedRun, int]:
-    """The parties of ``cfg`` with the weights of a committed checkpoint (a manifest, a run
-    folder's best state, or the former ``best.pt``/``last.pt`` names). Writes nothing.
-    Returns ``(run, round)``."""
+    """The parties of ``cfg`` with the weights of a committed checkpoint (a manifest, or a run
+    folder's best state) of this checkpoint format. Writes nothing. Returns ``(run, round)``."""
     manifest_path = resolve_manifest(ckpt)
     manifest = read_manifest(manifest_path)
+    check_format(manifest_path, manifest, CHECKPOINT_VERSION)
     run = FederatedRun(cfg, run_dir=None)
     run.load_party_states(lambda party: load_party(manifest_path, manifest, party), weights_only=True)
     run.last_round = int(manifest.get("round", 0))

@@ -28,6 +28,7 @@ from lightning_fedkg.federated.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
     capture_rng,
+    check_format,
     latest_manifest,
     load_party,
     read_manifest,
@@ -48,7 +49,7 @@ log = logging.getLogger("lightning_fedkg")
 #: What a peer sends: ``(receiver, event, message)``.
 Outgoing = tuple[str, str, Message]
 RUNNER = "runner"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 
 
 @dataclass
@@ -370,6 +371,7 @@ def evaluate_peer_checkpoint(cfg: ExperimentConfig, ckpt: str | Path) -> dict:
     else:
         manifest_path = resolve_manifest(path)
     manifest = read_manifest(manifest_path)
+    check_format(manifest_path, manifest, CHECKPOINT_VERSION)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     runner = EventRunner(cfg, run_dir=None)
     for name, party in runner.parties.items():

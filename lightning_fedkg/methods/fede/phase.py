@@ -18,8 +18,9 @@ import torch
 from omegaconf import OmegaConf
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_container, resume_differences
-from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest, read_manifest
+from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, check_format, latest_manifest, read_manifest
 from lightning_fedkg.federated.orchestrator import (
+    CHECKPOINT_VERSION,
     FederatedRun,
     restore_finished_run,
     run_federated,
@@ -88,6 +89,7 @@ def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRu
     if last is not None and (ckpt / "best.json").is_file() and (
         last.get("stopped") or int(last["round"]) >= scfg.federated.rounds
     ):
+        check_format(last_path, last, CHECKPOINT_VERSION)
         if resume_differences(last.get("fingerprint") or {}, scfg):
             raise ConfigError(
                 f"{last_path} was written with other settings than this run's Single "

@@ -20,13 +20,7 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 
-__all__ = ["FedEC", "FedECClient", "contrastive_term", "PREVIOUS_PREFIX", "HAS_PREVIOUS"]
-
-#: Former module buffer ``<prefix><tensor>`` (the tensor's rows at the end of the last
-#: local fit), read from old checkpoints only.
-PREVIOUS_PREFIX = "fedec_previous_"
-#: Former module buffer (0-d bool): whether the ``fedec_previous_*`` buffers held a trained model.
-HAS_PREVIOUS = "fedec_has_previous"
+__all__ = ["FedEC", "FedECClient", "contrastive_term"]
 
 
 def entity_rows(tensors: list[Tensor]) -> Tensor:
@@ -54,9 +48,6 @@ class FedECClient(ClientHalf):
         #: ``E_prev`` per tensor: the rows at the end of the last local fit, on the module's
         #: device; None before the first one.
         self._previous: dict[str, Tensor] | None = None
-        # Old checkpoints hold E_prev as module buffers; this hook takes them out of the
-        # module's state before the module loads it (which would refuse unknown keys).
-        party.module.register_load_state_dict_pre_hook(self._take_legacy_buffers)
 
     def _entity_tensors(self) -> dict:
         """``{wire name: Parameter}`` of the shared groups, in a fixed order."""
@@ -122,15 +113,6 @@ class FedECClient(ClientHalf):
                 raise ValueError(f"{self.party.name}: FedEC state has {n!r} of shape {tuple(previous[n].shape)}, "
                                  f"the module's is {tuple(p.shape)}")
         self._previous = {n: previous[n].detach().clone() for n in tensors}
-
-    def _take_legacy_buffers(self, module, state_dict, prefix, local_metadata, strict, missing_keys,
-                             unexpected_keys, error_msgs) -> None:
-        """Move ``fedec_*`` buffers of an old checkpoint's module state into this half."""
-        flag = state_dict.pop(prefix + HAS_PREVIOUS, None)
-        rows = {k[len(prefix + PREVIOUS_PREFIX):]: state_dict.pop(k) for k in list(state_dict)
-                if k.startswith(prefix + PREVIOUS_PREFIX)}
-        if flag is not None:
-            self.load_state_dict({"previous": rows} if bool(flag) else {})
 
 
 class FedEC(Strategy):

@@ -13,13 +13,11 @@ events and where it differs from Alg. 1: docs/methods/fkge.md.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 import secrets
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,15 +30,16 @@ from lightning_fedkg.seeding import derive_seed
 
 from .classification import triple_classification
 from .config import FKGEConfig
+from .handshake import (ClientSide, Convergence, Exchange, HandshakeRecord, Hosting, PeerState, PPATClientSide,
+                        SupervisedClientSide, UpdateOutcome)
 from .ledger import PrivacyLedger
 from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
+from .pretraining import Pretraining, load_pretrained, pretrain, save_pretrained
 from .report import format_kgs_table
 from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, release_cost, unit_rows
 from .update import kgemb_update
 
 __all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
-
-log = logging.getLogger("lightning_fedkg")
 
 #: Link-prediction keys of a ``before``/``after`` block (plus ``"accuracy"``).
 QUALITY_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
@@ -105,7 +104,13 @@ def planned_partners(path: str, host: str) -> list[str]:
 
 
 class FKGEPeer(PeerHalf):
-    """One KG owner of FKGE: host and client of pairwise handshakes (see the module docstring)."""
+    """One KG owner of FKGE: host and client of pairwise handshakes (see the module docstring).
+
+    Its handshake state is typed (:mod:`.handshake`): :attr:`state` a :class:`PeerState`,
+    :attr:`host` the :class:`Hosting` it hosts, :attr:`serving` its :class:`ClientSide` of
+    each handshake a partner hosts, :attr:`handshakes` the :class:`HandshakeRecord` of each
+    one it hosted.
+    """
 
     def __init__(self, party, strategy, peers) -> None:
         super().__init__(party, strategy, peers)
@@ -113,19 +118,19 @@ class FKGEPeer(PeerHalf):
         self.entity_pairs: dict[str, tuple[Tensor, Tensor]] = {}  # partner -> (mine, theirs) ids
         self.relation_pairs: dict[str, tuple[Tensor, Tensor]] = {}
         self.queue: list[str] = []
-        self.state = "Ready"
+        self.state = PeerState.READY
         self.best: float | None = None
         self.before: dict | None = None
         self.hosted = 0
-        self.handshakes: list[dict] = []
+        self.handshakes: list[HandshakeRecord] = []
         self.ledger = PrivacyLedger(self.fk.lam, delta=self.fk.delta, neighbours=self.fk.dp_neighbours)
         self.planned = planned_partners(self.fk.schedule, self.name) if self.fk.schedule else None
-        self.host: dict[str, Any] | None = None  # the handshake this peer hosts
-        self.serving: dict[str, dict[str, Any]] = {}  # host name -> this peer's client side
+        self.host: Hosting | None = None
+        self.serving: dict[str, ClientSide] = {}  # host name -> this peer's client side
         self.exhausted = ""  # why this peer hosts no more ("" while it may)
         self.started_at = time.time()
         self.served: list[dict] = []  # this peer's client sides: how far each generator moved
-        self.pretrain: dict | None = None  # how it was pre-trained (epochs, curve, source file)
+        self.pretrain: Pretraining | None = None
 
     def _seed(self, partner: str, number: int, purpose: str) -> int:
         """A seed for ``purpose`` in this peer's ``number``-th handshake with ``partner``."""
@@ -180,65 +185,14 @@ class FKGEPeer(PeerHalf):
         return {"accuracy": float(tc["accuracy"]), **{k: float(lp[k]) for k in QUALITY_KEYS},
                 "count": int(lp.get("count", 0))}
 
-    # ------------------------------------------------------------------ pre-training
-    def _pretrain(self) -> dict:
-        """Train alone: ``pretrain_epochs``, or until ``pretrain_patience`` validation scores
-        (one every ``pretrain_eval_every`` epochs) bring no new best."""
-        fk, tic = self.fk, time.perf_counter()
-        curve, epochs, best, stale = [], 0, -math.inf, 0
-        while epochs < fk.pretrain_epochs:
-            chunk = fk.pretrain_epochs - epochs if fk.pretrain_patience is None else \
-                min(fk.pretrain_eval_every, fk.pretrain_epochs - epochs)
-            self.party.fit(chunk)
-            epochs += chunk
-            if fk.pretrain_patience is None:
-                break
-            score = self.best_score()
-            curve.append([epochs, score])
-            self.party.log({"pretrain/valid_mrr": score}, epochs)  # TensorBoard, step = epoch
-            log.info("%s: pre-training epoch %d, validation MRR %.4f", self.name, epochs, score)
-            best, stale = (score, 0) if score > best else (best, stale + 1)
-            if stale >= fk.pretrain_patience:
-                break
-        stopped = "patience" if fk.pretrain_patience is not None and stale >= fk.pretrain_patience else "epochs"
-        return {"epochs": epochs, "stopped": stopped, "valid_curve": curve, "from": None,
-                "seconds": time.perf_counter() - tic}
-
-    def _pretrained_file(self, run_dir) -> Path:
-        return Path(run_dir) / "pretrained" / f"{self.name}.pt"
-
-    def _save_pretrained(self) -> None:
-        if self.party.run_dir is None:
-            return
-        from lightning_fedkg.atomic import write_atomic
-
-        state = {"model": self.party.model.state_dict(), "pretrain": self.pretrain,
-                 "entities": self.party.kg.num_entities, "relations": self.party.kg.num_relations}
-        file = self._pretrained_file(self.party.run_dir)
-        file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(file, lambda f: torch.save(state, f))
-
-    def _load_pretrained(self, run_dir: str) -> dict:
-        file = self._pretrained_file(run_dir)
-        if not file.is_file():
-            raise ConfigError(f"federated.fkge.pretrained_from: {file} does not exist (run the pre-training first, "
-                              f"with the same data and party names)")
-        saved = torch.load(file, map_location="cpu", weights_only=True)
-        kg = self.party.kg
-        if (saved["entities"], saved["relations"]) != (kg.num_entities, kg.num_relations):
-            raise ConfigError(f"{file}: pre-trained on {saved['entities']} entities and {saved['relations']} relations, "
-                              f"this party has {kg.num_entities} and {kg.num_relations}")
-        self.party.model.load_state_dict(saved["model"])
-        return {**saved["pretrain"], "from": str(file)}
-
     # ------------------------------------------------------------------ protocol
     def start(self) -> list[Outgoing]:
         self.started_at = time.time()
         if self.fk.pretrained_from:
-            self.pretrain = self._load_pretrained(self.fk.pretrained_from)
+            self.pretrain = load_pretrained(self.party, self.fk.pretrained_from)
         else:
-            self.pretrain = self._pretrain()
-            self._save_pretrained()
+            self.pretrain = pretrain(self.party, self.fk, self.best_score)
+            save_pretrained(self.party, self.pretrain)
         self.best = self.best_score()
         self.before = self.quality()
         arrays = {"entity_digests": self.digests("entity")}
@@ -305,10 +259,10 @@ class FKGEPeer(PeerHalf):
                 continue
             self.hosted += 1
             self.host = self._new_host(partner, ents, rels, self.rows(ents, rels))
-            self.state = "Busy"
+            self.state = PeerState.BUSY
             start = Message(config={"handshake": self.hosted})
             return [(partner, START, start)]
-        self.state = "Sleep"
+        self.state = PeerState.SLEEP
         return []
 
     def _ppat_host(self, y: Tensor, partner: str, number: int) -> PPATHost:
@@ -320,11 +274,10 @@ class FKGEPeer(PeerHalf):
                         noise_seed=self._seed(partner, number, "pate_noise") if fk.reproducible_noise else None,
                         accountant=self.ledger.pate)
 
-    def _new_host(self, partner: str, ents: Tensor, rels: Tensor, y: Tensor) -> dict:
+    def _new_host(self, partner: str, ents: Tensor, rels: Tensor, y: Tensor) -> Hosting:
         ppat = self._ppat_host(y, partner, self.hosted) if self.fk.alignment == "ppat" else None
-        return {"partner": partner, "number": self.hosted, "entities": ents, "relations": rels, "y": y,
-                "ppat": ppat, "batches": 0, "seconds": 0.0,
-                "queries_before": self.ledger.pate.queries, "bytes": 0, "ppat_bytes": 0, "stopped": "epochs"}
+        return Hosting(partner=partner, number=self.hosted, entities=ents, relations=rels, y=y, ppat=ppat,
+                       queries_before=self.ledger.pate.queries)
 
     def _ppat_client(self, x: Tensor, seed: int = 0) -> PPATClient:
         fk = self.fk
@@ -348,8 +301,8 @@ class FKGEPeer(PeerHalf):
         order = torch.Generator().manual_seed(self._seed(sender, number, "order"))
         batches = [rows for _ in range(self.fk.ppat_epochs)
                    for rows in torch.randperm(ppat.num_rows, generator=order).split(self.fk.ppat_batch_size)]
-        self.serving[sender] = {"ppat": ppat, "batches": batches, "entities": ents, "relations": rels,
-                                "pending": None, "seconds": time.perf_counter() - tic, "w_start": w_start}
+        self.serving[sender] = PPATClientSide(entities=ents, relations=rels, seconds=time.perf_counter() - tic,
+                                              ppat=ppat, batches=batches, w_start=w_start)
         return self._send_next(sender)
 
     # ------------------------------------------------------------------ supervised DP alignment
@@ -359,30 +312,30 @@ class FKGEPeer(PeerHalf):
         w0 = initial_generator(x.shape[1], "orthogonal", w_seed)
         z = unit_rows(x @ w0.T)
         self.ledger.declare("rotated_rows", z.shape[0])
-        self.serving[host] = {"w0": w0, "x": x, "entities": ents, "relations": rels, "pending": None,
-                              "seconds": time.perf_counter() - tic}
+        self.serving[host] = SupervisedClientSide(entities=ents, relations=rels, seconds=time.perf_counter() - tic,
+                                                  w0=w0, rows=x)
         return [(host, ROWS, Message(arrays={ROWS: z}))]
 
     def on_align_rows(self, message: Message, sender: str) -> list[Outgoing]:
         """Host: the noisy cross-covariance, charged to this party's ledger."""
         host, fk = self._hosting(sender), self.fk
-        host["bytes"] += tensor_bytes(message.arrays)
-        host["ppat_bytes"] += tensor_bytes(message.arrays)
+        host.bytes += tensor_bytes(message.arrays)
+        host.ppat_bytes += tensor_bytes(message.arrays)
         tic = time.perf_counter()
-        noise_seed = self._seed(host["partner"], host["number"], "dp_noise") if fk.reproducible_noise else None
+        noise_seed = self._seed(host.partner, host.number, "dp_noise") if fk.reproducible_noise else None
         # no budget check here: _next hosted only if this release fits (spent()), and nothing
         # else charges a supervised host's ledger in between
-        align = AlignmentHost(host["y"], fk.dp_epsilon, fk.delta, self.ledger.max_order, noise_seed=noise_seed,
+        align = AlignmentHost(host.y, fk.dp_epsilon, fk.delta, self.ledger.max_order, noise_seed=noise_seed,
                               neighbours=fk.dp_neighbours)
         reply = align.on_rows(message)
         if fk.dp_epsilon is None:
             self.ledger.declare("exact_crosscov", 1)
         else:
             self.ledger.charge_gaussian(align.log_moments, add_remove=align.log_moments_add_remove)
-        host["batches"], host["sigma"] = 1, align.sigma
-        host["seconds"] += time.perf_counter() - tic
-        host["bytes"] += tensor_bytes(reply.arrays)
-        host["ppat_bytes"] += tensor_bytes(reply.arrays)
+        host.batches, host.sigma = 1, align.sigma
+        host.seconds += time.perf_counter() - tic
+        host.bytes += tensor_bytes(reply.arrays)
+        host.ppat_bytes += tensor_bytes(reply.arrays)
         return [(sender, CROSSCOV, reply)]
 
     def on_dp_crosscov(self, message: Message, sender: str) -> list[Outgoing]:
@@ -391,17 +344,16 @@ class FKGEPeer(PeerHalf):
         if self.spent():  # spent while the host computed: the translated rows are not sent
             return [(sender, DECLINE, Message())]
         tic = time.perf_counter()
-        w = procrustes(message.arrays[CROSSCOV].float()) @ side["w0"]
-        side["translate"] = lambda rows: rows.to(w.dtype) @ w.T
-        side["seconds"] += time.perf_counter() - tic
+        side.w = procrustes(message.arrays[CROSSCOV].float()) @ side.w0
+        side.seconds += time.perf_counter() - tic
         return [(sender, TRANSLATED, self._translated(sender, side))]
 
     def on_fkge_decline(self, message: Message, sender: str) -> list[Outgoing]:
         """The partner's privacy budget is spent: it sends nothing more; the handshake ends unused."""
         host = self._hosting(sender)
-        self.handshakes.append({"client": sender, "host": self.name, "number": host["number"],
-                                "accepted": False, "skipped": "partner_epsilon", "finished_at": time.time()})
-        self.host, self.state = None, "Ready"
+        self.handshakes.append(HandshakeRecord(client=sender, host=self.name, number=host.number,
+                                               finished_at=time.time()))
+        self.host, self.state = None, PeerState.READY
         return self._next()
 
     def _send_next(self, host: str) -> list[Outgoing]:
@@ -410,79 +362,78 @@ class FKGEPeer(PeerHalf):
             return [(host, DECLINE, Message())]
         side = self.serving[host]
         tic = time.perf_counter()
-        if side["batches"]:
-            rows = side["batches"].pop(0)
-            side["pending"] = rows
-            out = [(host, FAKE, side["ppat"].fake_message(rows))]
+        if side.batches:
+            rows = side.batches.pop(0)
+            side.pending = rows
+            out = [(host, FAKE, side.ppat.fake_message(rows))]
             self.ledger.declare("generated_rows", rows.numel())  # G(X_batch): not noised
         else:
             out = [(host, TRANSLATED, self._translated(host, side))]
             del self.serving[host]
-        side["seconds"] += time.perf_counter() - tic
+        side.seconds += time.perf_counter() - tic
         return out
 
     def on_ppat_fake(self, message: Message, sender: str) -> list[Outgoing]:
         host = self._hosting(sender)
         n = len(message.config["rows"])
-        host["bytes"] += tensor_bytes(message.arrays)
-        host["ppat_bytes"] += tensor_bytes(message.arrays)
+        host.bytes += tensor_bytes(message.arrays)
+        host.ppat_bytes += tensor_bytes(message.arrays)
         if self.fk.max_epsilon is not None and self.ledger.epsilon_after_pate(n) > self.fk.max_epsilon:
-            host["stopped"] = "budget"
+            host.stopped = "budget"
             return [(sender, STOP, Message())]
-        if host["stopped"] == "converged":
+        if host.stopped == "converged":
             return [(sender, STOP, Message())]
         tic = time.perf_counter()
-        reply = host["ppat"].on_fake(message)
-        host["seconds"] += time.perf_counter() - tic
-        host["batches"] += 1
+        reply = host.ppat.on_fake(message)
+        host.seconds += time.perf_counter() - tic
+        host.batches += 1
         self._track_convergence(host, n)
-        host["bytes"] += tensor_bytes(reply.arrays)
-        host["ppat_bytes"] += tensor_bytes(reply.arrays)
+        host.bytes += tensor_bytes(reply.arrays)
+        host.ppat_bytes += tensor_bytes(reply.arrays)
         return [(sender, GRAD, reply)]
 
-    def _track_convergence(self, host: dict, n: int) -> None:
+    def _track_convergence(self, host: Hosting, n: int) -> None:
         """PPAT's stopping rule, the host's (the losses never leave it): after each epoch over
         the aligned rows, the epoch's mean generator loss; ``ppat_patience`` epochs in a row
         without a drop of at least ``ppat_tolerance`` below the best end the handshake's PPAT."""
-        track = host.setdefault("convergence", {"sum": 0.0, "rows": 0, "best": math.inf, "stale": 0, "losses": []})
-        track["sum"] += host["ppat"].last["loss_generator"] * n
-        track["rows"] += n
-        if track["rows"] < host["y"].shape[0]:
+        if host.convergence is None:
+            host.convergence = Convergence()
+        track = host.convergence
+        track.sum += host.ppat.last["loss_generator"] * n
+        track.rows += n
+        if track.rows < host.y.shape[0]:
             return
-        loss = track["sum"] / track["rows"]
-        track.update(sum=0.0, rows=0)
-        track["losses"].append(loss)
-        if loss < track["best"] - self.fk.ppat_tolerance:
-            track.update(best=loss, stale=0)
+        loss = track.sum / track.rows
+        track.sum, track.rows = 0.0, 0
+        track.losses.append(loss)
+        if loss < track.best - self.fk.ppat_tolerance:
+            track.best, track.stale = loss, 0
         else:
-            track["stale"] += 1
-        if self.fk.ppat_patience is not None and track["stale"] >= self.fk.ppat_patience:
-            host["stopped"] = "converged"
+            track.stale += 1
+        if self.fk.ppat_patience is not None and track.stale >= self.fk.ppat_patience:
+            host.stopped = "converged"
 
     def on_ppat_grad(self, message: Message, sender: str) -> list[Outgoing]:
         side = self.serving[sender]
         tic = time.perf_counter()
-        side["ppat"].on_grad(message)
-        side["pending"] = None
-        side["seconds"] += time.perf_counter() - tic
+        side.ppat.on_grad(message)
+        side.pending = None
+        side.seconds += time.perf_counter() - tic
         return self._send_next(sender)
 
     def on_ppat_stop(self, message: Message, sender: str) -> list[Outgoing]:
         side = self.serving[sender]
-        side["batches"].clear()
-        side["pending"] = None
-        side["ppat"]._pending = None
+        side.batches.clear()
+        side.pending = None
+        side.ppat._pending = None
         return self._send_next(sender)
 
-    def _translated(self, host: str, side: dict) -> Message:
+    def _translated(self, host: str, side: ClientSide) -> Message:
         """``G(X)`` (entity rows, then relation rows) and ``G(N(X))`` with their joining triples."""
-        ents = side["entities"]
-        translate = side["translate"] if "translate" in side else side["ppat"].translate
-        if "ppat" in side:  # how far PPAT moved the generator: a local record, never sent
-            start = side["w_start"]
-            self.served.append({"host": host,
-                                "generator_moved": float((side["ppat"].w.detach() - start).norm() / start.norm())})
-        translated = translate(side["x"] if "x" in side else side["ppat"].x)
+        ents = side.entities
+        if isinstance(side, PPATClientSide):  # how far PPAT moved the generator: a local record, never sent
+            self.served.append({"host": host, "generator_moved": side.generator_moved()})
+        translated = side.translate(side.x)
         arrays = {"entities": translated[: ents.numel()].contiguous(),
                   "relations": translated[ents.numel():].contiguous()}
         mine_all = self.entity_pairs[host][0]
@@ -492,62 +443,61 @@ class FKGEPeer(PeerHalf):
             aligned_rel = self.relation_pairs[host][0]
             rel_position[aligned_rel] = torch.arange(aligned_rel.numel())
         model = self.party.model
-        arrays["neighbours"] = translate(model.entity_emb.detach()[edges[:, 2]].float().cpu())
+        arrays["neighbours"] = side.translate(model.entity_emb.detach()[edges[:, 2]].float().cpu())
         arrays["neighbour_anchor"] = edges[:, 0].contiguous()
         arrays["neighbour_relation"] = rel_position[edges[:, 1]].contiguous()
         arrays["neighbour_is_head"] = edges[:, 3].contiguous()
         # not noised: what the host receives as a client's rows is declared, not accounted
         self.ledger.declare("translated_rows", translated.shape[0] + edges.shape[0])
-        return Message(arrays=arrays, metrics={"seconds_client": float(side["seconds"])})
+        return Message(arrays=arrays, metrics={"seconds_client": float(side.seconds)})
 
     @staticmethod
-    def _translation_cosine(host: dict, message: Message) -> dict:
+    def _translation_cosine(host: Hosting, message: Message) -> dict:
         """How well PPAT aligned the two spaces, a local diagnostic of the host: the mean
         cosine between ``G(x_i)`` and its own ``y_i`` (``translation_cosine``) and between
         ``G(x_i)`` and another item's ``y_{i+1}`` (``mismatched_cosine``, the level any shared
         direction of the tables gives); the gap is what the translation matched."""
         translated = torch.cat([message.arrays["entities"], message.arrays["relations"]]).float()
-        y = host["y"]
+        y = host.y
         if translated.shape != y.shape or translated.shape[0] < 2:
             return {"translation_cosine": None, "mismatched_cosine": None}
         cos = torch.nn.functional.cosine_similarity
         return {"translation_cosine": float(cos(translated, y, dim=1).mean()),
                 "mismatched_cosine": float(cos(translated, y.roll(1, dims=0), dim=1).mean())}
 
-    def _hosting(self, partner: str) -> dict:
-        if self.host is None or self.host["partner"] != partner:
+    def _hosting(self, partner: str) -> Hosting:
+        if self.host is None or self.host.partner != partner:
             raise RuntimeError(f"{self.name} is not hosting a handshake with {partner}")
         return self.host
 
     def on_fkge_translated(self, message: Message, sender: str) -> list[Outgoing]:
         host = self._hosting(sender)
-        host["bytes"] += tensor_bytes(message.arrays)
-        record = {"client": sender, "host": self.name, "number": host["number"],
-                  "aligned_entities": int(host["entities"].numel()),
-                  "aligned_relations": int(host["relations"].numel()),
-                  "ppat_batches": host["batches"], "stopped": host["stopped"],
-                  "queries": self.ledger.pate.queries - host["queries_before"], "sigma": host.get("sigma"),
-                  "ppat_generator_losses": host.get("convergence", {}).get("losses", []),
-                  "seconds_ppat": host["seconds"] + float(message.metrics.get("seconds_client", 0.0)),
-                  **self._translation_cosine(host, message)}
-        if host["batches"] == 0:  # the privacy budget allowed no PPAT step: nothing to update with
-            record.update(accepted=False, skipped="epsilon", seconds_update=0.0, virtual_entities=0,
-                          valid_before=self.best, valid_after=None)
+        host.bytes += tensor_bytes(message.arrays)
+        exchange = Exchange(
+            aligned_entities=int(host.entities.numel()), aligned_relations=int(host.relations.numel()),
+            ppat_batches=host.batches, stopped=host.stopped, queries=self.ledger.pate.queries - host.queries_before,
+            sigma=host.sigma, ppat_generator_losses=[] if host.convergence is None else host.convergence.losses,
+            seconds_ppat=host.seconds + float(message.metrics.get("seconds_client", 0.0)),
+            **self._translation_cosine(host, message))
+        if host.batches == 0:  # the privacy budget allowed no PPAT step: nothing to update with
+            outcome = UpdateOutcome(accepted=False, skipped="epsilon", seconds_update=0.0, virtual_entities=0,
+                                    valid_before=self.best, valid_after=None)
         else:
-            record.update(self._update(host, message))
-        record.update(epsilon=self.ledger.epsilon(), bytes=host["bytes"],
-                      bytes_per_ppat_batch=host["ppat_bytes"] / max(host["batches"], 1),
-                      finished_at=time.time())
+            outcome = self._update(host, message)
+        record = HandshakeRecord(client=sender, host=self.name, number=host.number, exchange=exchange,
+                                 outcome=outcome, epsilon=self.ledger.epsilon(), bytes=host.bytes,
+                                 bytes_per_ppat_batch=host.ppat_bytes / max(host.batches, 1),
+                                 finished_at=time.time())
         self.handshakes.append(record)
-        self.host, self.state = None, "Ready"
+        self.host, self.state = None, PeerState.READY
         out = []
-        if record["accepted"] and not self.spent():  # a broadcast tells each partner "my validation improved"
+        if record.accepted and not self.spent():  # a broadcast tells each partner "my validation improved"
             out = [(p, REQUEST, Message()) for p in sorted(self.entity_pairs)
                    if sum(t.numel() for t in self.aligned_ids(p))]
             self.ledger.declare("accept_broadcasts", len(out))
         return out + self._next()
 
-    def _update(self, host: dict, message: Message) -> dict:
+    def _update(self, host: Hosting, message: Message) -> UpdateOutcome:
         """The host's KGEmb-Update with what the client sent (``mode: none``: without it)."""
         if self.fk.mode == "none":  # the control: the same update, nothing received is used
             width = self.party.model.entity_emb.shape[1]
@@ -555,28 +505,28 @@ class FKGEPeer(PeerHalf):
         a = message.arrays
         kg = self.party.kg
         n, r = kg.num_entities, kg.num_relations
-        anchors = host["entities"][a["neighbour_anchor"]]
+        anchors = host.entities[a["neighbour_anchor"]]
         virtual = torch.arange(n, n + anchors.numel())
         relation_ids = torch.full((anchors.numel(),), r, dtype=torch.long)  # the update's fresh relation
         known = a["neighbour_relation"] >= 0
         if known.any():
-            relation_ids[known] = self.relation_pairs[host["partner"]][0][a["neighbour_relation"][known]]
+            relation_ids[known] = self.relation_pairs[host.partner][0][a["neighbour_relation"][known]]
         is_head = a["neighbour_is_head"].bool()
         triples = torch.stack([torch.where(is_head, virtual, anchors), relation_ids,
                                torch.where(is_head, anchors, virtual)], 1)
-        relations = host["relations"].numel() > 0
+        relations = host.relations.numel() > 0
         translated = a["entities"]
         if self.fk.shuffle_received:  # the diagnostic control: right values, wrong items
-            order = torch.Generator().manual_seed(self._seed(host["partner"], host["number"], "shuffle"))
+            order = torch.Generator().manual_seed(self._seed(host.partner, host.number, "shuffle"))
             translated = translated[torch.randperm(translated.shape[0], generator=order)]
         return self._kgemb_update(
-            host, host["entities"], translated, a["neighbours"], triples,
+            host, host.entities, translated, a["neighbours"], triples,
             virtual_relations=1 if bool((~known).any()) else None,
-            aligned_relation_ids=host["relations"] if relations else None,
+            aligned_relation_ids=host.relations if relations else None,
             translated_relations=a["relations"] if relations else None)
 
-    def _kgemb_update(self, host: dict, ids: Tensor, rows: Tensor, virtual_entities: Tensor | None = None,
-                      virtual_triples: Tensor | None = None, **extra) -> dict:
+    def _kgemb_update(self, host: Hosting, ids: Tensor, rows: Tensor, virtual_entities: Tensor | None = None,
+                      virtual_triples: Tensor | None = None, **extra) -> UpdateOutcome:
         from lightning_fedkg.builders import datamodule_kwargs, trainer_kwargs
 
         out = kgemb_update(
@@ -584,73 +534,58 @@ class FKGEPeer(PeerHalf):
             mode="replace" if self.fk.mode == "none" else self.fk.mode, epochs=self.fk.update_epochs,
             trainer_kwargs=trainer_kwargs(self.cfg.trainer), datamodule_kwargs=datamodule_kwargs(self.cfg),
             eval_datamodule=self.party.datamodule, backtrack_on=self.fk.backtrack_on, valid_before=self.best,
-            seed=self._seed(host["partner"], host["number"], "update"), **extra)
+            seed=self._seed(host.partner, host.number, "update"), **extra)
         if out["accepted"]:
             self.best = out["valid_after"]
-        return {"accepted": out["accepted"], "seconds_update": out["seconds"],
-                "virtual_entities": 0 if virtual_entities is None else int(virtual_entities.shape[0]),
-                "valid_before": out["valid_before"], "valid_after": out["valid_after"]}
+        return UpdateOutcome(accepted=out["accepted"], seconds_update=out["seconds"],
+                             virtual_entities=0 if virtual_entities is None else int(virtual_entities.shape[0]),
+                             valid_before=out["valid_before"], valid_after=out["valid_after"])
 
     # ------------------------------------------------------------------ reporting and state
     def report(self) -> dict:
         privacy = self.ledger.summary()
-        return {"name": self.name, "model": self.cfg.model.name, "pretrain": self.pretrain,
+        return {"name": self.name, "model": self.cfg.model.name,
+                "pretrain": None if self.pretrain is None else self.pretrain.to_dict(),
                 "before": self.before, "after": self.quality(),
                 "epsilon": privacy["epsilon"], "privacy": privacy, "queries": self.ledger.pate.queries,
                 "hosted": self.hosted, "served": self.served,
-                "accepted": sum(bool(h["accepted"]) for h in self.handshakes), "best": self.best,
-                "state": self.state, "stopped_hosting": self.exhausted or None, "handshakes": self.handshakes}
+                "accepted": sum(bool(h.accepted) for h in self.handshakes), "best": self.best,
+                "state": self.state.value, "stopped_hosting": self.exhausted or None,
+                "handshakes": [h.to_dict() for h in self.handshakes]}
 
     def state_dict(self) -> dict:
-        host = None
-        if self.host is not None:
-            host = {k: v for k, v in self.host.items() if k != "ppat"}
-            host["ppat"] = None if self.host["ppat"] is None else self.host["ppat"].state_dict()
-        serving = {}
-        for name, side in self.serving.items():
-            serving[name] = {k: v for k, v in side.items() if k not in ("ppat", "translate")}
-            if "ppat" in side:
-                serving[name]["ppat"] = side["ppat"].state_dict()
-                serving[name]["x"] = side["ppat"].x
         return {"entity_pairs": self.entity_pairs, "relation_pairs": self.relation_pairs, "queue": list(self.queue),
-                "state": self.state, "best": self.best, "before": self.before, "hosted": self.hosted,
-                "handshakes": self.handshakes, "ledger": self.ledger.state_dict(), "host": host,
-                "serving": serving, "exhausted": self.exhausted, "planned": self.planned, "served": self.served,
-                "pretrain": self.pretrain}
+                "state": self.state.value, "best": self.best, "before": self.before, "hosted": self.hosted,
+                "handshakes": [h.to_dict() for h in self.handshakes], "ledger": self.ledger.state_dict(),
+                "host": None if self.host is None else self.host.state_dict(),
+                "serving": {name: side.state_dict() for name, side in self.serving.items()},
+                "exhausted": self.exhausted, "planned": self.planned, "served": self.served,
+                "pretrain": None if self.pretrain is None else self.pretrain.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.entity_pairs = dict(state["entity_pairs"])
         self.relation_pairs = dict(state["relation_pairs"])
         self.queue = list(state["queue"])
-        self.state, self.best, self.before = state["state"], state["best"], state["before"]
-        self.hosted, self.handshakes, self.exhausted = state["hosted"], list(state["handshakes"]), state["exhausted"]
-        if "ledger" in state:
-            self.ledger.load_state_dict(state["ledger"])
-        else:  # a checkpoint from before the ledger: its PATE accountant was the whole account
-            self.ledger.pate.load_state_dict(state["accountant"])
-        self.planned = state.get("planned", self.planned)
-        self.served = list(state.get("served", []))
-        self.pretrain = state.get("pretrain")
-        self.host = None
-        if state["host"] is not None:
-            host = dict(state["host"])
-            if host["ppat"] is not None:
-                ppat = self._ppat_host(host["y"], host["partner"], host["number"])
-                ppat.load_state_dict(host["ppat"])
-                host["ppat"] = ppat
-            self.host = host
-        self.serving = {}
-        for name, side in state["serving"].items():
-            side = dict(side)
-            if "w0" in side:  # supervised: W0 and X are the whole client side
-                self.serving[name] = side
-                continue
-            ppat = self._ppat_client(side.pop("x"))
-            ppat.load_state_dict(side["ppat"])
-            if side["pending"] is not None:  # W has not stepped since this batch went out
-                ppat.fake_message(side["pending"])
-            side["ppat"] = ppat
-            self.serving[name] = side
+        self.state, self.best, self.before = PeerState(state["state"]), state["best"], state["before"]
+        self.hosted, self.exhausted = state["hosted"], state["exhausted"]
+        self.handshakes = [HandshakeRecord.from_dict(h) for h in state["handshakes"]]
+        self.ledger.load_state_dict(state["ledger"])
+        self.planned, self.served = state["planned"], list(state["served"])
+        self.pretrain = None if state["pretrain"] is None else Pretraining.from_dict(state["pretrain"])
+        self.host = None if state["host"] is None else Hosting.from_state(state["host"], self._ppat_host)
+        self.serving = {name: self._client_side(side) for name, side in state["serving"].items()}
+
+    def _client_side(self, state: dict) -> ClientSide:
+        """A :class:`ClientSide` from its ``state_dict``."""
+        common = dict(entities=state["entities"], relations=state["relations"], seconds=state["seconds"])
+        if state["kind"] == "supervised":  # W0 and X are the whole client side
+            return SupervisedClientSide(**common, w0=state["w0"], rows=state["x"])
+        ppat = self._ppat_client(state["x"])
+        ppat.load_state_dict(state["ppat"])
+        if state["pending"] is not None:  # W has not stepped since this batch went out
+            ppat.fake_message(state["pending"])
+        return PPATClientSide(**common, ppat=ppat, batches=state["batches"], w_start=state["w_start"],
+                              pending=state["pending"])
 
 
 def _party_name(kg, k: int, taken: set[str]) -> str:

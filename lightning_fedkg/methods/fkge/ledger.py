@@ -115,16 +115,9 @@ class PrivacyLedger:
         def tensor(moments: list) -> Tensor:
             return torch.tensor([math.inf if x == "inf" else x for x in moments], dtype=torch.float64)
 
-        if state.get("neighbours", self.neighbours) != self.neighbours:
+        if state["neighbours"] != self.neighbours:
             raise ValueError(f"ledger neighbours mismatch: saved {state['neighbours']!r}, here {self.neighbours!r}")
         self.pate.load_state_dict(state["pate"])
-        if "neighbours" in state:
-            self.gaussian, self.gaussian_add_remove = tensor(state["gaussian"]), tensor(state["gaussian_add_remove"])
-        else:
-            # A state from before the relation was recorded charged add/remove moments, each
-            # a single full-batch Gaussian (q = 1) whose log moments scale as 1/sigma^2:
-            # under replace (sensitivity 2) they are exactly 4 times as large.
-            self.gaussian_add_remove = tensor(state["gaussian"])
-            self.gaussian = self.gaussian_add_remove * (4.0 if self.neighbours == "replace" else 1.0)
+        self.gaussian, self.gaussian_add_remove = tensor(state["gaussian"]), tensor(state["gaussian_add_remove"])
         self.gaussian_releases = int(state["gaussian_releases"])
         self.unprotected = dict(state["unprotected"])
