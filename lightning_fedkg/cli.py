@@ -24,7 +24,7 @@ from typing import Sequence
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
 from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, show_progress_bar
-from lightning_fedkg.rundir import RunDirectory, check_unlocked, read_run_config
+from lightning_fedkg.rundir import check_unlocked, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS, config_table_elements, configure_torch
 
 log = logging.getLogger("lightning_fedkg")
@@ -75,7 +75,7 @@ def format_metrics_table(metrics: dict, cfg: ExperimentConfig | None = None) -> 
     if "kgs" in metrics:
         return format_kgs_table(metrics)
     if "clients" in metrics:
-        from lightning_fedkg.federated.orchestrator import format_table
+        from lightning_fedkg.federated.table import format_table
         from lightning_fedkg.registry import PHASES
 
         summary = "  ".join(f"{k}={metrics[k]}" for k in SUMMARY_KEYS if metrics.get(k) is not None)
@@ -189,14 +189,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
     args.run_dir, args.resume_words = run_dir, ["fedkg", "fit", "-c", args.config, "--out", str(run_dir),
                                                 *args.overrides]
     cfg = load_config(args.config, args.overrides)
-    # Thread pools are per process and fixed once work starts: set them before anything runs.
-    configure_torch(cfg.trainer, config_table_elements(cfg))
-    # Locked and checked against the run it may hold before anything in it is written.
-    with RunDirectory.open(run_dir, cfg):
-        print(f"run directory: {run_dir}")
-        from lightning_fedkg.run import fit
+    print(f"run directory: {run_dir}")
+    from lightning_fedkg.run import fit
 
-        metrics = fit(resolve_auto_settings(cfg), run_dir)
+    # fit locks the run directory, checks and saves the config, sets threads and seeds.
+    metrics = fit(cfg, run_dir)
     print(format_metrics_table(metrics, cfg))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0
@@ -218,7 +215,6 @@ def cmd_test(args: argparse.Namespace) -> int:
         cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
         stopped = None
     cfg = resolve_auto_settings(cfg)
-    configure_torch(cfg.trainer, config_table_elements(cfg))
     from lightning_fedkg.run import evaluate
 
     metrics = evaluate(cfg, ckpt)
@@ -323,7 +319,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     """``fedkg query``: answer a typed query with a finished query-answering run."""
     if args.top < 1:  # checked before torch and the run are loaded: --top 0 would print an empty list
         raise ConfigError(f"--top: {args.top} answers; give a whole number of at least 1 (default 10)")
-    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.federated.entry import load_run_from
     from lightning_fedkg.methods.fedcqa.query_text import QuerySyntaxError, answer_query
 
     # Loading a run rebuilds its parties (query sets from the cache): not news to a person asking.
@@ -456,7 +452,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     args.run_dir, args.resume_words = run_dir, ["fedkg", "flower", "up", "-c", args.config, "--out", str(run_dir),
                                                 *(["--key-file", args.key_file] if args.key_file else []),
                                                 *(["--tls"] if args.tls else []), *args.overrides]
-    cfg = load_config(args.config, [*args.overrides, "federated.engine=flower", "federated.flower.mode=deployment"])
+    cfg = load_config(args.config, [*args.overrides, "federated.backend=flower", "federated.flower.mode=deployment"])
     from lightning_fedkg.flower.deploy import localhost_certificates, up
 
     print(f"run directory: {run_dir} (Flower logs in {run_dir / 'flower' / 'logs'})")

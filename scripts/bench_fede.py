@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark FedE rounds and full filtered evaluation on a federated KG (FB15k-237-Fed3).
 
-Builds the :class:`~lightning_fedkg.federated.orchestrator.FederatedRun` of a config
+Builds the :class:`~lightning_fedkg.federated.federation.FederatedRun` of a config
 (default ``configs/fede/fb15k237_fed3_fede.yaml``: FedE TransE with the paper's
 hyperparameters, dim 256, 256 negatives, batch 512, Adam lr 1e-3, gamma 10, alpha 1,
 E = 3 local epochs, F = 1) and runs a bounded number of rounds. Per round it prints the
@@ -60,7 +60,7 @@ if str(REPO) not in sys.path:  # runnable without installing the package
 import lightning as L  # noqa: E402
 
 from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.federated.orchestrator import FederatedRun  # noqa: E402
+from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "fede" / "fb15k237_fed3_fede.yaml"
 DEFAULT_DATA = "../shared/data/FB15k-237-Fed3"

@@ -18,7 +18,7 @@ import torch
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated import secure as sa
 from lightning_fedkg.federated.message import Message, decode, encode
-from lightning_fedkg.federated.orchestrator import FederatedRun
+from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.secure import SecureClient
 from lightning_fedkg.privacy import secagg
 
@@ -587,9 +587,9 @@ def test_an_active_client_without_a_roster_refuses_to_start(monkeypatch):
     half is a ConfigError (it has no key of its own and no peer keys to check)."""
     import contextlib
 
-    from lightning_fedkg.federated import orchestrator
+    from lightning_fedkg.federated import federation
 
-    monkeypatch.setattr(orchestrator, "local_identities", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(federation, "local_identities", lambda *a: contextlib.nullcontext())
     with pytest.raises(ConfigError, match="no identity roster"):
         FederatedRun(secure(**ACTIVE_T2), run_dir=None)
 

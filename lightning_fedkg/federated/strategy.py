@@ -101,7 +101,7 @@ class ServerHalf:
 
     def protocol(self, stage: str) -> tuple[str, ...]:
         """The exchanges that carry out the logical stage ``stage`` outside a round's
-        schedule (:meth:`~..orchestrator.FederatedRun.stage`, e.g. a phase's ``upload``):
+        schedule (:meth:`~..federation.FederatedRun.stage`, e.g. a phase's ``upload``):
         ``(stage,)`` by default; secure aggregation wraps a masked upload in its key, share
         and unmask exchanges."""
         return (stage,)

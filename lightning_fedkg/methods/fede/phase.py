@@ -19,12 +19,9 @@ from omegaconf import OmegaConf
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_container, resume_differences
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, check_format, latest_manifest, read_manifest
-from lightning_fedkg.federated.orchestrator import (
-    CHECKPOINT_VERSION,
-    FederatedRun,
-    restore_finished_run,
-    run_federated,
-)
+from lightning_fedkg.federated.entry import restore_finished_run, run_subrun
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.federated.round_loop import CHECKPOINT_VERSION
 from lightning_fedkg.federated.party import Party
 from lightning_fedkg.federated.phases import Phase, PhaseContext
 from lightning_fedkg.federated.tasks import client_entry, weighted_average, with_count
@@ -77,9 +74,9 @@ def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRu
     """The Single models fusion needs, from ``<run_dir>/fusion_single``, restored at their best.
 
     ``cfg`` is the FedE config. A finished Single run there (its newest committed round
-    early-stopped or at ``federated.rounds``) is reused; otherwise ``run_federated`` trains
+    early-stopped or at ``federated.rounds``) is reused; otherwise ``run_subrun`` trains
     it or resumes it. A reused run written with other settings is refused, as
-    ``run_federated`` refuses to resume one.
+    a run refuses to resume one.
     """
     scfg = single_config(cfg)
     single_dir = Path(run_dir) / SINGLE_DIR
@@ -98,7 +95,7 @@ def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRu
         log.info("model fusion: reusing the Single run in %s", single_dir)
     else:
         log.info("model fusion: training the Single models in %s", single_dir)
-        run_federated(scfg, single_dir)
+        run_subrun(scfg, single_dir)
     run, _ = restore_finished_run(scfg, ckpt / "best.json")
     return run
 
@@ -164,7 +161,7 @@ def _summary(per_client: list[dict]) -> dict:
 def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path) -> dict:
     """FedE model fusion (§2.2.3) for every client of a finished, tested FedE run.
 
-    ``fed_run`` must hold the state the run was tested with (``run_federated`` calls this
+    ``fed_run`` must hold the state the run was tested with (the round loop calls this
     right after its test at the best round, so every client module has the aggregated rows
     of that round and its own relations). The Single run comes from
     :func:`obtain_single_run`.

@@ -319,12 +319,12 @@ def retrain_config(cfg: ExperimentConfig, data_dir: Path, rounds: int) -> Experi
 def retrain(cfg: ExperimentConfig, ctx: PhaseContext, forget: dict[str, Tensor], rounds: int) -> dict:
     """Train the gold standard in ``<out>/retrain`` and evaluate it like the others, on
     the same forgotten triples (checked)."""
-    from lightning_fedkg.federated.orchestrator import restore_finished_run, run_federated
+    from lightning_fedkg.federated.entry import restore_finished_run, run_subrun
 
     sub = ctx.subrun_dir(RETRAIN_DIR)
     data_dir = write_retain_folder(sub / "data", ctx.run.clients, forget)
     rcfg = retrain_config(cfg, data_dir, rounds)
-    metrics = run_federated(rcfg, sub / "run")
+    metrics = run_subrun(rcfg, sub / "run")
     rrun, _ = restore_finished_run(rcfg, sub / "run")
     try:
         r_forget = {p.name: p.kg.triples("unlearn") if "unlearn" in p.kg.split_names else p.kg.triples("train")[:0]
@@ -345,10 +345,10 @@ def save_unlearned(ctx: PhaseContext, round: int) -> Path:
 
     ``own_states``: each client is evaluated with the state it holds (with 0 propagation
     rounds its avatar is its own, which the server's rows would overwrite)."""
-    from lightning_fedkg.federated.orchestrator import RoundEngine
+    from lightning_fedkg.federated.round_loop import RoundLoop
     from lightning_fedkg.federated.runner import Commit
 
-    commit = Commit(ctx.run_dir / CHECKPOINT_DIR, ctx.cfg, RoundEngine.version)
+    commit = Commit(ctx.run_dir / CHECKPOINT_DIR, ctx.cfg, RoundLoop.version)
     return commit.best(ctx.run.party_states(weights_only=True), round=int(round), own_states=True)
 
 
@@ -424,7 +424,7 @@ def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: s
     ``cfg`` (None: the source's own config) must describe the source run; its ``unlearn``
     section says what and how to forget. ``source_dir`` is only read.
     """
-    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.federated.entry import load_run_from
     from lightning_fedkg.federated.peer import is_peer_strategy
     from lightning_fedkg.rundir import RunDirectory, read_run_config
 
