@@ -363,10 +363,10 @@ def test_decay_validates_without_the_forgotten_triples_in_its_filter(source_run)
     cfg = load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.interference_epochs=1",
                                       "unlearn.decay_epochs=1"])
     party = run.clients[0]
-    forget = forget_sets(cfg, run.clients)[party.name]
+    forget = forget_sets(cfg.unlearn, run.clients)[party.name]
     with pytest.raises(ValueError, match="retain_only"):
         unlearn_client(party, forget, cfg)
-    retain_only(party, forget, cfg)
+    retain_only(party, forget, cfg.seed)
     filtered = party.datamodule.valid_filter_index.contains(forget)
     assert forget.numel() and not bool(filtered.any())
     assert len(unlearn_client(party, forget, cfg)) >= 2  # before the decay, then one per epoch

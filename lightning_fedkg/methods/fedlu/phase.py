@@ -93,10 +93,9 @@ def forget_mode(forget: str, parties: list[Party]) -> str:
     return mode
 
 
-def forget_sets(cfg: ExperimentConfig, parties: list[Party], mode: str | None = None) -> dict[str, Tensor]:
-    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets
-    (``mode``: :func:`forget_mode`'s answer, if the caller has it)."""
-    u = cfg.unlearn
+def forget_sets(u: UnlearnConfig, parties: list[Party], mode: str | None = None) -> dict[str, Tensor]:
+    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets under
+    the ``unlearn`` section ``u`` (``mode``: :func:`forget_mode`'s answer, if the caller has it)."""
     mode = mode or forget_mode(u.forget, parties)
     out = {}
     for party in parties:
@@ -208,14 +207,13 @@ def evaluate_unlearning(parties: list[Party], forget: dict[str, Tensor], seconds
 
 
 # ---------------------------------------------------------------------- unlearning
-def _settings(cfg: ExperimentConfig):
+def _settings(u: UnlearnConfig, train_lr: float):
     from lightning_fedkg.methods.fedlu.client_unlearning import UnlearningSettings
 
-    u = cfg.unlearn
     return UnlearningSettings(
         interference_epochs=u.interference_epochs, decay_epochs=u.decay_epochs,
         forget_weight=u.forget_weight, mu_soft=u.mu_soft, mu_distill=u.mu_distill,
-        lr=u.lr if u.lr is not None else cfg.train.lr, official_updates=u.official_updates,
+        lr=u.lr if u.lr is not None else train_lr, official_updates=u.official_updates,
     )
 
 
@@ -237,18 +235,19 @@ def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[
     seed = derive_seed(cfg.seed, party.name, "unlearn")
     forget_dm = build_datamodule(_view(kg, forget, {}), cfg, seed=seed, batch_size=batch_size)
     retain_dm = build_datamodule(_view(kg, retain, {}), cfg, seed=seed + 1, batch_size=batch_size)
-    unlearner = ClientUnlearner(party.module, _settings(cfg))
+    unlearner = ClientUnlearner(party.module, _settings(cfg.unlearn, cfg.train.lr))
     unlearner.interfere(forget_dm.train_dataloader)
     return unlearner.decay(retain_dm.train_dataloader, lambda: party.evaluate("val")["mrr"])
 
 
-def retain_only(party: Party, forget: Tensor, cfg: ExperimentConfig) -> None:
-    """From now on ``party`` trains on its retained triples only."""
+def retain_only(party: Party, forget: Tensor, seed: int) -> None:
+    """From now on ``party`` trains on its retained triples only (its new sampler seeded
+    from the run's ``seed``)."""
     from lightning_fedkg.builders import build_datamodule
 
     kg = party.kg
     party.kg = _view(kg, split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations), {})
-    party.datamodule = build_datamodule(party.kg, party.cfg, seed=derive_seed(cfg.seed, party.name, "retain"))
+    party.datamodule = build_datamodule(party.kg, party.cfg, seed=derive_seed(seed, party.name, "retain"))
 
 
 def propagate(run, rounds: int) -> int:
@@ -375,13 +374,13 @@ class UnlearnPhase(Phase):
     def run(self, ctx: PhaseContext) -> dict:
         cfg, run = ctx.cfg, ctx.run
         mode = forget_mode(cfg.unlearn.forget, run.clients)
-        forget = forget_sets(cfg, run.clients, mode)
+        forget = forget_sets(cfg.unlearn, run.clients, mode)
         step = run.last_round
         before = evaluate_unlearning(run.clients, forget, ctx.source.get("seconds"))
         _log(ctx.writer, before, "before", step)
         start = time.perf_counter()
         for party in run.clients:
-            retain_only(party, forget[party.name], cfg)
+            retain_only(party, forget[party.name], cfg.seed)
         decay = {}
         for party in run.clients:
             if forget[party.name].numel():
