@@ -1,10 +1,11 @@
-"""The one entry of a run, whatever the method and the engine: what ``fedkg`` calls.
+"""The one entry of a run, whatever the method and the backend: what ``fedkg`` calls.
 
-* :func:`fit` -- a single-KG run (``federated.strategy: none``,
+* :func:`fit` -- locks the run directory, saves its ``config.yaml``, sets this process's
+  threads and seeds it, then runs a single-KG run (``federated.strategy: none``,
   :func:`~lightning_fedkg.training.run_kge`) or a federated one
-  (:func:`~lightning_fedkg.federated.orchestrator.run_federated`, which picks the runner,
-  rounds or events, and the engine, in-process or Ray, and drives it through the one run
-  skeleton :func:`~lightning_fedkg.federated.runner.run_loop`);
+  (:func:`~lightning_fedkg.federated.entry.run_federated`, which picks the loop, rounds or
+  events, or the backend, Ray or Flower, and drives it through the one run skeleton
+  :func:`~lightning_fedkg.federated.runner.run_loop`);
 * :func:`evaluate` -- test a committed state of either kind;
 * :func:`best_state` -- what ``--from RUN_DIR`` evaluates, with
   :func:`~lightning_fedkg.rundir.read_run_config` the loader of a finished run.
