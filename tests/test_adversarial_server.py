@@ -132,7 +132,7 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     the victim's s shares."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
 
     seen = spy_plaintext(monkeypatch)
     cfg = secure()
@@ -224,12 +224,12 @@ def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
     ``hello``), with the identities of ``roster_cfg`` beside its key file (none: no roster)."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, write_key_file
 
     folders = write_client_folders(registered_cfg, tmp_path / "data")
     key = write_key_file("secret", tmp_path / "org" / "federation.key")
     if roster_cfg is not None:
-        from lightning_fedkg.flower.engine import provision_beside_key
+        from lightning_fedkg.flower.backend import provision_beside_key
 
         provision_beside_key(roster_cfg, key, folders)
     client = ClientRuntime(folders[0], key, tmp_path / "work", "run1")

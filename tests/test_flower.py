@@ -82,7 +82,7 @@ def test_data_digest_is_keyed_and_follows_every_file(tmp_path):
 # ---------------------------------------------------------------------- the client runtime
 def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
     from lightning_fedkg.flower.client import ClientRuntime, DataMismatchError
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, write_key_file
 
     cfg = umls("federated.rounds=1")
     folder = write_client_folders(cfg, tmp_path / "data")[0]
@@ -112,7 +112,7 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     from multiprocessing.connection import Client
 
     from lightning_fedkg.flower.client import DataMismatchError, forward, worker_key
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, write_key_file
     from lightning_fedkg.flower.worker import serve
 
     cfg = umls("federated.rounds=1")
@@ -269,7 +269,7 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
     import threading
 
     from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
-    from lightning_fedkg.flower.engine import client_config_text
+    from lightning_fedkg.flower.backend import client_config_text
 
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")

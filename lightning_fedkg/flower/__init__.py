@@ -1,7 +1,7 @@
 """Flower (``flwr``) as the backend of server-client methods: ``federated.backend=flower``.
 
 The optional ``flower`` extra (``pip install "lightning-fedkg[flower]"``). The server half
-runs in a Flower ``ServerApp`` (:mod:`.engine`, :mod:`.server`), each client half in a
+runs in a Flower ``ServerApp`` (:mod:`.backend`, :mod:`.server`), each client half in a
 ``ClientApp`` that reads only its own organisation's data folder (:mod:`.client`,
 :mod:`.data`); every stage crosses as Flower messages carrying our safetensors bytes
 (:mod:`.wire`). Two modes: Flower's simulation engine on this machine (``fedkg fit ...
@@ -19,7 +19,7 @@ __all__ = ["FlowerBackend", "FlowerNotInstalledError", "require"]
 
 def __getattr__(name: str):
     if name in __all__:
-        from lightning_fedkg.flower import engine
+        from lightning_fedkg.flower import backend
 
-        return getattr(engine, name)
+        return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
