@@ -184,7 +184,7 @@ def test_localhost_certificates_give_a_verified_tls_handshake_on_127_0_0_1(tmp_p
     listener.close()
 
 
-def test_flower_engine_is_for_server_client_methods(monkeypatch):
+def test_flower_backend_is_for_server_client_methods(monkeypatch):
     """Config errors come first, with or without the flower extra. Reproduces a fresh clone's
     failure: with ``[test]`` only, the second check raised FlowerNotInstalledError instead."""
     monkeypatch.setitem(sys.modules, "flwr", None)  # as on a machine without the extra
