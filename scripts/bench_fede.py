@@ -57,10 +57,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # runnable without installing the package
     sys.path.insert(0, str(REPO))
 
-import lightning as L  # noqa: E402
-
 from lightning_fedkg.config import load_config  # noqa: E402
 from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
+from lightning_fedkg.runtime import seed_process  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "fede" / "fb15k237_fed3_fede.yaml"
 DEFAULT_DATA = "../shared/data/FB15k-237-Fed3"
@@ -223,7 +222,7 @@ def main(argv=None) -> dict:
           f"run dir {run_dir}", flush=True)
 
     t0 = time.perf_counter()
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    seed_process(cfg.seed)  # as run.fit seeds a run
     run = FederatedRun(cfg, run_dir)
     setup_s = time.perf_counter() - t0
     full_batches = {c.name: c.datamodule.num_train_batches for c in run.learners}
