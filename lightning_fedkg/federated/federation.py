@@ -89,7 +89,7 @@ def local_identities(cfg: ExperimentConfig, run_dir: Path | None, parties: list[
 class FederatedRun:
     """All parties of one federated experiment and the steps of the round loop.
 
-    :func:`run_federated` drives it; tests and notebooks call the steps directly
+    :class:`~.round_loop.RoundLoop` drives it; tests and notebooks call the steps directly
     (:meth:`align`, :meth:`train_round`, :meth:`evaluate`). With ``run_dir=None`` nothing
     is written (used to evaluate a checkpoint). ``transport`` replaces the in-process
     :class:`~.channel.Channel` by any object with its interface (``send``, ``records``,
