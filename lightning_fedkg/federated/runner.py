@@ -1,19 +1,17 @@
 """The one run skeleton: what every loop of a federated run shares.
 
-A :class:`Loop` is one way of driving parties: rounds in this process
-(:class:`~.round_loop.RoundLoop`), events in this process (:class:`~.peer.EventLoop`) or
-events on Ray actors (:class:`~.peer_ray.RayEventLoop`). :func:`run_loop` does everything
-around it, once for all of them, in a run directory that :func:`lightning_fedkg.run.fit`
-has opened (locked, ``config.yaml`` saved) in a process it has set up and seeded::
+A :class:`Loop` drives parties: rounds (:class:`~.round_loop.RoundLoop`), events in this
+process (:class:`~.peer.EventLoop`) or on Ray actors (:class:`~.peer_ray.RayEventLoop`).
+:func:`run_loop` does the rest, once for all of them, in a run directory that
+:func:`lightning_fedkg.run.fit` has opened, in a process it has set up and seeded::
 
     find the newest committed state written with the same settings (resume_manifest)
-    build the loop; restore it from that state
-    open the wire log (channel_log.jsonl, payloads/)
+    build the loop; restore it from that state; open the wire log
     loop.run(commit)          the loop; commit(...) writes a resume point
     loop.results()            the metrics.json dict
     write metrics.json (atomically); close the loop
 
-A loop only says what it does and what its state is.
+See docs/DESIGN.md ("Runs, checkpoints, resuming").
 """
 
 from __future__ import annotations
