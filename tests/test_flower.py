@@ -184,15 +184,19 @@ def test_localhost_certificates_give_a_verified_tls_handshake_on_127_0_0_1(tmp_p
     listener.close()
 
 
-def test_flower_backend_is_for_server_client_methods(monkeypatch):
-    """Config errors come first, with or without the flower extra. Reproduces a fresh clone's
-    failure: with ``[test]`` only, the second check raised FlowerNotInstalledError instead."""
+def test_flower_backend_is_for_server_client_methods(monkeypatch, tmp_path):
+    """Config errors come first, with or without the flower extra, and the backend writes
+    nothing before them. Reproduces a fresh clone's failure: with ``[test]`` only, the second
+    check raised FlowerNotInstalledError instead."""
+    from lightning_fedkg.federated.entry import run_federated
+
     monkeypatch.setitem(sys.modules, "flwr", None)  # as on a machine without the extra
     with pytest.raises(ConfigError, match="runs server-client strategies"):
-        fit(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.backend=flower"]),
-                      "/nonexistent")
+        run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.backend=flower"]),
+                      tmp_path / "run")
     with pytest.raises(ConfigError, match="mode=deployment runs on a SuperLink"):
-        fit(umls("federated.backend=flower", "federated.flower.mode=deployment"), "/nonexistent/run")
+        run_federated(umls("federated.backend=flower", "federated.flower.mode=deployment"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

@@ -115,7 +115,7 @@ def test_without_ray_the_error_says_how_to_install_it(tmp_path, monkeypatch):
     assert isinstance(err.value, ImportError) and isinstance(err.value, ConfigError)
 
 
-def test_the_ray_engine_is_for_peer_to_peer_strategies_only(tmp_path):
+def test_the_ray_backend_is_for_peer_to_peer_strategies_only(tmp_path):
     cfg = load_config(None, ["data.name=umls", "federated.strategy=fede", "federated.backend=ray"])
     with pytest.raises(ConfigError, match="peer-to-peer strategies only"):
         fit(cfg, tmp_path / "run")
