@@ -28,8 +28,10 @@ def fit(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
 
     The one place a run starts: it locks ``run_dir`` and saves ``cfg`` as its
     ``config.yaml`` (:meth:`~lightning_fedkg.rundir.RunDirectory.open`), sets this
-    process's threads and determinism, and seeds it
-    (:func:`~lightning_fedkg.runtime.prepare_process`). Everything below assumes it has.
+    process's threads and determinism (:func:`~lightning_fedkg.runtime.configure_torch`) and
+    seeds it (:func:`~lightning_fedkg.runtime.seed_process`), what
+    :func:`~lightning_fedkg.runtime.prepare_process` does for the processes fit does not
+    reach. Everything below assumes it has.
     ``trainer.progress_bar: null`` is saved as given and decided for this process's stdout
     for the run.
     """
