@@ -72,6 +72,8 @@ class PeerHalf:
         self.party = party
         self.name = party.name
         self.cfg = party.cfg
+        #: The method's own ``federated.<name>`` section (None without one), as for the halves.
+        self.settings = strategy.section(party.cfg)
         self.groups = strategy.groups
         self.peers = [p for p in peers if p != party.name]
         self._key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
