@@ -24,8 +24,8 @@ from typing import Sequence
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
 from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, resolve_auto_settings
-from lightning_fedkg.rundir import RunDirectory, check_unlocked, read_run_config
-from lightning_fedkg.runtime import EXPECTED_WARNINGS, config_table_elements, configure_torch
+from lightning_fedkg.rundir import check_unlocked, read_run_config
+from lightning_fedkg.runtime import EXPECTED_WARNINGS
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -107,7 +107,7 @@ def format_metrics_table(metrics: dict, cfg: ExperimentConfig | None = None) -> 
     if report is not None:
         return report
     if "clients" in metrics:
-        from lightning_fedkg.federated.orchestrator import format_table
+        from lightning_fedkg.federated.table import format_table
         from lightning_fedkg.registry import PHASES
 
         summary = "  ".join(f"{k}={metrics[k]}" for k in SUMMARY_KEYS if metrics.get(k) is not None)
@@ -211,14 +211,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
     args.run_dir, args.resume_words = run_dir, ["fedkg", "fit", "-c", args.config, "--out", str(run_dir),
                                                 *args.overrides]
     cfg = load_config(args.config, args.overrides)
-    # Thread pools are per process and fixed once work starts: set them before anything runs.
-    configure_torch(cfg.trainer, config_table_elements(cfg))
-    # Locked and checked against the run it may hold before anything in it is written.
-    with RunDirectory.open(run_dir, cfg):
-        print(f"run directory: {run_dir}")
-        from lightning_fedkg.run import fit
+    print(f"run directory: {run_dir}")
+    from lightning_fedkg.run import fit
 
-        metrics = fit(resolve_auto_settings(cfg), run_dir)
+    # fit locks the run directory, checks and saves the config, sets threads and seeds.
+    metrics = fit(cfg, run_dir)
     print(format_metrics_table(metrics, cfg))
     print(f"metrics written to {run_dir / 'metrics.json'}")
     return 0
@@ -240,7 +237,6 @@ def cmd_test(args: argparse.Namespace) -> int:
         cfg, ckpt = load_config(args.config, args.overrides), args.ckpt
         stopped = None
     cfg = resolve_auto_settings(cfg)
-    configure_torch(cfg.trainer, config_table_elements(cfg))
     from lightning_fedkg.run import evaluate
 
     metrics = evaluate(cfg, ckpt)
@@ -394,7 +390,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     args.run_dir, args.resume_words = run_dir, ["fedkg", "flower", "up", "-c", args.config, "--out", str(run_dir),
                                                 *(["--key-file", args.key_file] if args.key_file else []),
                                                 *(["--tls"] if args.tls else []), *args.overrides]
-    cfg = load_config(args.config, [*args.overrides, "federated.engine=flower", "federated.flower.mode=deployment"])
+    cfg = load_config(args.config, [*args.overrides, "federated.backend=flower", "federated.flower.mode=deployment"])
     from lightning_fedkg.flower.deploy import localhost_certificates, up
 
     print(f"run directory: {run_dir} (Flower logs in {run_dir / 'flower' / 'logs'})")

@@ -242,7 +242,7 @@ class TrainerConfig:
 
 @dataclass
 class FlowerConfig:
-    """``federated.flower``: how ``federated.engine=flower`` runs (:mod:`lightning_fedkg.flower`).
+    """``federated.flower``: how ``federated.backend=flower`` runs (:mod:`lightning_fedkg.flower`).
 
     ``mode``: ``simulation`` (every ClientApp on this machine, Flower's simulation engine on
     Ray) or ``deployment`` (the ServerApp of a run submitted to a SuperLink, as ``fedkg
@@ -367,7 +367,7 @@ class FederatedConfig:
     ``record_payloads`` keeps every serialized message under ``<run_dir>/payloads/`` (for
     tests and privacy audits; large). ``parties`` holds per-party overrides of the
     ``model``/``train`` sections, e.g. ``parties: {client_1: {model: {name: transh}}}``.
-    ``engine`` runs a peer-to-peer method (FKGE) in one process with a deterministic FIFO
+    ``backend`` runs a peer-to-peer method (FKGE) in one process with a deterministic FIFO
     scheduler (``local``) or with one Ray actor process per party (``ray``; the ``ray`` extra).
     A server-client method runs in this process (``local``) or on Flower (``flower``, the
     ``flower`` extra; its settings in ``federated.flower``, :class:`FlowerConfig`).
@@ -392,7 +392,7 @@ class FederatedConfig:
                                                                     "resume": "free"})
     record_payloads: bool = field(default=False, metadata={"resume": "free"})
     federation_key: str = ""
-    engine: Literal["local", "ray", "flower"] = field(default="local", metadata={"resume": "free"})
+    backend: Literal["local", "ray", "flower"] = field(default="local", metadata={"resume": "free"})
     flower: FlowerConfig = field(default_factory=FlowerConfig)
     parties: Dict[str, Any] = field(default_factory=dict)
     secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
@@ -428,11 +428,19 @@ def _valid_keys(schema: DictConfig, dotted: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
+#: Keys that were renamed: ``old: new``. A config that sets an old key is refused with a
+#: message that names the new one (same values), rather than "unknown key".
+RENAMED_KEYS = {"federated.engine": "federated.backend"}
+
+
 def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
     try:
         return OmegaConf.merge(schema, layer)
     except (ConfigKeyError, ConfigAttributeError) as err:
         key = getattr(err, "full_key", None) or str(err)
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"{source}: config key '{key}' is now '{RENAMED_KEYS[key]}' (same values); "
+                              f"rename it") from None
         valid = _valid_keys(schema, key)
         hint = ""
         if key.startswith("federated.") and key.count(".") == 1:

@@ -15,7 +15,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, TypeVar
 
-__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES", "ENGINES",
+__all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES", "BACKENDS",
            "COMMANDS"]
 
 T = TypeVar("T")
@@ -178,9 +178,10 @@ STRATEGIES: Registry = Registry("federated strategy", base="lightning_fedkg.fede
 TASKS: Registry = Registry("task", base="lightning_fedkg.federated.tasks:Task", group="lightning_fedkg.tasks")
 #: Phase name → :class:`~lightning_fedkg.federated.phases.Phase` subclass.
 PHASES: Registry = Registry("phase", base="lightning_fedkg.federated.phases:Phase", group="lightning_fedkg.phases")
-#: ``federated.engine`` → an engine that runs a round-based run elsewhere than this process
-#: (Flower): a class with ``run(cfg, run_dir, resume) -> metrics`` (``local`` and ``ray`` are the core's own).
-ENGINES: Registry = Registry("federated engine", group="lightning_fedkg.engines")
+#: ``federated.backend`` → a backend that runs a federated run other than in this process's
+#: loops (Ray actors, Flower): a class with ``run(cfg, run_dir, resume) -> metrics`` (``local``,
+#: the in-process default, is the core's own and not registered).
+BACKENDS: Registry = Registry("federated backend", group="lightning_fedkg.backends")
 #: ``fedkg <name>`` → the :class:`~lightning_fedkg.commands.Command` a method adds to the
 #: command line (FedLU's ``unlearn``, FedCQA's ``query``).
 COMMANDS: Registry = Registry("command", base="lightning_fedkg.commands:Command", group="lightning_fedkg.commands")

@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,40 +46,22 @@ class RunLockedError(ConfigError):
     """Another process holds the run directory's lock."""
 
 
-# Locks this process holds: resolved path -> [file descriptor, nesting depth]. flock locks
-# belong to an open file, so a second open() of the same lock file in this process would
-# conflict with the first; nested opens (the CLI, then the orchestrator) share one instead.
-_held: dict[str, list[int]] = {}
-_held_guard = threading.Lock()
-
-
 @contextlib.contextmanager
 def _exclusive_lock(run_dir: Path) -> Iterator[None]:
-    key = os.path.realpath(run_dir)
-    with _held_guard:
-        entry = _held.get(key)
-        if entry is not None:
-            entry[1] += 1
-        else:
-            lock_path = run_dir / LOCK_FILE
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise _locked(run_dir) from None
-            _held[key] = [fd, 1]
+    # flock locks belong to an open file: a second open of the same directory, even in this
+    # process, is refused like another process's (only lightning_fedkg.run.fit opens one).
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _locked(run_dir) from None
     try:
         yield
     finally:
-        with _held_guard:
-            entry = _held[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del _held[key]
-                # Closing the last descriptor releases the flock. The file stays: deleting it
-                # would let a waiting process lock an unlinked inode while a third creates a new one.
-                os.close(entry[0])
+        # Closing the descriptor releases the flock. The file stays: deleting it would let a
+        # waiting process lock an unlinked inode while a third creates a new one.
+        os.close(fd)
 
 
 def _locked(run_dir: Path) -> RunLockedError:
@@ -109,7 +90,7 @@ def check_unlocked(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     check_folder_path(run_dir)
     lock_path = run_dir / LOCK_FILE
-    if not lock_path.is_file() or os.path.realpath(run_dir) in _held:
+    if not lock_path.is_file():
         return
     fd = os.open(lock_path, os.O_RDWR)
     try:
@@ -204,17 +185,13 @@ class RunDirectory:
         process has it open and :class:`~lightning_fedkg.config.ConfigError` when it holds
         a run with other settings (see :func:`check_resumable`; a ``config.yaml`` alone is
         replaced); in both cases no file in it is modified. The lock is held until the
-        ``with`` block exits. Opening the same directory again inside the block (e.g. the
-        CLI, then the orchestrator) is allowed, shares the lock and writes nothing.
+        ``with`` block exits; opening the same directory again inside it is refused
+        (:class:`RunLockedError`), as from another process.
         """
         path = Path(run_dir)
         check_folder_path(path)
         path.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(path):
             resumed = check_resumable(path, cfg)
-            # An inner open only checks: the outermost one saved the config as the user gave
-            # it (a runner's copy may have settings resolved for this process, such as
-            # trainer.progress_bar: null decided as false).
-            if _held[os.path.realpath(path)][1] == 1:
-                save_config(cfg, path / CONFIG_FILE)
+            save_config(cfg, path / CONFIG_FILE)
             yield cls(path=path, cfg=cfg, resumed=resumed)

@@ -29,6 +29,8 @@ __all__ = [
     "effective_threads",
     "machine_cpus",
     "machine_load",
+    "prepare_process",
+    "seed_process",
 ]
 
 log = logging.getLogger(__name__)
@@ -188,6 +190,22 @@ def configure_torch(trainer: TrainerConfig, table_elements: int | None = None) -
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True)
     return torch.get_num_threads()
+
+
+def seed_process(seed: int) -> None:
+    """Seed every generator of this process (Python, NumPy, torch; Lightning's dataloader
+    workers too) with ``seed``: the one call behind every seeded start of (part of) a run."""
+    import lightning as L
+
+    L.seed_everything(seed, workers=True, verbose=False)
+
+
+def prepare_process(cfg: ExperimentConfig) -> None:
+    """Threads, determinism and seed of a process that runs (part of) a run: what
+    :func:`lightning_fedkg.run.fit` does before a run starts, and what a process it does not
+    reach does for itself (a Ray actor, a Flower client or ServerApp)."""
+    configure_torch(cfg.trainer, config_table_elements(cfg))
+    seed_process(cfg.seed)
 
 
 def _single_interop_thread(torch) -> None:

@@ -67,10 +67,10 @@ def run_kge(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
     Writes TensorBoard events, checkpoints and ``metrics.json`` into ``run_dir``. A run
     directory that already holds ``checkpoints/last.ckpt`` is resumed from it; a damaged
     checkpoint raises :class:`CheckpointReadError` (a :class:`ConfigError`) saying so.
-    Returns ``{"test": {mrr, mr, hits@1, hits@3, hits@5, hits@10}}``.
+    Returns ``{"test": {mrr, mr, hits@1, hits@3, hits@5, hits@10}}``. ``run_dir`` is open
+    and the process seeded (:func:`lightning_fedkg.run.fit`, the entry to call).
     """
     run_dir = Path(run_dir)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
     kg = load_kg(cfg.data.name, fmt=cfg.data.format)
     if kg.triples("valid").shape[0] == 0:
         # Early stopping and the best checkpoint are chosen on validation MRR.

@@ -36,7 +36,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated  # noqa: E402
+from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fedcqa import CQAFedE  # noqa: E402
 from lightning_fedkg.runtime import config_table_elements, configure_torch  # noqa: E402
 
@@ -59,8 +60,7 @@ def quality(args) -> None:
             metrics_path = run_dir / "metrics.json"
             if not metrics_path.is_file():
                 cfg = load_config(CONFIGS / f"{variant}.yaml", [f"seed={seed}", *args.overrides])
-                configure_torch(cfg.trainer, config_table_elements(cfg))  # trainer.threads, as fedkg fit
-                run_federated(cfg, run_dir)
+                fit(cfg, run_dir)
             runs.append(json.loads(metrics_path.read_text()))
         row = {"seeds": list(args.seeds)}
         for label, block, key in KEYS:

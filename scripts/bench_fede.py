@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark FedE rounds and full filtered evaluation on a federated KG (FB15k-237-Fed3).
 
-Builds the :class:`~lightning_fedkg.federated.orchestrator.FederatedRun` of a config
+Builds the :class:`~lightning_fedkg.federated.federation.FederatedRun` of a config
 (default ``configs/fede/fb15k237_fed3_fede.yaml``: FedE TransE with the paper's
 hyperparameters, dim 256, 256 negatives, batch 512, Adam lr 1e-3, gamma 10, alpha 1,
 E = 3 local epochs, F = 1) and runs a bounded number of rounds. Per round it prints the
@@ -57,10 +57,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # runnable without installing the package
     sys.path.insert(0, str(REPO))
 
-import lightning as L  # noqa: E402
-
 from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.federated.orchestrator import FederatedRun  # noqa: E402
+from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
+from lightning_fedkg.runtime import seed_process  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "fede" / "fb15k237_fed3_fede.yaml"
 DEFAULT_DATA = "../shared/data/FB15k-237-Fed3"
@@ -223,7 +222,7 @@ def main(argv=None) -> dict:
           f"run dir {run_dir}", flush=True)
 
     t0 = time.perf_counter()
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    seed_process(cfg.seed)  # as run.fit seeds a run
     run = FederatedRun(cfg, run_dir)
     setup_s = time.perf_counter() - t0
     full_batches = {c.name: c.datamodule.num_train_batches for c in run.learners}

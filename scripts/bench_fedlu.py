@@ -59,13 +59,12 @@ def overrides(args) -> list[str]:
 def run_strategy(args) -> dict:
     """Child process: one strategy's run with every round and evaluation timed."""
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated import orchestrator
-    from lightning_fedkg.runtime import configure_torch
+    from lightning_fedkg.federated import federation
+    from lightning_fedkg.run import fit
 
     cfg = load_config(CONFIGS / f"fb15k237_r10_{args.one}.yaml", overrides(args))
-    configure_torch(cfg.trainer)
     rounds, evaluations = [], []
-    train_round, evaluate = orchestrator.FederatedRun.train_round, orchestrator.FederatedRun.evaluate
+    train_round, evaluate = federation.FederatedRun.train_round, federation.FederatedRun.evaluate
 
     def timed_train_round(self, r):
         start, cpu = time.perf_counter(), time.process_time()
@@ -85,11 +84,11 @@ def run_strategy(args) -> dict:
               flush=True)
         return out
 
-    orchestrator.FederatedRun.train_round = timed_train_round
-    orchestrator.FederatedRun.evaluate = timed_evaluate
+    federation.FederatedRun.train_round = timed_train_round
+    federation.FederatedRun.evaluate = timed_evaluate
     batches = {}
     if args.limit_batches:
-        build = orchestrator.FederatedRun.__init__
+        build = federation.FederatedRun.__init__
 
         def limited_init(self, *a, **kw):
             build(self, *a, **kw)
@@ -97,9 +96,9 @@ def run_strategy(args) -> dict:
                 party.trainer.limit_train_batches = args.limit_batches
                 batches[party.name] = party.datamodule.num_train_batches
 
-        orchestrator.FederatedRun.__init__ = limited_init
+        federation.FederatedRun.__init__ = limited_init
     start = time.perf_counter()
-    metrics = orchestrator.run_federated(cfg, args.run_dir)
+    metrics = fit(cfg, args.run_dir)
     total = time.perf_counter() - start
     other = other_scoring(cfg, args.run_dir) if args.both_ways else None
     later = [r["seconds"] for r in rounds[1:]] or [r["seconds"] for r in rounds]
@@ -146,7 +145,7 @@ def other_scoring(cfg, run_dir) -> dict:
     other way cannot be recovered from it.)"""
     import copy
 
-    from lightning_fedkg.federated.orchestrator import restore_finished_run
+    from lightning_fedkg.federated.entry import restore_finished_run
     from lightning_fedkg.federated.tasks import with_count
 
     if cfg.federated.evaluate != "before_aggregation":

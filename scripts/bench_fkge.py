@@ -34,7 +34,7 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
 * ``entities`` / ``relations`` / ``both``: what PPAT aligns, on sources that share 30% of
   their relations (``shared_relations=0.3``; the three use the same sources);
 * ``frac20`` / ``frac60``: 20% / 60% of the aligned entities (``align_fraction``);
-* ``ray``: the config on ``federated.engine=ray`` (one process per KG) -- compare its wall
+* ``ray``: the config on ``federated.backend=ray`` (one process per KG) -- compare its wall
   seconds with ``fkge``'s for the same handshake budget;
 * ``frozen``: PPAT with the generator frozen (``generator_lr=1e-12``): what a handshake gives
   with the client's random rotation W₀ as the translation;
@@ -96,7 +96,7 @@ VARIANTS = {
     "both": [*SHARED, "federated.fkge.align=both"],
     "frac20": ["federated.fkge.align_fraction=0.2"],
     "frac60": ["federated.fkge.align_fraction=0.6"],
-    "ray": ["federated.engine=ray"],
+    "ray": ["federated.backend=ray"],
     "frozen": ["federated.fkge.generator_lr=1e-12"],
     "sup_exact": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=null"],
     "sup16": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=16"],
@@ -116,7 +116,7 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
     """Run one variant and seed into ``out`` (with ``reuse``, read a finished run there instead:
     its wall seconds are then those recorded by the run that made it, or None)."""
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated.orchestrator import run_federated
+    from lightning_fedkg.run import fit
 
     done = out / "metrics.json"
     if reuse and done.is_file():
@@ -125,7 +125,7 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
     else:
         cfg = load_config(config, overrides)
         start = time.perf_counter()
-        metrics = run_federated(cfg, out)
+        metrics = fit(cfg, out)
         wall = time.perf_counter() - start
         done.write_text(json.dumps({**metrics, "bench_wall_seconds": wall}, indent=1))
     hs = metrics["handshakes"]
@@ -157,7 +157,7 @@ def pretrain_once(config: str, overrides: list[str], out: Path, threads: int) ->
     """Pre-train every KG alone into ``out`` (no handshakes) unless ``out`` already holds it;
     returns each KG's ``pretrain`` record (epochs, validation curve, seconds)."""
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated.orchestrator import run_federated
+    from lightning_fedkg.run import fit
 
     done = out / "metrics.json"
     if done.is_file():
@@ -165,7 +165,7 @@ def pretrain_once(config: str, overrides: list[str], out: Path, threads: int) ->
     else:
         cfg = load_config(config, ["seed=0", f"trainer.threads={threads}", "trainer.progress_bar=false",
                                    *overrides, "federated.fkge.handshakes_per_kg=0"])
-        metrics = run_federated(cfg, out)
+        metrics = fit(cfg, out)
     records = [{"name": kg["name"], **kg["pretrain"]} for kg in metrics["kgs"]]
     for r in records:
         print(f"[pretrain] {r['name']}: {r['epochs']} epochs ({r['stopped']}), {r['seconds']:.0f} s, "

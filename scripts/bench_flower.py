@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 def run_mode(mode: str, config: str, overrides: list[str], work: Path) -> dict:
     from lightning_fedkg.config import load_config, resolve_auto_settings
-    from lightning_fedkg.federated.orchestrator import run_federated
+    from lightning_fedkg.run import fit
 
     run_dir = work / mode
     shutil.rmtree(run_dir, ignore_errors=True)
-    extra = {"local": [], "simulation": ["federated.engine=flower"],
-             "deployment": ["federated.engine=flower", "federated.flower.mode=deployment"]}[mode]
+    extra = {"local": [], "simulation": ["federated.backend=flower"],
+             "deployment": ["federated.backend=flower", "federated.flower.mode=deployment"]}[mode]
     cfg = resolve_auto_settings(load_config(config, [*overrides, *extra]))
     start = time.perf_counter()
     if mode == "deployment":
@@ -44,7 +44,7 @@ def run_mode(mode: str, config: str, overrides: list[str], work: Path) -> dict:
 
         metrics = up(cfg, run_dir)
     else:
-        metrics = run_federated(cfg, run_dir)
+        metrics = fit(cfg, run_dir)
     wall = time.perf_counter() - start
     rounds = metrics["rounds"]
     wire_rounds = sum(r["wire_bytes"] for r in map(json.loads, (run_dir / "channel_log.jsonl").read_text().splitlines())

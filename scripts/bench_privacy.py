@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.federated.orchestrator import run_federated  # noqa: E402
+from lightning_fedkg.run import fit  # noqa: E402
 from lightning_fedkg.federated.audit import AuditSettings, run_audit  # noqa: E402
 
 FEDE = REPO / "configs" / "fede" / "umls_fede.yaml"
@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
             cfg = load_config(str(config), [f"seed={seed}", "federated.record_payloads=true",
                                             "trainer.progress_bar=false", "trainer.accelerator=cpu", *overrides])
             start = time.perf_counter()
-            metrics = run_federated(cfg, run_dir)
+            metrics = fit(cfg, run_dir)
             fit_s = time.perf_counter() - start
             audit_path = out / name / f"seed{seed}-audit" / "audit.json"
             settings = AuditSettings(known=args.known, seed=seed, epochs=args.epochs)

@@ -443,7 +443,7 @@ def ours_child(args) -> None:
 
     torch.set_num_threads(1)
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated.orchestrator import FederatedRun
+    from lightning_fedkg.federated.federation import FederatedRun
 
     cfg = load_config(args.config, args.overrides)
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import torch
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated import secure as sa
 from lightning_fedkg.federated.message import Message, decode, encode
-from lightning_fedkg.federated.orchestrator import FederatedRun
+from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.secure import SecureClient
 from lightning_fedkg.privacy import secagg
 
@@ -132,7 +132,7 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     the victim's s shares."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
 
     seen = spy_plaintext(monkeypatch)
     cfg = secure()
@@ -224,12 +224,12 @@ def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
     ``hello``), with the identities of ``roster_cfg`` beside its key file (none: no roster)."""
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, write_key_file
 
     folders = write_client_folders(registered_cfg, tmp_path / "data")
     key = write_key_file("secret", tmp_path / "org" / "federation.key")
     if roster_cfg is not None:
-        from lightning_fedkg.flower.engine import provision_beside_key
+        from lightning_fedkg.flower.backend import provision_beside_key
 
         provision_beside_key(roster_cfg, key, folders)
     client = ClientRuntime(folders[0], key, tmp_path / "work", "run1")
@@ -587,9 +587,9 @@ def test_an_active_client_without_a_roster_refuses_to_start(monkeypatch):
     half is a ConfigError (it has no key of its own and no peer keys to check)."""
     import contextlib
 
-    from lightning_fedkg.federated import orchestrator
+    from lightning_fedkg.federated import federation
 
-    monkeypatch.setattr(orchestrator, "local_identities", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(federation, "local_identities", lambda *a: contextlib.nullcontext())
     with pytest.raises(ConfigError, match="no identity roster"):
         FederatedRun(secure(**ACTIVE_T2), run_dir=None)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from lightning_fedkg.config import ConfigError, load_config, resume_fingerprint
-from lightning_fedkg.federated import orchestrator, peer
+from lightning_fedkg.federated import entry, peer, round_loop
 from lightning_fedkg.federated.checkpoint import CheckpointError, resolve_manifest, resume_manifest
 
 
@@ -20,10 +20,10 @@ def manifest(path, version, cfg=None, **extra):
 
 
 def test_the_formats_were_bumped_for_this_release():
-    assert orchestrator.CHECKPOINT_VERSION == 3 and peer.CHECKPOINT_VERSION == 2
+    assert round_loop.CHECKPOINT_VERSION == 3 and peer.CHECKPOINT_VERSION == 2
 
 
-@pytest.mark.parametrize("module,config", [(orchestrator, None), (peer, "configs/fkge/umls_fkge.yaml")])
+@pytest.mark.parametrize("module,config", [(round_loop, None), (peer, "configs/fkge/umls_fkge.yaml")])
 def test_resuming_an_earlier_format_is_refused_with_what_to_do(tmp_path, module, config):
     cfg = load_config(config, [])
     current = module.CHECKPOINT_VERSION
@@ -40,9 +40,9 @@ def test_resuming_an_earlier_format_is_refused_with_what_to_do(tmp_path, module,
 
 def test_reading_a_finished_run_of_an_earlier_format_is_refused(tmp_path):
     fede = load_config(None, [])
-    manifest(tmp_path / "fede" / "checkpoints" / "best.json", orchestrator.CHECKPOINT_VERSION - 1)
+    manifest(tmp_path / "fede" / "checkpoints" / "best.json", round_loop.CHECKPOINT_VERSION - 1)
     with pytest.raises(ConfigError, match="reads format"):
-        orchestrator.restore_finished_run(fede, tmp_path / "fede")
+        entry.restore_finished_run(fede, tmp_path / "fede")
     fkge = load_config("configs/fkge/umls_fkge.yaml", [])
     manifest(tmp_path / "fkge" / "checkpoints" / "round_0001.json", peer.CHECKPOINT_VERSION - 1)
     with pytest.raises(ConfigError, match="reads format"):

@@ -8,7 +8,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.checkpoint import CheckpointError, latest_manifest
-from lightning_fedkg.federated.orchestrator import EarlyStopping, run_federated
+from lightning_fedkg.federated.round_loop import EarlyStopping
+from lightning_fedkg.run import fit
 
 
 def tiny(rounds: int):
@@ -28,14 +29,14 @@ def steps(run_dir, party, tag):
 
 @pytest.mark.slow
 def test_corrupt_party_file_is_named_and_the_previous_round_resumes(tmp_path, one_thread):
-    run_federated(tiny(3), tmp_path)
+    fit(tiny(3), tmp_path)
     assert [p.name for p in sorted((tmp_path / "checkpoints").glob("round_*.json"))] == [
         "round_0002.json", "round_0003.json"]  # the two newest rounds are kept
     assert len(list((tmp_path / "tb" / "client_0").iterdir())) == 1  # one event file per process
     broken = tmp_path / "checkpoints" / "client_1" / "round_0003.pt"
     broken.write_bytes(broken.read_bytes()[:100])
     with pytest.raises(CheckpointError) as err:
-        run_federated(tiny(4), tmp_path)
+        fit(tiny(4), tmp_path)
     assert str(broken) in str(err.value) and "round_0003.json" in str(err.value)
     (tmp_path / "checkpoints" / "round_0003.json").unlink()
     assert latest_manifest(tmp_path / "checkpoints").name == "round_0002.json"
@@ -43,7 +44,7 @@ def test_corrupt_party_file_is_named_and_the_previous_round_resumes(tmp_path, on
     # second (then pid and a per-process counter): a resume within the same second of the
     # first run in this process could sort before it. A real resume is a later process.
     time.sleep(1.1)
-    metrics = run_federated(tiny(4), tmp_path)
+    metrics = fit(tiny(4), tmp_path)
     assert metrics["rounds"] == 4
     # rounds 3 and 4 were (re)done after the resume; the server axis has each round once
     assert steps(tmp_path, "server", "comm/bytes") == [1, 2, 3, 4]

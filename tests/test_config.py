@@ -146,7 +146,7 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
         "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",
         "federated.max_retries", "federated.client_timeout", "federated.record_payloads",
-        "federated.engine", "federated.fkge.handshakes_per_kg", "federated.fkge.max_seconds",
+        "federated.backend", "federated.fkge.handshakes_per_kg", "federated.fkge.max_seconds",
     } | {f"federated.flower.{f.name}" for f in dataclasses.fields(cfg.federated.flower)} | {f"unlearn.{f.name}" for f in dataclasses.fields(cfg.unlearn)}  # a phase: its own resume point
     # Precision and accelerator change what a round computes: they stay.
     assert {"trainer.precision", "trainer.accelerator", "trainer.deterministic", "seed"} <= kept
@@ -217,3 +217,21 @@ def test_a_setting_added_after_a_run_was_written_reads_as_its_default_on_resume(
                                  "train.valid_filter=without_unlearn"])
     assert resume_differences(old, changed) == ["federated.evaluate: 'aggregated' -> 'before_aggregation'",
                                                 "train.valid_filter: 'all' -> 'without_unlearn'"]
+
+
+def test_the_old_engine_key_is_refused_naming_backend(tmp_path, capsys):
+    """``federated.engine`` became ``federated.backend`` (same values): a config or an
+    override with the old key stops with a message that names the new one, exit 2 at the CLI."""
+    from lightning_fedkg.cli import main
+
+    assert load_config(None, ["federated.backend=ray"]).federated.backend == "ray"
+    with pytest.raises(ConfigError, match=r"command line: config key 'federated.engine' is now "
+                                          r"'federated.backend' \(same values\)"):
+        load_config(None, ["federated.engine=ray"])
+    old = tmp_path / "old.yaml"
+    old.write_text("federated:\n  strategy: fkge\n  engine: local\n")
+    with pytest.raises(ConfigError, match=f"{old}: config key 'federated.engine' is now 'federated.backend'"):
+        load_config(old)
+    assert main(["fit", "-c", str(old), "--out", str(tmp_path / "run")]) == 2
+    assert "'federated.engine' is now 'federated.backend'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

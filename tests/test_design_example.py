@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.federated.orchestrator import FederatedRun
+from lightning_fedkg.federated.federation import FederatedRun
 from tests.test_resume import kill_after_first_round
 
 REPO = Path(__file__).resolve().parents[1]

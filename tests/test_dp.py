@@ -10,7 +10,8 @@ import torch
 
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.dp import DPClient, clip_update, noise_multiplier
-from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.run import fit
 from lightning_fedkg.privacy import dp as dplib
 
 from test_protocol import umls_config
@@ -99,7 +100,7 @@ def test_without_noise_the_upload_is_the_download_plus_the_clipped_update(monkey
 @pytest.mark.slow
 def test_epsilon_per_client_in_metrics_and_tensorboard(tmp_path):
     cfg = dp_config(federated__dp__epsilon=4.0, federated__eval_every=1)
-    metrics = run_federated(cfg, tmp_path / "run")
+    metrics = fit(cfg, tmp_path / "run")
     privacy = metrics["privacy"]
     assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-3)  # calibrated to the planned rounds, all run
     assert set(privacy["clients"]) == {"client_0", "client_1", "client_2"}

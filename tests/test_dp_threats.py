@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_fedkg.federated.dp import DPServer, noise_multiplier
-from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed
+from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
 from lightning_fedkg.privacy import dp as dplib
 
 from test_protocol import DIM, umls_config

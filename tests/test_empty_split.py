@@ -30,7 +30,7 @@ def write_clients(root: Path) -> None:
 @pytest.mark.parametrize("strategy", ["fede", "single"])
 @pytest.mark.slow
 def test_federated_run_with_an_empty_valid_split(tmp_path, strategy, one_thread):
-    from lightning_fedkg.federated.orchestrator import run_federated
+    from lightning_fedkg.run import fit
 
     write_clients(tmp_path / "kg")
     cfg = load_config(None, [
@@ -38,7 +38,7 @@ def test_federated_run_with_an_empty_valid_split(tmp_path, strategy, one_thread)
         "trainer.accelerator=cpu", "trainer.progress_bar=false", f"federated.strategy={strategy}",
         "federated.rounds=2", "federated.local_epochs=1", "federated.eval_every=1",
     ])
-    metrics = run_federated(cfg, tmp_path / "run")
+    metrics = fit(cfg, tmp_path / "run")
     # validation averaged over the two clients that have valid triples: a real number
     assert len(metrics["validation"]) == 2
     assert all(0 < v["mrr"] < 1 for v in metrics["validation"])

@@ -14,12 +14,9 @@ import torch
 
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.federated.checkpoint import load_party, read_manifest
-from lightning_fedkg.federated.orchestrator import (
-    FederatedRun,
-    evaluate_federated_checkpoint,
-    restore_finished_run,
-    run_federated,
-)
+from lightning_fedkg.federated.entry import evaluate_federated_checkpoint, restore_finished_run
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.run import fit
 
 ROUNDS = 2
 
@@ -82,7 +79,7 @@ def runs(tmp_path_factory):
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(FederatedRun, "train_round", train_round)
                 run_dir = tmp_path_factory.mktemp(evaluate)
-                out[evaluate] = (run_federated(tiny_config(evaluate), run_dir), run_dir, fits)
+                out[evaluate] = (fit(tiny_config(evaluate), run_dir), run_dir, fits)
     finally:
         torch.set_num_threads(threads)
     return out
@@ -188,7 +185,7 @@ def test_loading_the_evaluation_state_sends_nothing_before_aggregation():
 def test_resume_keeps_the_evaluation_setting(runs, tmp_path):
     run_dir = shutil.copytree(runs["before_aggregation"][1], tmp_path / "run")
     with pytest.raises(ConfigError, match="federated.evaluate"):
-        run_federated(tiny_config("aggregated", **{"federated.rounds": ROUNDS + 1}), run_dir)
+        fit(tiny_config("aggregated", **{"federated.rounds": ROUNDS + 1}), run_dir)
 
 
 def test_an_unknown_value_is_refused_with_the_choices():
@@ -205,8 +202,8 @@ def test_a_centralised_reference_refuses_before_aggregation():
 def test_fedlu_avatar_eval_before_aggregation_is_the_same_behaviour(tmp_path):
     # FedLU downloads only the avatar: its own option and the core one evaluate the same states.
     common = {"federated.strategy": "fedlu", "model.dim": 8, "train.loss": "uniform"}
-    core = run_federated(tiny_config("before_aggregation", **common), tmp_path / "core")
-    own = run_federated(tiny_config("aggregated", **common, **{"federated.fedlu.avatar_eval": "before_aggregation"}),
+    core = fit(tiny_config("before_aggregation", **common), tmp_path / "core")
+    own = fit(tiny_config("aggregated", **common, **{"federated.fedlu.avatar_eval": "before_aggregation"}),
                         tmp_path / "own")
     for key in ("test", "clients", "validation", "test_global", "bytes_sent", "wire_bytes"):
         assert core[key] == own[key], key

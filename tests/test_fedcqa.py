@@ -13,7 +13,8 @@ from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, num_slots
 from lightning_fedkg.methods.fedcqa.query_sets import cross_query_sets
 from lightning_fedkg.federated.message import decode
-from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fedcqa.config import query_settings
 from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
 from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM, run_plan
@@ -95,7 +96,7 @@ def test_distributed_retrieval_of_a_central_model_ranks_as_the_model_itself(tmp_
 @pytest.mark.slow
 def test_retrieval_moves_states_and_scores_never_rows(tmp_path):
     cfg = cqa_config(tmp_path, federated__record_payloads="true", federated__rounds=1)
-    run_federated(cfg, tmp_path / "run")
+    fit(cfg, tmp_path / "run")
     run = FederatedRun(cfg, None)  # the same clients' rows, to look for them in the payloads
     tables = [p.module.encoder.entity_emb.detach() for p in run.clients]
     steps = sorted((tmp_path / "run" / "payloads").glob("r*_cq_step*.safetensors"))
@@ -148,7 +149,7 @@ def test_fedcqa_hidden_aggregate_equals_plain_averaging(tmp_path, monkeypatch):
 def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     cfg = fedcqa(tmp_path, federated__rounds=4, federated__eval_every=2, task__steps_per_epoch=30,
                  model__dim=128, train__lr=0.005, train__batch_size=128, federated__record_payloads="true")
-    metrics = run_federated(cfg, tmp_path / "run")
+    metrics = fit(cfg, tmp_path / "run")
     # a random ranking of UMLS's 135 entities has an MRR near .04
     assert metrics["in_graph"]["mrr"] > 0.3, metrics["in_graph"]
     assert metrics["cross_graph"]["mrr"] > 0.25 and metrics["cross_graph"]["unanswered"] == 0
@@ -165,7 +166,7 @@ def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     assert event.step == metrics["best_round"]
     assert event.value == pytest.approx(metrics["cross_graph"]["by_type"]["2i"]["mrr"])
     # fedkg test --from answers the cross-graph queries again from the best state, as the run did
-    from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
+    from lightning_fedkg.federated.entry import evaluate_federated_checkpoint
 
     again = evaluate_federated_checkpoint(cfg, tmp_path / "run")
     assert again["cross_graph"]["mrr"] == pytest.approx(metrics["cross_graph"]["mrr"])

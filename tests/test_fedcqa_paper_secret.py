@@ -15,7 +15,7 @@ from lightning_fedkg.federated.aggregation import holder_sums, mean_from_sums
 from lightning_fedkg.federated.alignment import federation_key
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import decode
-from lightning_fedkg.federated.orchestrator import FederatedRun
+from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.secure import _bytes as secagg_bytes, _offset
 from lightning_fedkg.federated.strategy import ClientHalf
 from lightning_fedkg.methods.fedcqa import FedCQA

@@ -9,8 +9,9 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
+from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.methods.fedec.strategy import FedEC, FedECClient, contrastive_term
+from lightning_fedkg.run import fit
 from lightning_fedkg.models.kge_module import KGEModule
 
 BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared", "train.lr=0.05",
@@ -104,7 +105,7 @@ def test_previous_rows_are_the_end_of_local_training_not_the_evaluation_download
 
 
 def test_two_rounds_on_umls_move_only_entity_rows(tmp_path, one_thread):
-    metrics = run_federated(load_config(None, FEDEC), tmp_path)
+    metrics = fit(load_config(None, FEDEC), tmp_path)
     assert metrics["strategy"] == "fedec" and metrics["rounds"] == 2
     assert 0.0 < metrics["test"]["mrr"] <= 1.0
     records = [json.loads(line) for line in (tmp_path / "channel_log.jsonl").read_text().splitlines()]
@@ -121,24 +122,24 @@ def test_two_rounds_on_umls_move_only_entity_rows(tmp_path, one_thread):
 
 @pytest.mark.slow
 def test_a_resumed_run_keeps_the_previous_rows(tmp_path, one_thread):
-    straight = run_federated(load_config(None, FEDEC), tmp_path / "straight")
-    run_federated(load_config(None, FEDEC + ["federated.rounds=1"]), tmp_path / "resumed")
-    resumed = run_federated(load_config(None, FEDEC), tmp_path / "resumed")  # round 2 after a resume
+    straight = fit(load_config(None, FEDEC), tmp_path / "straight")
+    fit(load_config(None, FEDEC + ["federated.rounds=1"]), tmp_path / "resumed")
+    resumed = fit(load_config(None, FEDEC), tmp_path / "resumed")  # round 2 after a resume
     assert resumed["test"] == straight["test"] and resumed["clients"] == straight["clients"]
 
 
 @pytest.mark.slow
 def test_fedec_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
-    fede = run_federated(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
-    fedec = run_federated(load_config(None, FEDEC + ["federated.fedec.mu=0"]), tmp_path / "fedec")
+    fede = fit(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
+    fedec = fit(load_config(None, FEDEC + ["federated.fedec.mu=0"]), tmp_path / "fedec")
     assert fedec["test"] == fede["test"] and fedec["clients"] == fede["clients"]
     assert fedec["bytes_sent"] == fede["bytes_sent"]
 
 
 @pytest.mark.slow
 def test_fedec_with_mu_positive_differs_from_fede(tmp_path, one_thread):
-    fede = run_federated(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
-    fedec = run_federated(load_config(None, FEDEC + ["federated.fedec.mu=1.0"]), tmp_path / "fedec")
+    fede = fit(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
+    fedec = fit(load_config(None, FEDEC + ["federated.fedec.mu=1.0"]), tmp_path / "fedec")
     assert fedec["test"] != fede["test"]
 
 

@@ -303,7 +303,7 @@ def test_random_partition_deals_out_every_triple_once_with_shared_relations():
 
 def test_fedr_averages_the_relations_clients_share_on_a_random_partition():
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated.orchestrator import FederatedRun
+    from lightning_fedkg.federated.federation import FederatedRun
 
     cfg = load_config(None, ["data.name=umls", "data.partition=random", "model.dim=8", "train.num_negatives=8",
                              "train.negative_mode=shared", "trainer.accelerator=cpu", "federated.strategy=fedr",

@@ -9,7 +9,8 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.data import KGDataModule, LoaderSettings, UniformSampler, load_kg
-from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fedlu.strategy import DistillationGate
 from lightning_fedkg.methods.fedlu import DistillationModule
 from lightning_fedkg.methods.fedlu.distillation import distillation_kl
@@ -154,7 +155,7 @@ def test_the_always_schedule_distils_from_the_start():
 def test_fedlu_run_reports_local_and_global_results_and_only_avatars_cross(tmp_path, one_thread):
     cfg = load_config(None, BASE + ["federated.rounds=3", "federated.record_payloads=true",
                                     "federated.fedlu.schedule=always"])
-    metrics = run_federated(cfg, tmp_path)
+    metrics = fit(cfg, tmp_path)
     assert metrics["strategy"] == "fedlu" and metrics["distillation"]["schedule"] == "always"
     assert metrics["distillation"]["local_on_round"] == 0
     assert [v["round"] for v in metrics["distillation"]["validation"]] == [1, 2, 3]
@@ -196,7 +197,7 @@ def test_fedlu_learns_on_umls(tmp_path, one_thread):
     # Six rounds: both sides must rank far better than chance (~0.04).
     cfg = load_config(None, BASE + ["federated.rounds=6", "federated.fedlu.schedule=always", "model.dim=32",
                                     "train.batch_size=128", "train.num_negatives=32"])
-    metrics = run_federated(cfg, tmp_path)  # measured: local 0.56, avatar 0.44
+    metrics = fit(cfg, tmp_path)  # measured: local 0.56, avatar 0.44
     assert metrics["test"]["mrr"] > 0.45, metrics["test"]
     assert metrics["test_global"]["mrr"] > 0.35, metrics["test_global"]
 
@@ -205,9 +206,9 @@ def test_fedlu_learns_on_umls(tmp_path, one_thread):
 def test_a_resumed_fedlu_run_equals_an_uninterrupted_one(tmp_path, one_thread):
     # Gate state, distillation flags, local_initialized and the local Adam all persist.
     base = BASE + ["federated.fedlu.wait_rounds=0"]
-    straight = run_federated(load_config(None, base + ["federated.rounds=4"]), tmp_path / "straight")
-    run_federated(load_config(None, base + ["federated.rounds=2"]), tmp_path / "resumed")
-    resumed = run_federated(load_config(None, base + ["federated.rounds=4"]), tmp_path / "resumed")
+    straight = fit(load_config(None, base + ["federated.rounds=4"]), tmp_path / "straight")
+    fit(load_config(None, base + ["federated.rounds=2"]), tmp_path / "resumed")
+    resumed = fit(load_config(None, base + ["federated.rounds=4"]), tmp_path / "resumed")
     for metrics in (straight, resumed):
         metrics.pop("seconds")
     assert resumed == straight

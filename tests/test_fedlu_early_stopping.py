@@ -14,7 +14,8 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.checkpoint import latest_manifest, load_party, read_manifest
-from lightning_fedkg.federated.orchestrator import EarlyStopping, run_federated
+from lightning_fedkg.federated.round_loop import EarlyStopping
+from lightning_fedkg.run import fit
 from lightning_fedkg.federated.strategy import ServerContext, ServerHalf
 from lightning_fedkg.methods.fedlu import DistillationGate, FedLU, FedLUServer
 
@@ -119,7 +120,7 @@ def test_the_official_rule_stops_later_when_only_the_avatar_improves():
     try:
         for rule in ("local", "official"):
             with tempfile.TemporaryDirectory() as d:
-                metrics = run_federated(load_config(None, BASE + [f"federated.fedlu.early_stopping={rule}"]), d)
+                metrics = fit(load_config(None, BASE + [f"federated.fedlu.early_stopping={rule}"]), d)
                 last = latest_manifest(Path(d) / "checkpoints")
                 manifest = read_manifest(last)
                 gate = load_party(last, manifest, "server")["gate"]

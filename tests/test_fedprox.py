@@ -5,7 +5,8 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.orchestrator import FederatedRun, run_federated
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.run import fit
 
 BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared", "train.lr=0.05",
         "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.local_epochs=1",
@@ -14,8 +15,8 @@ BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negativ
 
 @pytest.mark.slow
 def test_fedprox_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
-    fede = run_federated(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
-    prox = run_federated(load_config(None, BASE + ["federated.strategy=fedprox", "federated.fedprox.mu=0"]),
+    fede = fit(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
+    prox = fit(load_config(None, BASE + ["federated.strategy=fedprox", "federated.fedprox.mu=0"]),
                          tmp_path / "prox")
     assert prox["test"] == fede["test"] and prox["clients"] == fede["clients"]
     assert prox["bytes_sent"] == fede["bytes_sent"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_fedkg.config import load_config
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fkge.federation import QUALITY_KEYS, neighbour_edges
 
 BASE = [
@@ -36,7 +36,7 @@ ARRAYS = {
 
 def _run(tmp_path, name, *extra):
     cfg = load_config(None, [*BASE, *extra])
-    metrics = run_federated(cfg, tmp_path / name)
+    metrics = fit(cfg, tmp_path / name)
     log = [json.loads(line) for line in (tmp_path / name / "channel_log.jsonl").read_text().splitlines()]
     return metrics, log
 
@@ -191,7 +191,7 @@ def test_host_never_receives_x_and_client_never_receives_y(tmp_path, monkeypatch
     monkeypatch.setattr(FKGEPeer, "on_fkge_start", record_start)
     monkeypatch.setattr(FKGEPeer, "_new_host", record_host)
     cfg = load_config(None, [*BASE, "federated.fkge.handshakes_per_kg=1", "federated.record_payloads=true"])
-    run_federated(cfg, tmp_path / "run")
+    fit(cfg, tmp_path / "run")
     assert xs and set(xs) == set(ys)
     checked = 0
     for path in sorted((tmp_path / "run" / "payloads").iterdir()):
@@ -249,9 +249,9 @@ def test_control_mode_uses_nothing_received(tmp_path, monkeypatch):
 def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, default_run):
     full, _ = default_run
     cut = load_config(None, [*BASE, "federated.rounds=40"])
-    partial = run_federated(cut, tmp_path / "run")
+    partial = fit(cut, tmp_path / "run")
     assert partial["events"] == 40 and partial["pending"] > 0
-    resumed = run_federated(load_config(None, BASE), tmp_path / "run")
+    resumed = fit(load_config(None, BASE), tmp_path / "run")
     assert resumed["events"] == full["events"]
     strip = lambda hs: [{k: v for k, v in h.items() if not k.startswith("seconds") and k != "finished_at"}
                         for h in hs]
@@ -299,7 +299,7 @@ def test_pate_noise_comes_from_the_os_unless_reproducible_noise_is_set(tmp_path,
     short = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]
     private = [s for s in BASE if "reproducible_noise" not in s]
     for name, base in (("a", private), ("b", private), ("c", BASE), ("d", BASE)):
-        run_federated(load_config(None, [*base, *short]), tmp_path / name)
+        fit(load_config(None, [*base, *short]), tmp_path / name)
     first = len(noise_seeds) // 4
     assert first >= 1 and len(noise_seeds) == 4 * first
     a, b, c, d = (noise_seeds[i * first] for i in range(4))
@@ -347,7 +347,7 @@ def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monke
 
     monkeypatch.setattr(federation.FKGEPeer, "on_fkge_start", spy)
     base = BASE if reproducible else [s for s in BASE if "reproducible_noise" not in s]
-    run_federated(load_config(None, [*base, "federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]),
+    fit(load_config(None, [*base, "federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]),
                   tmp_path / "run")
     assert starts and all(starts) == reproducible and (any(starts) == reproducible)
 
@@ -375,6 +375,6 @@ def test_the_shipped_ppat_config_moves_the_generator(tmp_path):
     cfg = load_config("configs/fkge/umls_fkge.yaml", [
         "federated.fkge.pretrain_epochs=3", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=1",
         "trainer.threads=1", "trainer.progress_bar=false", "federated.fkge.reproducible_noise=true"])
-    metrics = run_federated(cfg, tmp_path / "shipped")
+    metrics = fit(cfg, tmp_path / "shipped")
     moved = [s["generator_moved"] for kg in metrics["kgs"] for s in kg["served"]]
     assert moved and min(moved) > 1e-3

@@ -10,7 +10,7 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fkge.supervised import (CROSSCOV, ROWS, AlignmentHost, procrustes, release_moments,
                                                      unit_rows)
 from lightning_fedkg.methods.fkge.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
@@ -88,7 +88,7 @@ SUPERVISED = ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=
 
 def _run(tmp_path, name, *extra):
     cfg = load_config(None, [*BASE, *extra])
-    metrics = run_federated(cfg, tmp_path / name)
+    metrics = fit(cfg, tmp_path / name)
     log = [json.loads(line) for line in (tmp_path / name / "channel_log.jsonl").read_text().splitlines()]
     return metrics, log
 
@@ -163,7 +163,7 @@ def test_the_shipped_supervised_config_aligns_beyond_mismatched_rows(tmp_path):
     cfg = load_config("configs/fkge/umls_fkge_supervised.yaml", [
         "federated.fkge.pretrain_epochs=10", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=1",
         "trainer.threads=1", "trainer.progress_bar=false", "federated.fkge.reproducible_noise=true"])
-    metrics = run_federated(cfg, tmp_path / "shipped")
+    metrics = fit(cfg, tmp_path / "shipped")
     assert len(metrics["handshakes"]) == 3
     for h in metrics["handshakes"]:
         assert h["translation_cosine"] > h["mismatched_cosine"] + 0.05
@@ -175,10 +175,10 @@ def test_a_resumed_supervised_run_equals_an_uninterrupted_one(tmp_path):
     """Cut after 25 deliveries (handshakes open on both sides), resume: same handshakes,
     same final quality, same ledgers."""
     base = [*BASE, *SUPERVISED]
-    full = run_federated(load_config(None, base), tmp_path / "full")
-    partial = run_federated(load_config(None, [*base, "federated.rounds=25"]), tmp_path / "cut")
+    full = fit(load_config(None, base), tmp_path / "full")
+    partial = fit(load_config(None, [*base, "federated.rounds=25"]), tmp_path / "cut")
     assert partial["pending"] > 0
-    resumed = run_federated(load_config(None, base), tmp_path / "cut")
+    resumed = fit(load_config(None, base), tmp_path / "cut")
     strip = lambda hs: [{k: v for k, v in h.items() if not k.startswith("seconds") and k != "finished_at"}  # noqa: E731
                         for h in hs]
     assert strip(resumed["handshakes"]) == strip(full["handshakes"])

@@ -1,4 +1,4 @@
-"""federated.engine=flower: client folders, the client runtime, and Flower runs that must
+"""federated.backend=flower: client folders, the client runtime, and Flower runs that must
 equal the in-process run.
 
 The fast tests check the pieces without Flower's processes. One simulation test (Flower's
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 from lightning_fedkg.federated.party import load_federated_kg
 from lightning_fedkg.flower.data import data_digest, load_client_folder, write_client_folders
 from lightning_fedkg.data.kg import KGFormatError
@@ -82,7 +82,7 @@ def test_data_digest_is_keyed_and_follows_every_file(tmp_path):
 # ---------------------------------------------------------------------- the client runtime
 def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
     from lightning_fedkg.flower.client import ClientRuntime, DataMismatchError
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, write_key_file
 
     cfg = umls("federated.rounds=1")
     folder = write_client_folders(cfg, tmp_path / "data")[0]
@@ -112,7 +112,7 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     from multiprocessing.connection import Client
 
     from lightning_fedkg.flower.client import DataMismatchError, forward, worker_key
-    from lightning_fedkg.flower.engine import client_config_text, write_key_file
+    from lightning_fedkg.flower.backend import client_config_text, write_key_file
     from lightning_fedkg.flower.worker import serve
 
     cfg = umls("federated.rounds=1")
@@ -184,15 +184,19 @@ def test_localhost_certificates_give_a_verified_tls_handshake_on_127_0_0_1(tmp_p
     listener.close()
 
 
-def test_flower_engine_is_for_server_client_methods(monkeypatch):
-    """Config errors come first, with or without the flower extra. Reproduces a fresh clone's
-    failure: with ``[test]`` only, the second check raised FlowerNotInstalledError instead."""
+def test_flower_backend_is_for_server_client_methods(monkeypatch, tmp_path):
+    """Config errors come first, with or without the flower extra, and the backend writes
+    nothing before them. Reproduces a fresh clone's failure: with ``[test]`` only, the second
+    check raised FlowerNotInstalledError instead."""
+    from lightning_fedkg.federated.entry import run_federated
+
     monkeypatch.setitem(sys.modules, "flwr", None)  # as on a machine without the extra
     with pytest.raises(ConfigError, match="runs server-client strategies"):
-        run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.engine=flower"]),
-                      "/nonexistent")
+        run_federated(load_config(None, ["data.name=umls", "federated.strategy=fkge", "federated.backend=flower"]),
+                      tmp_path / "run")
     with pytest.raises(ConfigError, match="mode=deployment runs on a SuperLink"):
-        run_federated(umls("federated.engine=flower", "federated.flower.mode=deployment"), "/nonexistent/run")
+        run_federated(umls("federated.backend=flower", "federated.flower.mode=deployment"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -231,14 +235,14 @@ def test_simulation_with_secure_aggregation_equals_in_process_and_resumes_with_t
     cancel and every number is the in-process run's, across a resume."""
     pytest.importorskip("flwr")
     secure = "federated.secure_aggregation.enabled=true"
-    local = run_federated(umls("federated.rounds=3", secure), tmp_path / "local")
-    flower_cfg = ["federated.engine=flower", secure]
-    first = run_federated(umls("federated.rounds=2", *flower_cfg), tmp_path / "flower")
+    local = fit(umls("federated.rounds=3", secure), tmp_path / "local")
+    flower_cfg = ["federated.backend=flower", secure]
+    first = fit(umls("federated.rounds=2", *flower_cfg), tmp_path / "flower")
     assert first["rounds"] == 2 and first["flower"]["clients"] == ["client_0", "client_1", "client_2"]
     # A second ServerApp resumes after round 2: the clients go back to the states the
     # checkpoint of round 2 points to (they have since answered the test of round 2). It
     # runs with client workers: fresh processes that start from those states on disk.
-    resumed = run_federated(umls("federated.rounds=3", "federated.flower.client_workers=true", *flower_cfg),
+    resumed = fit(umls("federated.rounds=3", "federated.flower.client_workers=true", *flower_cfg),
                             tmp_path / "flower")
     assert resumed["rounds"] == 3
     for key in ("test", "clients", "validation", "bytes_sent", "alignment_bytes", "failures"):
@@ -269,7 +273,7 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
     import threading
 
     from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
-    from lightning_fedkg.flower.engine import client_config_text
+    from lightning_fedkg.flower.backend import client_config_text
 
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
@@ -300,8 +304,8 @@ def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
     from lightning_fedkg.flower.deploy import up
 
     settings = ["federated.rounds=3", "federated.federation_key=deployment-test-secret"]
-    local = run_federated(umls(*settings), tmp_path / "local")
-    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", *settings)
+    local = fit(umls(*settings), tmp_path / "local")
+    cfg = umls("federated.backend=flower", "federated.flower.mode=deployment", *settings)
     run_dir = (tmp_path / "run").resolve()
     _deployment(cfg, run_dir, lambda d: d.kill("superlink", signal.SIGKILL), timeout=900)
     assert not (run_dir / "metrics.json").is_file()
@@ -323,8 +327,8 @@ def test_deployment_over_tls_equals_in_process(tmp_path):
     from lightning_fedkg.flower.deploy import localhost_certificates, up
 
     settings = ["federated.rounds=2", "federated.federation_key=deployment-test-secret"]
-    local = run_federated(umls(*settings), tmp_path / "local")
-    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", *settings)
+    local = fit(umls(*settings), tmp_path / "local")
+    cfg = umls("federated.backend=flower", "federated.flower.mode=deployment", *settings)
     run_dir = (tmp_path / "run").resolve()
     deployed = up(cfg, run_dir, timeout=600, tls=localhost_certificates(tmp_path / "tls"))
     for key in ("test", "clients", "validation", "bytes_sent", "failures"):
@@ -345,7 +349,7 @@ def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path)
     # lr .05 and two local epochs: validation climbs well beyond noise by round 4 (in
     # process, client_0 .15 -> .45); at the default .01 and one epoch it stayed at chance
     # (.045 -> .044) and the improvement check below was a coin flip
-    cfg = umls("federated.engine=flower", "federated.flower.mode=deployment", "federated.rounds=4",
+    cfg = umls("federated.backend=flower", "federated.flower.mode=deployment", "federated.rounds=4",
                "federated.min_clients=2", "federated.client_timeout=120", "train.lr=0.05",
                "federated.local_epochs=2")
     run_dir = (tmp_path / "run").resolve()

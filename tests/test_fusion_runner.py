@@ -14,9 +14,10 @@ import torch
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest
 from lightning_fedkg.methods.fede.phase import SINGLE_DIR, obtain_single_run
-from lightning_fedkg.federated.orchestrator import restore_finished_run
+from lightning_fedkg.federated.entry import restore_finished_run
 from lightning_fedkg.cli import format_metrics_table
-from lightning_fedkg.federated.orchestrator import METRIC_KEYS, run_federated
+from lightning_fedkg.federated.tasks import METRIC_KEYS
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fede.fusion import ScoreFusion, evaluate_fusion
 
 
@@ -57,7 +58,7 @@ def fused(tmp_path_factory):
     torch.set_num_threads(1)
     run_dir = tmp_path_factory.mktemp("fede_fusion")
     cfg = umls_config()
-    metrics = run_federated(cfg, run_dir)
+    metrics = fit(cfg, run_dir)
     yield cfg, metrics, run_dir
     torch.set_num_threads(threads)
 
@@ -157,13 +158,13 @@ def test_rerun_reuses_the_single_run_and_repeats_the_fusion(fused):
     cfg, metrics, run_dir = fused
     single_last = latest_manifest(run_dir / SINGLE_DIR / CHECKPOINT_DIR)
     stamp = single_last.stat().st_mtime_ns
-    again = run_federated(cfg, run_dir)
+    again = fit(cfg, run_dir)
     assert again["fusion"] == metrics["fusion"]
     assert single_last.stat().st_mtime_ns == stamp
-    fewer = run_federated(umls_config(**{"federated.fede.fusion_epochs": 10}), run_dir)
+    fewer = fit(umls_config(**{"federated.fede.fusion_epochs": 10}), run_dir)
     assert fewer["fusion"]["single"] == metrics["fusion"]["single"]
     assert fewer["fusion"]["clients"][0]["weights"] != metrics["fusion"]["clients"][0]["weights"]
-    run_federated(cfg, run_dir)  # leave metrics.json as the fixture wrote it
+    fit(cfg, run_dir)  # leave metrics.json as the fixture wrote it
 
 
 @pytest.mark.parametrize("strategy", ["single", "entire", "fedr"])
@@ -171,5 +172,5 @@ def test_fusion_needs_the_fede_strategy(strategy, tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(ConfigError, match=f"federated.fede is the section of the strategy 'fede', which this run "
                                           f"does not use \\(federated.strategy={strategy}\\)"):
-        run_federated(umls_config(strategy), run_dir)
+        fit(umls_config(strategy), run_dir)
     assert not run_dir.exists()  # refused before anything was written

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from lightning_fedkg.config import load_config
-from lightning_fedkg.federated.orchestrator import FederatedRun, format_table, run_federated
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.federated.table import format_table
+from lightning_fedkg.run import fit
 
 DIM = 32
 ROUNDS = 30
@@ -58,7 +60,7 @@ def runs(tmp_path_factory, single_threaded):
     out = {}
     for strategy in ("fede", "single"):
         run_dir = tmp_path_factory.mktemp(strategy)
-        out[strategy] = (run_federated(umls_config(strategy), run_dir), run_dir)
+        out[strategy] = (fit(umls_config(strategy), run_dir), run_dir)
     return out
 
 
@@ -150,7 +152,7 @@ def test_single_sends_nothing(runs):
 
 def test_fedr_channel_carries_only_relation_rows(tmp_path, single_threaded):
     cfg = umls_config("fedr", **{"federated.rounds": 2, "federated.eval_every": 2})
-    metrics = run_federated(cfg, tmp_path)
+    metrics = fit(cfg, tmp_path)
     records = [r for r in read_log(tmp_path) if r["round"] >= 1]
     assert {r["name"] for r in records if r["bytes"]} == {"download", "upload", "eval_download", "test_download"}
     for r in records:
@@ -179,7 +181,7 @@ def test_entire_trains_one_model_and_evaluates_client_views(tmp_path, single_thr
     # the views travel at evaluation time only (the pooling itself is the privacy cost)
     assert 0.0 < avg["mrr"] <= 1.0
     assert {r.name for r in run.channel.records()} == {"eval_download", "eval_result"}
-    metrics = run_federated(cfg, tmp_path)
+    metrics = fit(cfg, tmp_path)
     assert metrics["rounds"] == 2 and metrics["alignment_bytes"] == 0
 
 
@@ -196,11 +198,11 @@ def test_partial_participation_trains_only_selected_clients(single_threaded):
 
 
 def test_finished_run_dir_reruns_to_the_same_result_and_checkpoint_evaluates(runs, single_threaded):
-    from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint
+    from lightning_fedkg.federated.entry import evaluate_federated_checkpoint
 
     metrics, run_dir = runs["fede"]
     log_before = (run_dir / "channel_log.jsonl").read_text()
-    again = run_federated(umls_config("fede"), run_dir)  # resumes after the last round: test only
+    again = fit(umls_config("fede"), run_dir)  # resumes after the last round: test only
     assert again == metrics
     assert (run_dir / "channel_log.jsonl").read_text() == log_before
     evaluated = evaluate_federated_checkpoint(umls_config("fede"), run_dir / "checkpoints" / "best.json")
@@ -212,7 +214,7 @@ def test_resume_refuses_a_changed_setting(runs):
 
     _, run_dir = runs["single"]
     with pytest.raises(ConfigError, match="train.lr"):
-        run_federated(umls_config("single", **{"train.lr": 0.5}), run_dir)
+        fit(umls_config("single", **{"train.lr": 0.5}), run_dir)
 
 
 @pytest.mark.slow
@@ -223,14 +225,14 @@ def test_each_client_is_tested_at_its_own_best_round(tmp_path, single_threaded):
     # makes validation oscillate so that the clients peak at different rounds.
     import shutil
 
-    from lightning_fedkg.federated.orchestrator import evaluate_federated_checkpoint, restore_finished_run
+    from lightning_fedkg.federated.entry import evaluate_federated_checkpoint, restore_finished_run
 
     rounds, run_dir = 4, tmp_path / "run"
     snapshots = {}
     for r in range(1, rounds + 1):
         cfg = umls_config("fede", **{"federated.rounds": r, "federated.eval_every": 1, "federated.best": "client",
                                      "model.dim": 16, "train.lr": 1.0, "federated.patience": 100})
-        metrics = run_federated(cfg, run_dir)
+        metrics = fit(cfg, run_dir)
         snapshots[r] = shutil.copytree(run_dir / "checkpoints", tmp_path / f"snap_{r}")
     val, test = {}, {}
     for r, snap in snapshots.items():

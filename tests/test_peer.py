@@ -8,7 +8,7 @@ import torch
 
 from lightning_fedkg.cli import main
 from lightning_fedkg.config import load_config
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 from lightning_fedkg.federated.peer import EventRunner
 
 GOSSIP = "tests.plugin_peer:Gossip"
@@ -55,8 +55,8 @@ def test_fit_runs_a_peer_method_and_a_larger_budget_resumes_to_the_uninterrupted
     expected = json.loads((straight / "metrics.json").read_text())
     assert expected["runner"] == "event" and expected["events"] == 9 and expected["failures"] == []
     assert sum(p["handshakes"] for p in expected["peers"].values()) >= 2
-    run_federated(load_config(None, overrides(5)), staged)
-    resumed = run_federated(load_config(None, overrides(9)), staged)  # the event budget may grow on resume
+    fit(load_config(None, overrides(5)), staged)
+    resumed = fit(load_config(None, overrides(9)), staged)  # the event budget may grow on resume
     assert resumed.pop("wall_seconds") > 0 and expected.pop("wall_seconds") > 0  # timing, not results
     assert resumed == expected
     assert (staged / "channel_log.jsonl").read_text() == (straight / "channel_log.jsonl").read_text()

@@ -1,4 +1,4 @@
-"""federated.engine=ray: the peer-to-peer runner with one Ray actor process per party.
+"""federated.backend=ray: the peer-to-peer runner with one Ray actor process per party.
 
 Ray starts once for the module (seconds), and each Ray run starts one process per party
 (torch and Lightning imported in each), so the Ray runs here are few: one of the ring
@@ -14,7 +14,7 @@ import pytest
 
 from lightning_fedkg.cli import main
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 
 #: Every test here starts Ray (about 20 s for the module): the fast loop leaves them out.
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def overrides(strategy: str, events: int, engine: str) -> list[str]:
     return ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
             "train.lr=0.05", "trainer.accelerator=cpu", "trainer.progress_bar=false", "trainer.threads=1",
             f"federated.strategy={strategy}", f"federated.rounds={events}", "federated.local_epochs=1",
-            f"federated.engine={engine}"]
+            f"federated.backend={engine}"]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def ring_runs(ray_started, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("ring")
-    runs = {engine: (run_federated(load_config(None, overrides(FAILING_RING, 100, engine)), out / engine), out / engine)
+    runs = {engine: (fit(load_config(None, overrides(FAILING_RING, 100, engine)), out / engine), out / engine)
             for engine in ("local", "ray")}
     torch.set_num_threads(threads)
     return runs
@@ -86,11 +86,11 @@ def test_a_failing_handler_in_an_actor_is_recorded_and_the_others_go_on(ring_run
 
 def test_a_budget_stops_ray_exactly_and_runs_resume_across_engines(ray_started, tmp_path, one_thread, capsys):
     run_dir = tmp_path / "gossip"
-    local = run_federated(load_config(None, overrides(GOSSIP, 4, "local")), run_dir)
+    local = fit(load_config(None, overrides(GOSSIP, 4, "local")), run_dir)
     assert local["events"] == 4 and local["pending"] > 0  # an unfinished local run ...
     head = (run_dir / "channel_log.jsonl").read_text()
     # ... resumed by Ray (free to change on resume), which stops at exactly the new budget
-    resumed = run_federated(load_config(None, overrides(GOSSIP, 9, "ray")), run_dir)
+    resumed = fit(load_config(None, overrides(GOSSIP, 9, "ray")), run_dir)
     assert resumed["engine"] == "ray" and resumed["events"] == 9 and resumed["pending"] > 0
     log = (run_dir / "channel_log.jsonl").read_text()
     assert log.startswith(head) and {json.loads(line)["round"] for line in log[len(head):].splitlines()} <= set(range(4, 10))
@@ -100,7 +100,7 @@ def test_a_budget_stops_ray_exactly_and_runs_resume_across_engines(ray_started, 
     assert main(["test", "--from", str(run_dir), "--json"]) == 0
     tested = json.loads(capsys.readouterr().out)
     assert tested["test"] == resumed["test"] and tested["events"] == 9
-    again = run_federated(load_config(None, overrides(GOSSIP, 12, "local")), run_dir)
+    again = fit(load_config(None, overrides(GOSSIP, 12, "local")), run_dir)
     assert again["engine"] == "local" and again["events"] == 12
     assert sum(p["handshakes"] for p in again["peers"].values()) > sum(p["handshakes"] for p in local["peers"].values())
 
@@ -111,14 +111,14 @@ def test_without_ray_the_error_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "ray", None)  # import ray -> ImportError
     monkeypatch.syspath_prepend(str(ROOT))
     with pytest.raises(RayNotInstalledError, match=r'pip install "lightning-fedkg\[ray\]"') as err:
-        run_federated(load_config(None, overrides(GOSSIP, 3, "ray")), tmp_path / "run")
+        fit(load_config(None, overrides(GOSSIP, 3, "ray")), tmp_path / "run")
     assert isinstance(err.value, ImportError) and isinstance(err.value, ConfigError)
 
 
-def test_the_ray_engine_is_for_peer_to_peer_strategies_only(tmp_path):
-    cfg = load_config(None, ["data.name=umls", "federated.strategy=fede", "federated.engine=ray"])
+def test_the_ray_backend_is_for_peer_to_peer_strategies_only(tmp_path):
+    cfg = load_config(None, ["data.name=umls", "federated.strategy=fede", "federated.backend=ray"])
     with pytest.raises(ConfigError, match="peer-to-peer strategies only"):
-        run_federated(cfg, tmp_path / "run")
+        fit(cfg, tmp_path / "run")
 
 
 def test_each_actor_builds_only_its_own_party(monkeypatch, one_thread):
@@ -148,9 +148,9 @@ def test_fkge_on_ray_terminates_with_the_synchronous_invariants(ray_started, tmp
     budget, and nothing but the protocol crossed."""
     from test_fkge_federation import ARRAYS, BASE
 
-    cfg = load_config(None, [*BASE, "federated.engine=ray", "federated.fkge.max_epsilon=6.0",
+    cfg = load_config(None, [*BASE, "federated.backend=ray", "federated.fkge.max_epsilon=6.0",
                              "federated.fkge.handshakes_per_kg=3"])
-    metrics = run_federated(cfg, tmp_path / "run")
+    metrics = fit(cfg, tmp_path / "run")
     assert metrics["engine"] == "ray" and metrics["pending"] == 0 and metrics["failures"] == []
     assert metrics["handshakes"]
     for h in metrics["handshakes"]:

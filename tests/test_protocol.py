@@ -23,7 +23,8 @@ from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.checkpoint import load_checkpoint
 from lightning_fedkg.federated.message import Message, decode
-from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed, run_federated
+from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
+from lightning_fedkg.run import fit
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 
@@ -184,7 +185,7 @@ PROTOCOL_TOKENS = (b"entity_digests", b"relation_digests", b"entity_emb", b'\\"e
 @pytest.mark.slow
 def test_alignment_records_carry_digests_and_no_name(tmp_path):
     run_dir = tmp_path / "run"
-    metrics = run_federated(umls_config(federated__record_payloads=True), run_dir)
+    metrics = fit(umls_config(federated__record_payloads=True), run_dir)
     umls = load_kg("umls")
     names = [n for n in umls.entity_names + umls.relation_names if len(n) >= 4]
     assert len(names) > 100
@@ -238,7 +239,7 @@ def test_a_client_failing_in_one_round_is_recorded_and_the_run_finishes(tmp_path
     monkeypatch.setattr(ClientHalf, "on_train", flaky)
     monkeypatch.setattr(HolderMeanServer, "aggregate_train", spy)
     run_dir = tmp_path / "run"
-    metrics = run_federated(umls_config(federated__min_clients=1), run_dir)
+    metrics = fit(umls_config(federated__min_clients=1), run_dir)
     assert metrics["rounds"] == ROUNDS
     expected = [{"round": 1, "stage": "train", "party": "client_1", "error": "RuntimeError: injected crash"}]
     assert metrics["failures"] == expected
@@ -286,7 +287,7 @@ def test_too_few_clients_fail_the_round_after_the_retries():
 @pytest.mark.slow
 def test_parties_with_different_models_share_the_tensors_they_have_in_common(tmp_path, one_thread):
     from lightning_fedkg.config import load_config as _load
-    from lightning_fedkg.federated.orchestrator import run_federated as _run
+    from lightning_fedkg.run import fit as _run
 
     base = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
             "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.strategy=fede",
@@ -305,7 +306,7 @@ def test_parties_with_different_models_share_the_tensors_they_have_in_common(tmp
 
 def test_a_party_override_for_a_client_that_does_not_exist_is_refused():
     from lightning_fedkg.config import ConfigError, load_config as _load
-    from lightning_fedkg.federated.orchestrator import FederatedRun
+    from lightning_fedkg.federated.federation import FederatedRun
 
     cfg = _load(None, ["data.name=umls", "model.dim=8", "trainer.accelerator=cpu", "federated.strategy=fede",
                        "federated.parties.client_9.model.name=transh"])
@@ -346,7 +347,7 @@ class _Confirming(Strategy):
 
 def test_a_round_runs_every_stage_in_order_and_a_second_stage_failure_is_recorded(one_thread):
     from lightning_fedkg.config import load_config as _load
-    from lightning_fedkg.federated.orchestrator import FederatedRun
+    from lightning_fedkg.federated.federation import FederatedRun
 
     cfg = _load(None, ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
                        "trainer.accelerator=cpu", "federated.local_epochs=1",
@@ -443,7 +444,7 @@ def test_the_upload_stage_aggregates_the_rows_clients_hold(one_thread):
 
 def test_a_late_answer_is_a_timeout_failure(one_thread):
     from lightning_fedkg.config import load_config as _load
-    from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed
+    from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
 
     cfg = _load(None, ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared",
                        "trainer.accelerator=cpu", "federated.strategy=fede", "federated.local_epochs=1",
@@ -462,7 +463,7 @@ def test_a_late_answer_is_a_timeout_failure(one_thread):
 def test_the_transport_is_pluggable(one_thread):
     from lightning_fedkg.config import load_config as _load
     from lightning_fedkg.federated.channel import Channel
-    from lightning_fedkg.federated.orchestrator import FederatedRun
+    from lightning_fedkg.federated.federation import FederatedRun
 
     class CountingTransport(Channel):
         """Another transport with the Channel's interface (here: counts what it delivers)."""

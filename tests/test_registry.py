@@ -53,11 +53,11 @@ def test_double_registration_of_another_class_is_refused():
         reg.add("x", Base)
 
 
-def test_ray_and_flower_are_engines_registered_alike():
-    """``federated.engine`` other than local is always an ENGINES entry point (Ray used to be
+def test_ray_and_flower_are_backends_registered_alike():
+    """``federated.backend`` other than local is always a BACKENDS entry point (Ray used to be
     an if-chain in run_federated while Flower came through the registry)."""
-    from lightning_fedkg.registry import ENGINES
+    from lightning_fedkg.registry import BACKENDS
 
-    assert {"ray", "flower"} <= set(ENGINES)
-    assert ENGINES.get("ray").__name__ == "RayEntry" and ENGINES.get("flower").__name__ == "FlowerEngine"
-    assert callable(ENGINES.get("ray").run) and callable(ENGINES.get("flower").run)
+    assert {"ray", "flower"} <= set(BACKENDS)
+    assert BACKENDS.get("ray").__name__ == "RayBackend" and BACKENDS.get("flower").__name__ == "FlowerBackend"
+    assert callable(BACKENDS.get("ray").run) and callable(BACKENDS.get("flower").run)

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     EXTRA = sys.argv[2:]
     torch.set_num_threads(1)
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated.orchestrator import run_federated
+    from lightning_fedkg.run import fit
     cfg = load_config(None, [
         "seed=3", "data.name=umls", "data.num_clients=3", "model.name=transe", "model.dim=16",
         "train.lr=0.05", "train.batch_size=512", "train.num_negatives=16",
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
         "federated.strategy=fede", "federated.rounds={ROUNDS}", "federated.local_epochs=1",
         "federated.fraction=0.67", "federated.eval_every=2", "federated.patience=20",
     ] + EXTRA)
-    run_federated(cfg, sys.argv[1])
+    fit(cfg, sys.argv[1])
     """
 )
 

@@ -127,21 +127,18 @@ def test_second_process_gets_a_clear_error(tmp_path, capsys):
         assert opened.resumed
 
 
-@pytest.mark.slow
-def test_nested_open_in_one_process_shares_the_lock_and_releases_it(tmp_path):
+def test_a_second_open_in_the_same_process_is_refused_and_writes_nothing(tmp_path):
+    """Only run.fit opens a run directory: an open inside an open of the same folder (in
+    this process) is refused as another process's would be, and changes no file."""
     run = tmp_path / "run"
-    cfg = load_config(None)
-    with RunDirectory.open(run, cfg):
-        with RunDirectory.open(run, cfg) as inner:
-            assert inner.resumed
-        # Still held after the inner block: another process is refused.
-        proc = subprocess.run(
-            [sys.executable, "-c", HOLDER, str(run)], text=True, capture_output=True, timeout=60,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        assert proc.returncode == 1 and "RunLockedError: another fedkg process" in proc.stderr
-    holder = start_holder(run)  # released after the outer block
-    assert release(holder) == ""
+    with RunDirectory.open(run, load_config(None)):
+        before = snapshot(run)
+        with pytest.raises(RunLockedError, match="another fedkg process is using"):
+            with RunDirectory.open(run, load_config(None, ["model.dim=8"])):
+                pass
+        assert snapshot(run) == before
+    with RunDirectory.open(run, load_config(None)) as opened:  # released by the outer block
+        assert opened.resumed
 
 
 def test_unreadable_saved_config_is_refused(tmp_path):

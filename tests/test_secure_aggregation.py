@@ -17,7 +17,8 @@ from torch import Tensor
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.message import decode
-from lightning_fedkg.federated.orchestrator import FederatedRun, RoundFailed, run_federated
+from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
+from lightning_fedkg.run import fit
 from lightning_fedkg.federated.secure import SecureClient, default_threshold
 from lightning_fedkg.privacy import secagg
 
@@ -136,7 +137,7 @@ def test_the_masked_aggregate_is_the_plain_holder_mean(monkeypatch, strategy, te
 def test_a_masked_upload_is_statistically_unrelated_to_its_plaintext(tmp_path, monkeypatch):
     seen = spy_plaintext(monkeypatch)
     run_dir = tmp_path / "run"
-    run_federated(secure(federated__record_payloads=True, federated__rounds=1, federated__eval_every=1), run_dir)
+    fit(secure(federated__record_payloads=True, federated__rounds=1, federated__eval_every=1), run_dir)
     (path,) = sorted((run_dir / "payloads").glob("r0001_*_client_1_to_server_upload.safetensors"))
     masked = secagg.from_wire(decode(path.read_bytes()).arrays["entity_emb"]).double().flatten()
     plain = secagg.quantise(seen[(1, "client_1")]["entity_emb"], BITS, secagg.MODULUS).double().flatten()
@@ -156,7 +157,7 @@ def test_a_masked_upload_is_statistically_unrelated_to_its_plaintext(tmp_path, m
 
 def test_no_plaintext_float_reaches_the_server(tmp_path):
     run_dir = tmp_path / "run"
-    run_federated(secure(federated__record_payloads=True), run_dir)
+    fit(secure(federated__record_payloads=True), run_dir)
     upward = [p for p in (run_dir / "payloads").glob("r*_client_*_to_server_*.safetensors")]
     assert upward
     dtypes = {}
@@ -352,8 +353,8 @@ def test_secure_aggregation_settings_are_checked():
 
 @pytest.mark.slow
 def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
-    plain = run_federated(umls_config(federated__eval_every=2), tmp_path / "plain")
-    masked = run_federated(secure(federated__eval_every=2), tmp_path / "secure")
+    plain = fit(umls_config(federated__eval_every=2), tmp_path / "plain")
+    masked = fit(secure(federated__eval_every=2), tmp_path / "secure")
     assert abs(masked["test"]["mrr"] - plain["test"]["mrr"]) < 0.01
     log = [json.loads(line) for line in (tmp_path / "secure" / "channel_log.jsonl").read_text().splitlines()]
     names = [r["name"] for r in log if r["round"] == 1]
@@ -365,8 +366,8 @@ def test_an_end_to_end_secure_run_learns_like_the_plain_one(tmp_path):
 def test_an_active_run_adds_the_signed_survivor_check_and_learns_the_same(tmp_path):
     """``active``: the same aggregate (same mrr as the default mode, a fixed-point mean
     either way), one more exchange (``sa_check``) between the upload and the unmasking."""
-    plain = run_federated(secure(federated__rounds=2, federated__eval_every=2), tmp_path / "secure")
-    active = run_federated(secure(federated__rounds=2, federated__eval_every=2,
+    plain = fit(secure(federated__rounds=2, federated__eval_every=2), tmp_path / "secure")
+    active = fit(secure(federated__rounds=2, federated__eval_every=2,
                                   federated__secure_aggregation__active=True), tmp_path / "active")
     assert abs(active["test"]["mrr"] - plain["test"]["mrr"]) < 1e-3
     log = [json.loads(line) for line in (tmp_path / "active" / "channel_log.jsonl").read_text().splitlines()]

@@ -7,7 +7,7 @@ import pytest
 
 from lightning_fedkg.cli import format_metrics_table
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 
 TASK = "tests.plugin_task:RelationClassification"
 SETTINGS = ["data.name=umls", "data.num_clients=3", "model.dim=16", "train.lr=0.02", "train.batch_size=128",
@@ -19,7 +19,7 @@ SETTINGS = ["data.name=umls", "data.num_clients=3", "model.dim=16", "train.lr=0.
 def test_a_relation_classification_task_federates_and_learns(tmp_path, one_thread):
     cfg = load_config(None, SETTINGS + ["task.hidden=24"])
     assert cfg.task.hidden == 24  # the task's own section, from its config_class
-    metrics = run_federated(cfg, tmp_path / "run")
+    metrics = fit(cfg, tmp_path / "run")
     # Far above chance (UMLS has 46 relations; the most frequent is about 1 in 9 triples).
     assert metrics["test"]["accuracy"] > 0.5, metrics["test"]
     assert set(metrics["test"]) == {"accuracy", "count"}

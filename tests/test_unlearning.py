@@ -11,7 +11,7 @@ import torch
 from lightning_fedkg.cli import main
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.data.kg import triple_keys
-from lightning_fedkg.federated.orchestrator import run_federated
+from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fedlu.phase import membership_auc, run_unlearn, sample_forget_set, split_retain
 from lightning_fedkg.methods.fedlu.client_unlearning import confusion_loss
 
@@ -221,7 +221,7 @@ def tree_hash(folder: Path) -> dict:
 def source_run(tmp_path_factory):
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("source")
-    run_federated(load_config(None, SOURCE), folder)
+    fit(load_config(None, SOURCE), folder)
     return folder
 
 
@@ -258,7 +258,7 @@ def test_a_fede_run_can_be_unlearned_too(tmp_path, one_thread):
     source = tmp_path / "fede"
     fede = [s for s in SOURCE if not s.startswith("federated.fedlu")]
     fede = [s if s != "federated.strategy=fedlu" else "federated.strategy=fede" for s in fede]
-    run_federated(load_config(None, fede + ["federated.rounds=3"]), source)
+    fit(load_config(None, fede + ["federated.rounds=3"]), source)
     metrics = run_unlearn(load_config(None, fede + ["federated.rounds=3", "unlearn.retrain=false"] + AGGRESSIVE),
                           source, tmp_path / "out")
     assert "retrain" not in metrics and "test_global" not in metrics["after"]
@@ -327,7 +327,7 @@ def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_
     (folder / "2" / "unlearn.txt").unlink()  # a client with nothing to forget
     base = [s for s in SOURCE if not s.startswith(("data.name", "federated.rounds"))]
     base += [f"data.name={folder}", "federated.rounds=2", "model.dim=16"]
-    run_federated(load_config(None, base), tmp_path / "source")
+    fit(load_config(None, base), tmp_path / "source")
     metrics = run_unlearn(load_config(None, base + ["unlearn.interference_epochs=1", "unlearn.decay_epochs=1",
                                                     "unlearn.propagate_rounds=0"]),
                           tmp_path / "source", tmp_path / "out")
@@ -341,7 +341,7 @@ def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_
     # with the server's (pre-unlearning) rows when it is tested.
     from lightning_fedkg.run import best_state, evaluate, read_run_config
 
-    from lightning_fedkg.federated.orchestrator import restore_finished_run
+    from lightning_fedkg.federated.entry import restore_finished_run
 
     cfg = read_run_config(tmp_path / "out")
     tested = evaluate(cfg, best_state(tmp_path / "out", cfg))
@@ -356,17 +356,17 @@ def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_
 def test_decay_validates_without_the_forgotten_triples_in_its_filter(source_run):
     """unlearn_client runs on a party that already holds only its retained triples, so the
     decay's validation filter (train ∪ valid ∪ test) no longer contains the forgotten ones."""
-    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.federated.entry import load_run_from
     from lightning_fedkg.methods.fedlu.phase import forget_sets, retain_only, unlearn_client
 
     cfg, run = load_run_from(source_run, sections=("unlearn",))
     cfg = load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.interference_epochs=1",
                                       "unlearn.decay_epochs=1"])
     party = run.clients[0]
-    forget = forget_sets(cfg, run.clients)[party.name]
+    forget = forget_sets(cfg.unlearn, run.clients)[party.name]
     with pytest.raises(ValueError, match="retain_only"):
         unlearn_client(party, forget, cfg)
-    retain_only(party, forget, cfg)
+    retain_only(party, forget, cfg.seed)
     filtered = party.datamodule.valid_filter_index.contains(forget)
     assert forget.numel() and not bool(filtered.any())
     assert len(unlearn_client(party, forget, cfg)) >= 2  # before the decay, then one per epoch

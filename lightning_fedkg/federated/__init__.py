@@ -5,7 +5,7 @@ the registries (:mod:`lightning_fedkg.registry`). Main pieces: :class:`~.channel
 (the logged in-process transport), :mod:`.message`, :mod:`.alignment` (round 0 from keyed
 hashes), :mod:`.aggregation` and :mod:`.holder_mean` (FedE's Eq. 2), :mod:`.strategy` and
 :mod:`.peer` (the halves), :mod:`.tasks`, :mod:`.phases`, and
-:func:`~.orchestrator.run_federated`, the resumable loop behind ``fedkg fit``.
+:func:`~.entry.run_federated`, the resumable loop behind ``fedkg fit``.
 The map is docs/DESIGN.md.
 """
 
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "run_federated": "orchestrator",
+    "run_federated": "entry",
     "Strategy": "strategy",
     "ServerHalf": "strategy",
     "ClientHalf": "strategy",

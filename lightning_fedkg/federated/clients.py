@@ -1,6 +1,6 @@
 """Where the client halves of a round-based run live: a *client pool*.
 
-:class:`~.orchestrator.FederatedRun` talks to its clients only through a pool.
+:class:`~.federation.FederatedRun` talks to its clients only through a pool.
 :class:`LocalClients` (the default) keeps every party and client half in this process;
 another pool (Flower's) keeps them elsewhere and implements the same operations:
 :meth:`exchange`, :meth:`deliver`, :meth:`states` / :meth:`load_states`, :meth:`close` /
@@ -27,7 +27,7 @@ Wire = tuple[str, str]
 
 
 class ClientPool:
-    """The operations a :class:`~.orchestrator.FederatedRun` needs from its clients."""
+    """The operations a :class:`~.federation.FederatedRun` needs from its clients."""
 
     #: The clients' names, in client order (``client_0``, ...).
     names: list[str]
@@ -42,7 +42,7 @@ class ClientPool:
         raise NotImplementedError
 
     def states(self, weights_only: bool = False) -> dict[str, Any]:
-        """``{client: state}`` for a checkpoint (see :meth:`~.orchestrator.FederatedRun.party_states`)."""
+        """``{client: state}`` for a checkpoint (see :meth:`~.federation.FederatedRun.party_states`)."""
         raise NotImplementedError
 
     def load_states(self, load: Callable[[str], Any], weights_only: bool = False) -> None:

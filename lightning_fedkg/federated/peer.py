@@ -4,7 +4,7 @@ A :class:`PeerStrategy` has one half, :class:`PeerHalf`, at every party; a peer 
 delivered message by returning the ``(receiver, event, Message)`` triples it sends next.
 :class:`EventRunner` delivers them one at a time, FIFO, through the same
 :class:`~.channel.Channel`, parties and checkpoints as the round runner, so a run is
-reproducible and resumable after any event; ``federated.engine=ray`` (:mod:`.peer_ray`)
+reproducible and resumable after any event; ``federated.backend=ray`` (:mod:`.peer_ray`)
 replaces the scheduler, not the peers. The budget is ``federated.rounds`` deliveries.
 See docs/DESIGN.md.
 """
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig
@@ -37,7 +36,7 @@ from lightning_fedkg.federated.checkpoint import (
 )
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.party import Party, build_client_parties, load_federated_kg
-from lightning_fedkg.federated.runner import Engine, run_engine
+from lightning_fedkg.federated.runner import Loop, run_loop
 from lightning_fedkg.federated.strategy import STRATEGIES, Strategy
 from lightning_fedkg.federated.tasks import TASKS, weighted_average, with_count
 
@@ -73,6 +72,8 @@ class PeerHalf:
         self.party = party
         self.name = party.name
         self.cfg = party.cfg
+        #: The method's own ``federated.<name>`` section (None without one), as for the halves.
+        self.settings = strategy.section(party.cfg)
         self.groups = strategy.groups
         self.peers = [p for p in peers if p != party.name]
         self._key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
@@ -130,7 +131,7 @@ class PeerStrategy(Strategy):
     @classmethod
     def party_names(cls, cfg: ExperimentConfig) -> list[str]:
         """The names of the parties :meth:`build_parties` builds, without building them (the
-        Ray engine's driver addresses one actor per name). Default: ``client_<k>`` for each
+        Ray backend's driver addresses one actor per name). Default: ``client_<k>`` for each
         client of ``cfg.data``'s federated KG (the KG is loaded, no module is built); for a
         strategy that overrides :meth:`build_parties` and not this, the names of parties
         built here (correct, but it builds every model: override this too)."""
@@ -236,7 +237,7 @@ class EventRunner:
                 p.writer.close()
 
 
-# ---------------------------------------------------------------------- shared by both engines
+# ---------------------------------------------------------------------- shared by both backends
 def peer_strategy(cfg: ExperimentConfig) -> type[PeerStrategy]:
     """The :class:`PeerStrategy` that ``federated.strategy`` names; ConfigError for any other."""
     strategy = STRATEGIES.get(cfg.federated.strategy)
@@ -300,11 +301,11 @@ def peer_metrics(cfg: ExperimentConfig, strategy: type[PeerStrategy], task, per_
     return metrics
 
 
-class EventEngine(Engine):
-    """The deterministic event engine: :class:`EventRunner` in this process, a resume point
+class EventLoop(Loop):
+    """The deterministic event loop: :class:`EventRunner` in this process, a resume point
     after every delivery (or after the strategy's ``checkpoint_events``, the last delivery
     and the budget's end). ``metrics.json``: see :func:`peer_metrics`, with ``engine:
-    "local"`` and ``wall_seconds`` (start to the last delivery, as the Ray engine's)."""
+    "local"`` and ``wall_seconds`` (start to the last delivery, as on Ray)."""
 
     version = CHECKPOINT_VERSION
     unit = "event"
@@ -345,21 +346,23 @@ class EventEngine(Engine):
 
 
 def run_peer_to_peer(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
-    """Run a :class:`PeerStrategy` on :class:`EventEngine` in ``run_dir`` until no message is
+    """Run a :class:`PeerStrategy` on :class:`EventLoop` in ``run_dir`` until no message is
     pending or ``federated.rounds`` deliveries were handled; resumable after any delivery.
+    ``run_dir`` is open and the process seeded (:func:`lightning_fedkg.run.fit`).
 
     Returns the ``metrics.json`` dict: ``test`` and ``clients`` (each party's own test, after
     the run, triple-weighted), ``events``, ``pending``, ``bytes_sent``, ``wire_bytes``,
     ``strategy``, ``runner: "event"``, ``engine`` (``"local"``), ``failures``, ``peers``
     (each peer's :meth:`PeerHalf.report`) and the strategy's :meth:`PeerStrategy.summarize`.
     """
-    return run_engine(cfg, run_dir, EventEngine, EventEngine.version, resume)
+    return run_loop(cfg, run_dir, EventLoop, EventLoop.version, resume)
 
 
 def evaluate_peer_checkpoint(cfg: ExperimentConfig, ckpt: str | Path) -> dict:
     """Test every party of a peer-to-peer run with a committed state (``fedkg test``): ``ckpt``
     is a manifest, or a run or checkpoints folder (its newest committed state, e.g. the end
-    of a finished run of either engine). Writes nothing.
+    of a finished run of either backend). Writes nothing; the caller seeds the process
+    (:func:`lightning_fedkg.run.evaluate`).
 
     Returns ``{"test", "clients", "strategy", "events"}`` as in ``metrics.json``.
     """
@@ -372,7 +375,6 @@ def evaluate_peer_checkpoint(cfg: ExperimentConfig, ckpt: str | Path) -> dict:
         manifest_path = resolve_manifest(path)
     manifest = read_manifest(manifest_path)
     check_format(manifest_path, manifest, CHECKPOINT_VERSION)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
     runner = EventRunner(cfg, run_dir=None)
     for name, party in runner.parties.items():
         party.load_state_dict(load_party(manifest_path, manifest, name)["party"], weights_only=True)

@@ -1,10 +1,10 @@
-"""The asynchronous engine for peer-to-peer methods: one Ray actor process per party.
+"""The asynchronous backend for peer-to-peer methods: one Ray actor process per party.
 
-``federated.engine=ray`` (the ``ray`` extra) runs the same :class:`~.peer.PeerStrategy` as
+``federated.backend=ray`` (the ``ray`` extra) runs the same :class:`~.peer.PeerStrategy` as
 :class:`~.peer.EventRunner` with every party in its own :class:`PartyActor`. The driver is
 the only router: it logs each message on one :class:`~.channel.Channel` and delivers FIFO
 per receiver. The run ends at quiescence or after ``federated.rounds`` deliveries and is
-committed as the local engine commits, so either engine resumes the other's checkpoints;
+committed as the local backend commits, so either backend resumes the other's checkpoints;
 nothing is committed mid-run and a Ray run is not bit-reproducible. Actors, threads, GPUs
 and multi-machine notes: docs/deployment.md.
 """
@@ -26,9 +26,9 @@ from lightning_fedkg.config import ConfigError, ExperimentConfig
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.peer import CHECKPOINT_VERSION
-from lightning_fedkg.federated.runner import Engine, run_engine
+from lightning_fedkg.federated.runner import Loop, run_loop
 
-__all__ = ["RayEngine", "run_peer_to_peer_ray", "PartyActor", "RayNotInstalledError", "import_ray"]
+__all__ = ["RayEventLoop", "RayBackend", "run_peer_to_peer_ray", "PartyActor", "RayNotInstalledError", "import_ray"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -37,7 +37,7 @@ Wire = tuple[str, str, bytes]
 
 
 class RayNotInstalledError(ConfigError, ImportError):
-    """``federated.engine=ray`` without Ray installed (a config error for the CLI, an ImportError for code)."""
+    """``federated.backend=ray`` without Ray installed (a config error for the CLI, an ImportError for code)."""
 
 
 def import_ray():
@@ -46,7 +46,7 @@ def import_ray():
         import ray
     except ImportError as err:
         raise RayNotInstalledError(
-            f'federated.engine=ray needs Ray, which is not installed ({err}): pip install "lightning-fedkg[ray]"'
+            f'federated.backend=ray needs Ray, which is not installed ({err}): pip install "lightning-fedkg[ray]"'
         ) from None
     return ray
 
@@ -62,14 +62,11 @@ class PartyActor:
 
     def __init__(self, cfg: ExperimentConfig, name: str, names: list[str], run_dir: str | None,
                  purge_step: int | None) -> None:
-        import lightning as L
-
         from lightning_fedkg.federated.peer import build_named_party, peer_strategy
         from lightning_fedkg.federated.tasks import TASKS
-        from lightning_fedkg.runtime import config_table_elements, configure_torch
+        from lightning_fedkg.runtime import prepare_process
 
-        configure_torch(cfg.trainer, config_table_elements(cfg))
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        prepare_process(cfg)  # a process of its own: fit's setup does not reach it
         strategy = peer_strategy(cfg)
         self.party = build_named_party(strategy, cfg, TASKS.get(cfg.federated.task)(),
                                        Path(run_dir) if run_dir else None, purge_step, name)
@@ -224,8 +221,8 @@ def actor_options(ray, cfg: ExperimentConfig, parties: int) -> dict:
     return options
 
 
-class RayEngine(Engine):
-    """The Ray engine (see the module doc): one actor per party, the driver routes.
+class RayEventLoop(Loop):
+    """The event loop on Ray (see the module doc): one actor per party, the driver routes.
 
     Built by :meth:`open` (it starts Ray unless the caller did, and the actors); closing it
     kills the actors and stops a Ray it started. It commits once, at the end of the run,
@@ -256,8 +253,8 @@ class RayEngine(Engine):
         self.router = Router(ray, self.actors, self.channel, cfg.federated.rounds)
 
     @classmethod
-    def open(cls, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> "RayEngine":
-        """The engine, or :class:`RayNotInstalledError` without Ray."""
+    def open(cls, cfg: ExperimentConfig, run_dir: Path, purge_step: int | None = None) -> "RayEventLoop":
+        """The loop, or :class:`RayNotInstalledError` without Ray."""
         return cls(import_ray(), cfg, Path(run_dir), purge_step)
 
     def restore(self, load, manifest) -> None:
@@ -305,22 +302,22 @@ class RayEngine(Engine):
 def run_peer_to_peer_ray(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """:func:`~.peer.run_peer_to_peer` with one Ray actor per party (see the module doc).
 
-    Returns the ``metrics.json`` dict: the local engine's keys with ``engine: "ray"``, plus
+    Returns the ``metrics.json`` dict: the local backend's keys with ``engine: "ray"``, plus
     ``wall_seconds``. Raises :class:`RayNotInstalledError` without Ray.
     """
     import_ray()  # before anything is written
-    return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)
+    return run_loop(cfg, run_dir, RayEventLoop.open, RayEventLoop.version, resume)
 
 
-class RayEntry:
-    """The ``ray`` entry of :data:`~lightning_fedkg.registry.ENGINES` (``federated.engine=ray``):
-    a peer-to-peer strategy on :class:`RayEngine`, through the one run skeleton."""
+class RayBackend:
+    """The ``ray`` entry of :data:`~lightning_fedkg.registry.BACKENDS` (``federated.backend=ray``):
+    a peer-to-peer strategy on :class:`RayEventLoop`, through the one run skeleton."""
 
     @staticmethod
     def run(cfg: ExperimentConfig, run_dir, resume: bool = True) -> dict:
         from lightning_fedkg.federated.peer import is_peer_strategy
 
         if not is_peer_strategy(cfg.federated.strategy):
-            raise ConfigError(f"federated.engine=ray runs peer-to-peer strategies only; "
-                              f"{cfg.federated.strategy!r} runs in rounds (federated.engine=local or flower)")
-        return run_engine(cfg, run_dir, RayEngine.open, RayEngine.version, resume)
+            raise ConfigError(f"federated.backend=ray runs peer-to-peer strategies only; "
+                              f"{cfg.federated.strategy!r} runs in rounds (federated.backend=local or flower)")
+        return run_loop(cfg, run_dir, RayEventLoop.open, RayEventLoop.version, resume)

@@ -1,20 +1,17 @@
-"""The one run skeleton: what every engine of a federated run shares.
+"""The one run skeleton: what every loop of a federated run shares.
 
-An :class:`Engine` is one way of driving parties: rounds in this process
-(:class:`~.orchestrator.RoundEngine`), events in this process
-(:class:`~.peer.EventEngine`) or events on Ray actors (:class:`~.peer_ray.RayEngine`).
-:func:`run_engine` does everything around it, once for all of them::
+A :class:`Loop` drives parties: rounds (:class:`~.round_loop.RoundLoop`), events in this
+process (:class:`~.peer.EventLoop`) or on Ray actors (:class:`~.peer_ray.RayEventLoop`).
+:func:`run_loop` does the rest, once for all of them, in a run directory that
+:func:`lightning_fedkg.run.fit` has opened, in a process it has set up and seeded::
 
-    lock the run directory, check its settings, save config.yaml   (RunDirectory.open)
-    thread pools and determinism; seed                              (configure_torch, seed_everything)
     find the newest committed state written with the same settings (resume_manifest)
-    build the engine; restore it from that state
-    open the wire log (channel_log.jsonl, payloads/)
-    engine.run(commit)        the loop; commit(...) writes a resume point
-    engine.results()          the metrics.json dict
-    write metrics.json (atomically); close the engine
+    build the loop; restore it from that state; open the wire log
+    loop.run(commit)          the loop; commit(...) writes a resume point
+    loop.results()            the metrics.json dict
+    write metrics.json (atomically); close the loop
 
-An engine only says what its loop does and what its state is.
+See docs/DESIGN.md ("Runs, checkpoints, resuming").
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from lightning_fedkg.atomic import write_atomic
 from lightning_fedkg.config import ExperimentConfig, resume_fingerprint
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, commit_round, load_party, resume_manifest
 
-__all__ = ["Engine", "Commit", "run_engine"]
+__all__ = ["Loop", "Commit", "run_loop"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -50,11 +47,11 @@ class Commit:
         return commit_round(self.ckpt_dir, "best", states, {"version": self.version, **meta})
 
 
-class Engine:
-    """What :func:`run_engine` drives. Subclasses set :attr:`version` and :attr:`unit` and
+class Loop:
+    """What :func:`run_loop` drives. Subclasses set :attr:`version` and :attr:`unit` and
     implement the four methods; ``channel`` is the transport whose log the skeleton opens."""
 
-    #: The checkpoint format the engine writes and resumes (the manifests' ``version``).
+    #: The checkpoint format the loop writes and resumes (the manifests' ``version``).
     version = 1
     #: What a committed ``round`` number counts, for messages (``round``, ``event``).
     unit = "round"
@@ -77,36 +74,27 @@ class Engine:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release what the engine holds (writers, processes); called however the run ends."""
+        """Release what the loop holds (writers, processes); called however the run ends."""
 
 
-def run_engine(cfg: ExperimentConfig, run_dir: str | Path, build: Callable[..., Engine], version: int,
-               resume: bool = True) -> dict:
-    """Run ``build(cfg, run_dir, purge_step=...)``'s engine in ``run_dir`` (see the module
-    doc); ``version`` is the engine's checkpoint format. Returns the metrics."""
-    from lightning_fedkg.rundir import RunDirectory
-    from lightning_fedkg.runtime import config_table_elements, configure_torch
-
+def run_loop(cfg: ExperimentConfig, run_dir: str | Path, build: Callable[..., Loop], version: int,
+             resume: bool = True) -> dict:
+    """Run ``build(cfg, run_dir, purge_step=...)``'s loop in ``run_dir`` (see the module
+    doc); ``version`` is the loop's checkpoint format. Returns the metrics."""
     run_dir = Path(run_dir)
-    with RunDirectory.open(run_dir, cfg):
-        import lightning as L
-
-        # Threads and determinism, when a library caller did not set them (the CLI has).
-        configure_torch(cfg.trainer, config_table_elements(cfg))
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
-        ckpt_dir = run_dir / CHECKPOINT_DIR
-        manifest_path, manifest = resume_manifest(ckpt_dir, cfg, version, resume)
-        engine = build(cfg, run_dir, purge_step=int(manifest["round"]) + 1 if manifest else None)
-        try:
-            if manifest is not None:
-                engine.restore(lambda party: load_party(manifest_path, manifest, party), manifest)
-                log.info("%s", engine.resumed(run_dir, manifest))
-            engine.channel.open_log(run_dir / "channel_log.jsonl",
-                                    run_dir / "payloads" if cfg.federated.record_payloads else None)
-            engine.run(Commit(ckpt_dir, cfg, version))
-            metrics = engine.results()
-        finally:
-            engine.close()
-        text = json.dumps(metrics, indent=2).encode("utf-8")
-        write_atomic(run_dir / "metrics.json", lambda f: f.write(text))
-        return metrics
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    manifest_path, manifest = resume_manifest(ckpt_dir, cfg, version, resume)
+    loop = build(cfg, run_dir, purge_step=int(manifest["round"]) + 1 if manifest else None)
+    try:
+        if manifest is not None:
+            loop.restore(lambda party: load_party(manifest_path, manifest, party), manifest)
+            log.info("%s", loop.resumed(run_dir, manifest))
+        loop.channel.open_log(run_dir / "channel_log.jsonl",
+                              run_dir / "payloads" if cfg.federated.record_payloads else None)
+        loop.run(Commit(ckpt_dir, cfg, version))
+        metrics = loop.results()
+    finally:
+        loop.close()
+    text = json.dumps(metrics, indent=2).encode("utf-8")
+    write_atomic(run_dir / "metrics.json", lambda f: f.write(text))
+    return metrics

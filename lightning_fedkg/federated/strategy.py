@@ -93,6 +93,9 @@ class ServerHalf:
 
     def __init__(self, ctx: ServerContext, strategy: type["Strategy"]) -> None:
         self.cfg = ctx.cfg
+        #: The method's own ``federated.<name>`` section (None without one): what a method's
+        #: half reads, rather than reaching into ``cfg``.
+        self.settings = strategy.section(ctx.cfg)
         self.clients = list(ctx.clients)
         self.task = ctx.task
         self.groups = strategy.groups
@@ -101,7 +104,7 @@ class ServerHalf:
 
     def protocol(self, stage: str) -> tuple[str, ...]:
         """The exchanges that carry out the logical stage ``stage`` outside a round's
-        schedule (:meth:`~..orchestrator.FederatedRun.stage`, e.g. a phase's ``upload``):
+        schedule (:meth:`~..federation.FederatedRun.stage`, e.g. a phase's ``upload``):
         ``(stage,)`` by default; secure aggregation wraps a masked upload in its key, share
         and unmask exchanges."""
         return (stage,)
@@ -200,6 +203,10 @@ class ClientHalf:
     def __init__(self, party: Any, strategy: type["Strategy"]) -> None:
         self.party = party
         self.cfg = party.cfg
+        #: The method's own ``federated.<name>`` section (None without one), and the run
+        #: settings a client half reads.
+        self.settings = strategy.section(party.cfg)
+        self.local_epochs = party.cfg.federated.local_epochs
         self.groups = strategy.groups
         self._key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
         self._loss_terms: list[Callable] = []
@@ -272,7 +279,7 @@ class ClientHalf:
         self.receive(message.arrays)
         self.before_fit(message)
         try:
-            stats = self.party.fit(self.cfg.federated.local_epochs)
+            stats = self.party.fit(self.local_epochs)
         finally:
             self.after_fit()
         self.party.log({"train/loss": stats["loss"]}, round)
@@ -326,6 +333,12 @@ class Strategy:
     in_process_only: bool = False
     clients_train: bool = True
     config_class: type | None = None
+
+    @classmethod
+    def section(cls, cfg: "ExperimentConfig") -> Any:
+        """The method's own settings in ``cfg``: its ``federated.<name>`` section (an instance
+        of :attr:`config_class`), or None for a method without one."""
+        return getattr(cfg.federated, cls.name) if cls.config_class is not None else None
 
     @classmethod
     def learner(cls, cfg: "ExperimentConfig") -> tuple[type, dict] | None:

@@ -20,10 +20,11 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid, context) -> None:
-    """Read the run config and :func:`~.engine.serve` the run."""
+    """Read the run config and serve the run (:func:`~.backend.serve_process`: this process
+    opens the run directory itself)."""
     from lightning_fedkg.config import config_from_yaml_text
-    from lightning_fedkg.flower.engine import serve
+    from lightning_fedkg.flower.backend import serve_process
 
     rc = context.run_config
     cfg = config_from_yaml_text(str(rc["fedkg-config"]), source="run config 'fedkg-config'")
-    serve(grid, cfg, str(rc["run-dir"]), int(rc["num-clients"]), bool(rc["resume"]))
+    serve_process(grid, cfg, str(rc["run-dir"]), int(rc["num-clients"]), bool(rc["resume"]))

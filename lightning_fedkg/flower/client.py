@@ -79,22 +79,19 @@ class ClientRuntime:
     def build(self) -> None:
         """The party and half the in-process run builds for this client (same seeds)."""
         start = time.perf_counter()
-        import lightning as L
-
         from lightning_fedkg.config import config_from_yaml_text
         from lightning_fedkg.federated.party import build_party
         from lightning_fedkg.federated.protections import protected_halves
         from lightning_fedkg.federated.strategy import STRATEGIES
         from lightning_fedkg.federated.tasks import TASKS
-        from lightning_fedkg.runtime import config_table_elements, configure_torch
+        from lightning_fedkg.runtime import prepare_process
 
         if not self.config_path.is_file():
             raise RuntimeError(f"{self.name} has no config for run {self.run_id} in {self.dir}: it missed the "
                                f"registration (restart the run's server)")
         cfg = config_from_yaml_text(self.config_path.read_text(), source=str(self.config_path))
         cfg.federated.federation_key = self.secret  # the clients' secret, from the key file only
-        configure_torch(cfg.trainer, config_table_elements(cfg))
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        prepare_process(cfg)  # a client process of its own: fit's setup does not reach it
         self.cfg = cfg
         strategy = STRATEGIES.get(cfg.federated.strategy)
         task = TASKS.get(cfg.federated.task)()

@@ -276,7 +276,7 @@ def _descendants(pid: int) -> list[int]:
 def key_for(cfg: ExperimentConfig, folder: Path, key_file: str | Path | None = None) -> Path:
     """The federation-key file of a deployment: ``key_file`` when given, else
     ``<folder>/federation.key``, written once (``0600``) with the config's secret or a random one."""
-    from lightning_fedkg.flower.engine import write_key_file
+    from lightning_fedkg.flower.backend import write_key_file
 
     if key_file is not None:
         return Path(key_file)
@@ -319,7 +319,7 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     import json
 
     from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.engine import check_flower_config, client_config_text, provision_beside_key, require
+    from lightning_fedkg.flower.backend import check_flower_config, client_config_text, provision_beside_key, require
 
     require()
     check_flower_config(cfg)

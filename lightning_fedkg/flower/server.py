@@ -1,6 +1,6 @@
 """The server side: our round loop inside a Flower ``ServerApp``, its clients on a Grid.
 
-The ServerApp runs the same :class:`~lightning_fedkg.federated.orchestrator.RoundEngine`
+The ServerApp runs the same :class:`~lightning_fedkg.federated.round_loop.RoundLoop`
 as in-process, with a :class:`FlowerClients` pool: nodes register with ``hello`` (a digest
 differing from the registered one is rejected), each stage is one Flower message per
 client, and a failed, departed or late node is a failure as in-process. The server's

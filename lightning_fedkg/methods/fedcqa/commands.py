@@ -34,7 +34,7 @@ class Query(Command):
     def run(cls, args: argparse.Namespace) -> int:
         if args.top < 1:  # checked before torch and the run are loaded: --top 0 would print an empty list
             raise ConfigError(f"--top: {args.top} answers; give a whole number of at least 1 (default 10)")
-        from lightning_fedkg.federated.orchestrator import load_run_from
+        from lightning_fedkg.federated.entry import load_run_from
 
         from .query_text import QuerySyntaxError, answer_query
 

@@ -274,7 +274,7 @@ class RetrievalServer:
     def retrieve(self, exchange, queries: CrossQueries, round: int = 0) -> tuple[Tensor, Tensor]:
         """Answer ``queries`` (one structure, answers not needed) outside an evaluation, with
         ``exchange(round, stage, messages, split=)`` the runner's
-        (:meth:`~lightning_fedkg.federated.orchestrator.FederatedRun.exchange`):
+        (:meth:`~lightning_fedkg.federated.federation.FederatedRun.exchange`):
         ``(holder-mean scores [B, N] over the union, the union's entity keys [N])``."""
         saved = self.cross, self.steps, self.cursor, self.results
         self.cross = {queries.structure: queries}

@@ -19,15 +19,13 @@ from omegaconf import OmegaConf
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, config_from_container, resume_differences
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, check_format, latest_manifest, read_manifest
-from lightning_fedkg.federated.orchestrator import (
-    CHECKPOINT_VERSION,
-    FederatedRun,
-    restore_finished_run,
-    run_federated,
-)
+from lightning_fedkg.federated.entry import restore_finished_run, run_subrun
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.federated.round_loop import CHECKPOINT_VERSION
 from lightning_fedkg.federated.party import Party
 from lightning_fedkg.federated.phases import Phase, PhaseContext
 from lightning_fedkg.federated.tasks import client_entry, weighted_average, with_count
+from lightning_fedkg.methods.fede.config import FedEConfig
 from lightning_fedkg.methods.fede.fusion import ScoreFusion, evaluate_fusion, fit_fusion
 from lightning_fedkg.seeding import derive_seed
 
@@ -77,9 +75,9 @@ def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRu
     """The Single models fusion needs, from ``<run_dir>/fusion_single``, restored at their best.
 
     ``cfg`` is the FedE config. A finished Single run there (its newest committed round
-    early-stopped or at ``federated.rounds``) is reused; otherwise ``run_federated`` trains
+    early-stopped or at ``federated.rounds``) is reused; otherwise ``run_subrun`` trains
     it or resumes it. A reused run written with other settings is refused, as
-    ``run_federated`` refuses to resume one.
+    a run refuses to resume one.
     """
     scfg = single_config(cfg)
     single_dir = Path(run_dir) / SINGLE_DIR
@@ -98,18 +96,20 @@ def obtain_single_run(cfg: ExperimentConfig, run_dir: str | Path) -> FederatedRu
         log.info("model fusion: reusing the Single run in %s", single_dir)
     else:
         log.info("model fusion: training the Single models in %s", single_dir)
-        run_federated(scfg, single_dir)
+        run_subrun(scfg, single_dir)
     run, _ = restore_finished_run(scfg, ckpt / "best.json")
     return run
 
 
-def fuse_client(fed: Party, single: Party, cfg: ExperimentConfig) -> dict:
+def fuse_client(fed: Party, single: Party, settings: FedEConfig, seed: int, ties: str, chunk_size: int) -> dict:
     """Fit and test the fusion of one client's Single and federated models.
 
     ``fed`` and ``single`` are the same client (same local ids) of the FedE and Single runs,
-    each module holding the model it is tested with. The fusion layer is fit on the
-    client's validation triples with a generator seeded from ``(cfg.seed, client name)``;
-    the test is tail-only with the client's filter (train ∪ valid ∪ test) and candidates.
+    each module holding the model it is tested with. ``settings`` is the run's
+    ``federated.fede`` section (the ``fusion_*`` settings); ``ties`` and ``chunk_size`` are
+    its ``train.ties`` and ``train.eval_batch_size``. The fusion layer is fit on the client's
+    validation triples with a generator seeded from ``(seed, client name)``; the test is
+    tail-only with the client's filter (train ∪ valid ∪ test) and candidates.
 
     Returns ``{"fusion": entry, "single": entry, "federated": entry}``, each entry the
     metric keys plus ``count`` and ``triples``; the fusion entry also has ``weights``
@@ -124,10 +124,10 @@ def fuse_client(fed: Party, single: Party, cfg: ExperimentConfig) -> dict:
     fed_model = fed.module.model
     device = next(fed_model.parameters()).device
     single_model = single.module.model.to(device)
-    fc = cfg.federated.fede
+    fc = settings
     valid = kg.triples("valid")
     if valid.shape[0] > 0:
-        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, fed.name, "fusion"))
+        generator = torch.Generator().manual_seed(derive_seed(seed, fed.name, "fusion"))
         fusion = fit_fusion(
             single_model, fed_model, valid, kg.num_entities,
             num_negatives=fc.fusion_negatives, margin=fc.fusion_margin, lr=fc.fusion_lr,
@@ -141,7 +141,7 @@ def fuse_client(fed: Party, single: Party, cfg: ExperimentConfig) -> dict:
     def evaluate(layer: ScoreFusion) -> dict:
         metrics = evaluate_fusion(
             layer.to(device), single_model, fed_model, test, filter_index.tail_answers,
-            ties=cfg.train.ties, chunk_size=cfg.train.eval_batch_size,
+            ties=ties, chunk_size=chunk_size,
             candidate_mask=fed.module.eval_candidate_mask,
         )
         return client_entry(metrics, test.shape[0])
@@ -164,7 +164,7 @@ def _summary(per_client: list[dict]) -> dict:
 def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path) -> dict:
     """FedE model fusion (§2.2.3) for every client of a finished, tested FedE run.
 
-    ``fed_run`` must hold the state the run was tested with (``run_federated`` calls this
+    ``fed_run`` must hold the state the run was tested with (the round loop calls this
     right after its test at the best round, so every client module has the aggregated rows
     of that round and its own relations). The Single run comes from
     :func:`obtain_single_run`.
@@ -175,7 +175,8 @@ def run_fusion(cfg: ExperimentConfig, fed_run: FederatedRun, run_dir: str | Path
     """
     check_fusion_config(cfg)
     single_run = obtain_single_run(cfg, run_dir)
-    results = [fuse_client(fed, single, cfg) for fed, single in zip(fed_run.clients, single_run.clients)]
+    results = [fuse_client(fed, single, cfg.federated.fede, cfg.seed, cfg.train.ties, cfg.train.eval_batch_size)
+               for fed, single in zip(fed_run.clients, single_run.clients)]
     block = _summary([r["fusion"] for r in results])
     block["single"] = _summary([r["single"] for r in results])
     block["federated"] = _summary([r["federated"] for r in results])

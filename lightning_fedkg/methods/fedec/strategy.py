@@ -61,8 +61,7 @@ class FedECClient(ClientHalf):
         return self._previous is not None
 
     def before_fit(self, message) -> None:
-        cfg = self.cfg.federated.fedec
-        mu, temperature = float(cfg.mu), float(cfg.temperature)
+        mu, temperature = float(self.settings.mu), float(self.settings.temperature)
         if mu == 0.0:
             return
         tensors = self._entity_tensors()

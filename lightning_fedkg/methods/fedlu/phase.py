@@ -94,10 +94,9 @@ def forget_mode(forget: str, parties: list[Party]) -> str:
     return mode
 
 
-def forget_sets(cfg: ExperimentConfig, parties: list[Party], mode: str | None = None) -> dict[str, Tensor]:
-    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets
-    (``mode``: :func:`forget_mode`'s answer, if the caller has it)."""
-    u = cfg.unlearn
+def forget_sets(u: UnlearnConfig, parties: list[Party], mode: str | None = None) -> dict[str, Tensor]:
+    """``{client: LongTensor[F, 3]}`` (client-local ids) of what each client forgets under
+    the ``unlearn`` section ``u`` (``mode``: :func:`forget_mode`'s answer, if the caller has it)."""
     mode = mode or forget_mode(u.forget, parties)
     out = {}
     for party in parties:
@@ -209,14 +208,13 @@ def evaluate_unlearning(parties: list[Party], forget: dict[str, Tensor], seconds
 
 
 # ---------------------------------------------------------------------- unlearning
-def _settings(cfg: ExperimentConfig):
+def _settings(u: UnlearnConfig, train_lr: float):
     from lightning_fedkg.methods.fedlu.client_unlearning import UnlearningSettings
 
-    u = cfg.unlearn
     return UnlearningSettings(
         interference_epochs=u.interference_epochs, decay_epochs=u.decay_epochs,
         forget_weight=u.forget_weight, mu_soft=u.mu_soft, mu_distill=u.mu_distill,
-        lr=u.lr if u.lr is not None else cfg.train.lr, official_updates=u.official_updates,
+        lr=u.lr if u.lr is not None else train_lr, official_updates=u.official_updates,
     )
 
 
@@ -238,18 +236,19 @@ def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[
     seed = derive_seed(cfg.seed, party.name, "unlearn")
     forget_dm = build_datamodule(_view(kg, forget, {}), cfg, seed=seed, batch_size=batch_size)
     retain_dm = build_datamodule(_view(kg, retain, {}), cfg, seed=seed + 1, batch_size=batch_size)
-    unlearner = ClientUnlearner(party.module, _settings(cfg))
+    unlearner = ClientUnlearner(party.module, _settings(cfg.unlearn, cfg.train.lr))
     unlearner.interfere(forget_dm.train_dataloader)
     return unlearner.decay(retain_dm.train_dataloader, lambda: party.evaluate("val")["mrr"])
 
 
-def retain_only(party: Party, forget: Tensor, cfg: ExperimentConfig) -> None:
-    """From now on ``party`` trains on its retained triples only."""
+def retain_only(party: Party, forget: Tensor, seed: int) -> None:
+    """From now on ``party`` trains on its retained triples only (its new sampler seeded
+    from the run's ``seed``)."""
     from lightning_fedkg.builders import build_datamodule
 
     kg = party.kg
     party.kg = _view(kg, split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations), {})
-    party.datamodule = build_datamodule(party.kg, party.cfg, seed=derive_seed(cfg.seed, party.name, "retain"))
+    party.datamodule = build_datamodule(party.kg, party.cfg, seed=derive_seed(seed, party.name, "retain"))
 
 
 def propagate(run, rounds: int) -> int:
@@ -320,12 +319,12 @@ def retrain_config(cfg: ExperimentConfig, data_dir: Path, rounds: int) -> Experi
 def retrain(cfg: ExperimentConfig, ctx: PhaseContext, forget: dict[str, Tensor], rounds: int) -> dict:
     """Train the gold standard in ``<out>/retrain`` and evaluate it like the others, on
     the same forgotten triples (checked)."""
-    from lightning_fedkg.federated.orchestrator import restore_finished_run, run_federated
+    from lightning_fedkg.federated.entry import restore_finished_run, run_subrun
 
     sub = ctx.subrun_dir(RETRAIN_DIR)
     data_dir = write_retain_folder(sub / "data", ctx.run.clients, forget)
     rcfg = retrain_config(cfg, data_dir, rounds)
-    metrics = run_federated(rcfg, sub / "run")
+    metrics = run_subrun(rcfg, sub / "run")
     rrun, _ = restore_finished_run(rcfg, sub / "run")
     try:
         r_forget = {p.name: p.kg.triples("unlearn") if "unlearn" in p.kg.split_names else p.kg.triples("train")[:0]
@@ -346,10 +345,10 @@ def save_unlearned(ctx: PhaseContext, round: int) -> Path:
 
     ``own_states``: each client is evaluated with the state it holds (with 0 propagation
     rounds its avatar is its own, which the server's rows would overwrite)."""
-    from lightning_fedkg.federated.orchestrator import RoundEngine
+    from lightning_fedkg.federated.round_loop import RoundLoop
     from lightning_fedkg.federated.runner import Commit
 
-    commit = Commit(ctx.run_dir / CHECKPOINT_DIR, ctx.cfg, RoundEngine.version)
+    commit = Commit(ctx.run_dir / CHECKPOINT_DIR, ctx.cfg, RoundLoop.version)
     return commit.best(ctx.run.party_states(weights_only=True), round=int(round), own_states=True)
 
 
@@ -384,13 +383,13 @@ class UnlearnPhase(Phase):
     def run(self, ctx: PhaseContext) -> dict:
         cfg, run = ctx.cfg, ctx.run
         mode = forget_mode(cfg.unlearn.forget, run.clients)
-        forget = forget_sets(cfg, run.clients, mode)
+        forget = forget_sets(cfg.unlearn, run.clients, mode)
         step = run.last_round
         before = evaluate_unlearning(run.clients, forget, ctx.source.get("seconds"))
         _log(ctx.writer, before, "before", step)
         start = time.perf_counter()
         for party in run.clients:
-            retain_only(party, forget[party.name], cfg)
+            retain_only(party, forget[party.name], cfg.seed)
         decay = {}
         for party in run.clients:
             if forget[party.name].numel():
@@ -433,7 +432,7 @@ def run_unlearn(cfg: ExperimentConfig | None, source_dir: str | Path, out_dir: s
     ``cfg`` (None: the source's own config) must describe the source run; its ``unlearn``
     section says what and how to forget. ``source_dir`` is only read.
     """
-    from lightning_fedkg.federated.orchestrator import load_run_from
+    from lightning_fedkg.federated.entry import load_run_from
     from lightning_fedkg.federated.peer import is_peer_strategy
     from lightning_fedkg.rundir import RunDirectory, read_run_config
 

@@ -106,8 +106,7 @@ class FedLUServer(HolderMeanServer):
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
-        fc = ctx.cfg.federated.fedlu
-        self.gate = DistillationGate(schedule=fc.schedule, wait_rounds=fc.wait_rounds)
+        self.gate = DistillationGate(schedule=self.settings.schedule, wait_rounds=self.settings.wait_rounds)
         self.test_global: dict | None = None
 
     def configure_train(self, round, selected):
@@ -117,7 +116,7 @@ class FedLUServer(HolderMeanServer):
         """The aggregated avatar rows, or nothing with ``avatar_eval=before_aggregation``:
         each client then evaluates the avatar it trained (it holds it until the next round's
         download), as the official code validates before aggregating."""
-        if self.cfg.federated.fedlu.avatar_eval == "before_aggregation":
+        if self.settings.avatar_eval == "before_aggregation":
             return {name: Message(config={"split": split}) for name in self.clients}
         return super().configure_evaluate(round, split)
 
@@ -150,16 +149,16 @@ class FedLUServer(HolderMeanServer):
         """``early_stopping=official``: a validation whose local MRR did not improve counts
         toward the patience only if the avatar's did not improve either (the official
         ``bad_iter`` is left as it is when only the avatar improved); ``local``: always."""
-        if self.cfg.federated.fedlu.early_stopping == "official":
+        if self.settings.early_stopping == "official":
             return not self.gate.global_improved
         return True
 
     def report(self) -> dict:
         gate = self.gate
         out = {"distillation": {
-            "schedule": gate.schedule, "mu": float(self.cfg.federated.fedlu.mu), "wait_rounds": gate.wait_rounds,
-            "avatar_eval": self.cfg.federated.fedlu.avatar_eval,
-            "early_stopping": self.cfg.federated.fedlu.early_stopping,
+            "schedule": gate.schedule, "mu": float(self.settings.mu), "wait_rounds": gate.wait_rounds,
+            "avatar_eval": self.settings.avatar_eval,
+            "early_stopping": self.settings.early_stopping,
             "local_on_round": gate.local_on_round, "global_on_round": gate.global_on_round,
             "validation": list(gate.validation),
         }}
@@ -183,7 +182,7 @@ class FedLUClient(ClientHalf):
 
     def before_fit(self, message: Message) -> None:
         module = self.party.module
-        if self.cfg.federated.fedlu.init_local_from_global and not bool(module.local_initialized):
+        if self.settings.init_local_from_global and not bool(module.local_initialized):
             module.copy_avatar_to_local()
         module.distill_local = bool(message.config.get("distill_local", module.distill_local))
         module.distill_global = bool(message.config.get("distill_global", module.distill_global))
@@ -218,6 +217,7 @@ class FedLU(Strategy):
     def learner(cls, cfg):
         from lightning_fedkg.methods.fedlu.distillation import DistillationModule
 
-        gated = cfg.federated.fedlu.schedule == "gated"
-        return DistillationModule, {"distill_mu": cfg.federated.fedlu.mu,
+        settings = cls.section(cfg)
+        gated = settings.schedule == "gated"
+        return DistillationModule, {"distill_mu": settings.mu,
                                     "distill_local": not gated, "distill_global": not gated}

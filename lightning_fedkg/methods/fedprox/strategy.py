@@ -22,7 +22,7 @@ class FedProxClient(ClientHalf):
     """Adds the proximal term to the loss for the length of each local fit."""
 
     def before_fit(self, message) -> None:
-        mu = float(self.cfg.federated.fedprox.mu)
+        mu = float(self.settings.mu)
         if mu == 0.0:
             return
         anchors = [(p, p.detach().clone()) for g in self.shared().values() for p in g.tensors.values()]

@@ -49,7 +49,7 @@ class FKGEConfig:
     Budgets: a host hosts at most ``handshakes_per_kg`` handshakes, none after
     ``max_seconds`` (counted from its start in this process: a resumed run counts again),
     and answers no PATE query that would take its epsilon (at
-    ``delta``) past ``max_epsilon``. ``federated.engine`` picks the execution mode.
+    ``delta``) past ``max_epsilon``. ``federated.backend`` picks the execution mode.
 
     ``alignment``: ``ppat`` (the paper's GAN) or ``supervised``
     (:mod:`lightning_fedkg.methods.fkge.supervised`: the host releases the cross-covariance

@@ -114,7 +114,7 @@ class FKGEPeer(PeerHalf):
 
     def __init__(self, party, strategy, peers) -> None:
         super().__init__(party, strategy, peers)
-        self.fk = self.cfg.federated.fkge
+        self.fk = self.settings
         self.entity_pairs: dict[str, tuple[Tensor, Tensor]] = {}  # partner -> (mine, theirs) ids
         self.relation_pairs: dict[str, tuple[Tensor, Tensor]] = {}
         self.queue: list[str] = []

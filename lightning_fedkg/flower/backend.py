@@ -1,13 +1,13 @@
-"""``federated.engine=flower``: the server's side of a run, in simulation or deployment.
+"""``federated.backend=flower``: the server's side of a run, in simulation or deployment.
 
 :func:`serve` is what a ServerApp runs: the core's one run skeleton
-(:func:`~lightning_fedkg.federated.runner.run_engine`) with :class:`FlowerRoundEngine`, the
-in-process :class:`~lightning_fedkg.federated.orchestrator.RoundEngine` whose clients are a
+(:func:`~lightning_fedkg.federated.runner.run_loop`) with :class:`FlowerRoundLoop`, the
+in-process :class:`~lightning_fedkg.federated.round_loop.RoundLoop` whose clients are a
 :class:`~.server.FlowerClients` pool. Resuming, checkpoints, ``metrics.json``,
 TensorBoard and the wire log are the core's; a restarted ServerApp resumes from the last
 committed round and the clients go back to the states that round points to.
 
-:class:`FlowerEngine` is the engine ``fedkg fit`` finds for ``federated.engine=flower``:
+:class:`FlowerBackend` is the backend ``fedkg fit`` finds for ``federated.backend=flower``:
 with ``federated.flower.mode=simulation`` it starts Flower's simulation engine (Ray) with
 one SuperNode per client on this machine; ``deployment`` is a run submitted to a SuperLink
 (``fedkg flower up``, :mod:`.deploy`).
@@ -24,15 +24,15 @@ import tempfile
 from pathlib import Path
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_fingerprint
-from lightning_fedkg.federated.orchestrator import RoundEngine
-from lightning_fedkg.federated.runner import run_engine
+from lightning_fedkg.federated.round_loop import RoundLoop
+from lightning_fedkg.federated.runner import run_loop
 
-__all__ = ["FlowerEngine", "FlowerRoundEngine", "FlowerNotInstalledError", "require", "serve", "run_identity",
+__all__ = ["FlowerBackend", "FlowerRoundLoop", "serve_process", "FlowerNotInstalledError", "require", "serve", "run_identity",
            "client_config_text", "write_key_file", "provision_beside_key", "simulate"]
 
 
 class FlowerNotInstalledError(ConfigError, ImportError):
-    """``federated.engine=flower`` without Flower installed."""
+    """``federated.backend=flower`` without Flower installed."""
 
 
 def require() -> None:
@@ -40,7 +40,7 @@ def require() -> None:
     try:
         import flwr  # noqa: F401
     except ImportError as err:
-        raise FlowerNotInstalledError(f'federated.engine=flower needs Flower, which is not installed ({err}): '
+        raise FlowerNotInstalledError(f'federated.backend=flower needs Flower, which is not installed ({err}): '
                                       f'pip install "lightning-fedkg[flower]"') from None
 
 
@@ -61,9 +61,9 @@ def client_config_text(cfg: ExperimentConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(container))
 
 
-class FlowerRoundEngine(RoundEngine):
+class FlowerRoundLoop(RoundLoop):
     """The round loop with Flower clients; ``metrics.json`` gains a ``flower`` block
-    (the engine's mode, the registered clients, the nodes turned away)."""
+    (the backend's mode, the registered clients, the nodes turned away)."""
 
     def results(self) -> dict:
         metrics = super().results()
@@ -74,13 +74,27 @@ class FlowerRoundEngine(RoundEngine):
 
 
 def serve(grid, cfg: ExperimentConfig, run_dir: str | Path, num_clients: int, resume: bool = True) -> dict:
-    """Run ``cfg`` in ``run_dir`` with the ``num_clients`` clients of ``grid`` (a ServerApp's main)."""
+    """Run ``cfg`` in ``run_dir`` with the ``num_clients`` clients of ``grid`` (a ServerApp's
+    main). ``run_dir`` is open: by :func:`lightning_fedkg.run.fit` in simulation, by
+    :func:`serve_process` in deployment. The ServerApp sets up and seeds its own thread, as in
+    deployment its own process, and as the clients do theirs."""
     from lightning_fedkg.flower.server import FlowerClients
+    from lightning_fedkg.runtime import prepare_process
 
+    prepare_process(cfg)
     run_id, text = run_identity(cfg, run_dir), client_config_text(cfg)
     pool = functools.partial(FlowerClients, grid=grid, num_clients=num_clients, run_id=run_id, config_text=text)
-    build = functools.partial(FlowerRoundEngine, clients=pool)
-    return run_engine(cfg, run_dir, build, RoundEngine.version, resume)
+    build = functools.partial(FlowerRoundLoop, clients=pool)
+    return run_loop(cfg, run_dir, build, RoundLoop.version, resume)
+
+
+def serve_process(grid, cfg: ExperimentConfig, run_dir: str | Path, num_clients: int, resume: bool = True) -> dict:
+    """:func:`serve` in a deployment's ServerApp process, which no ``fedkg fit`` reaches: it
+    opens ``run_dir`` itself (locked, checked, ``config.yaml`` saved) for the run."""
+    from lightning_fedkg.rundir import RunDirectory
+
+    with RunDirectory.open(run_dir, cfg):
+        return serve(grid, cfg, run_dir, num_clients, resume)
 
 
 def write_key_file(secret: str, path: str | Path) -> Path:
@@ -192,12 +206,12 @@ def check_flower_config(cfg: ExperimentConfig) -> None:
 
     phases = STRATEGIES.get(cfg.federated.strategy).phases(cfg)
     if phases:
-        raise ConfigError(f"federated.engine=flower cannot run the phases {phases}: they work on every client's "
-                          f"party in one process (federated.engine=local)")
+        raise ConfigError(f"federated.backend=flower cannot run the phases {phases}: they work on every client's "
+                          f"party in one process (federated.backend=local)")
 
 
-class FlowerEngine:
-    """The ``flower`` entry of :data:`~lightning_fedkg.registry.ENGINES`."""
+class FlowerBackend:
+    """The ``flower`` entry of :data:`~lightning_fedkg.registry.BACKENDS`."""
 
     @staticmethod
     def run(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
@@ -206,8 +220,8 @@ class FlowerEngine:
         from lightning_fedkg.federated.peer import is_peer_strategy
 
         if is_peer_strategy(cfg.federated.strategy):
-            raise ConfigError(f"federated.engine=flower runs server-client strategies; the peer-to-peer "
-                              f"{cfg.federated.strategy!r} runs on federated.engine=local or ray")
+            raise ConfigError(f"federated.backend=flower runs server-client strategies; the peer-to-peer "
+                              f"{cfg.federated.strategy!r} runs on federated.backend=local or ray")
         check_flower_config(cfg)
         if cfg.federated.flower.mode == "deployment":
             raise ConfigError("federated.flower.mode=deployment runs on a SuperLink and SuperNodes: start them and "
