@@ -337,8 +337,13 @@ class Strategy:
     @classmethod
     def section(cls, cfg: "ExperimentConfig") -> Any:
         """The method's own settings in ``cfg``: its ``federated.<name>`` section (an instance
-        of :attr:`config_class`), or None for a method without one."""
-        return getattr(cfg.federated, cls.name) if cls.config_class is not None else None
+        of :attr:`config_class`), or None for a method without one. A config built in code
+        (``ExperimentConfig()``) has no method sections; it gets the section's defaults, as
+        :func:`~lightning_fedkg.config.load_config` would give it."""
+        if cls.config_class is None:
+            return None
+        section = getattr(cfg.federated, cls.name, None)
+        return cls.config_class() if section is None else section
 
     @classmethod
     def learner(cls, cfg: "ExperimentConfig") -> tuple[type, dict] | None:
