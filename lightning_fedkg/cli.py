@@ -545,7 +545,7 @@ def interrupted(args: argparse.Namespace) -> int:
     directory is known, the command that resumes it; returns :data:`INTERRUPTED`.
 
     Every round (an epoch for a single-KG run) is committed whole or not at all, so running
-    the same command again continues from the last committed one (see README, Resuming).
+    the same command again continues from the last committed one (docs/usage.md#resuming).
     """
     import shlex
 
