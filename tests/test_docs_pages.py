@@ -184,6 +184,21 @@ def test_every_named_module_exists(path):
     assert not stale, "names of modules that do not exist:\n" + "\n".join(stale)
 
 
+# scripts/x.py, tests/test_x.py, configs/a/b.yaml: the repository's other files the docs name
+REPO_FILE = re.compile(r"(?<![\w/.~-])(?:scripts|tests|configs)/[\w./-]+\.(?:py|yaml|sh)\b")
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_script_test_and_config_exists(path):
+    missing = sorted({f for f in REPO_FILE.findall(path.read_text()) if not (ROOT / f).is_file()})
+    assert not missing, f"{path.relative_to(ROOT)} names files that do not exist: {missing}"
+
+
+def test_the_file_pattern_finds_scripts_tests_and_configs():
+    text = "`python scripts/bench_fede.py` (tests/test_layers.py; configs/fede/umls_fede.yaml) ../configs/x.yaml"
+    assert REPO_FILE.findall(text) == ["scripts/bench_fede.py", "tests/test_layers.py", "configs/fede/umls_fede.yaml"]
+
+
 def test_a_stale_module_name_is_found(tmp_path):
     package = tmp_path / "lightning_fedkg"
     (package / "data").mkdir(parents=True)
