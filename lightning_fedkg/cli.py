@@ -2,12 +2,15 @@
 
     fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
-    fedkg data stats NAME_OR_PATH                        print dataset statistics
-    fedkg data stats -c CONFIG [key=value ...]           statistics of a query-answering config's query sets
+    fedkg audit --from RUN_DIR                           attack a run's recorded payloads
+    fedkg data stats NAME_OR_PATH | -c CONFIG            dataset or query-set statistics
+    fedkg flower up | split | worker                     run on Flower across processes
     fedkg --version                                      print the installed version
 
+``fedkg query`` and ``fedkg unlearn`` are the methods' (FedCQA's, FedLU's): commands found
+through the ``lightning_fedkg.commands`` entry points (:func:`add_method_commands`).
 Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``); a
-misspelled key is an error listing the valid keys.
+misspelled key is an error listing the valid keys. Reference: docs/usage.md.
 """
 
 from __future__ import annotations
@@ -545,7 +548,7 @@ def interrupted(args: argparse.Namespace) -> int:
     directory is known, the command that resumes it; returns :data:`INTERRUPTED`.
 
     Every round (an epoch for a single-KG run) is committed whole or not at all, so running
-    the same command again continues from the last committed one (see README, Resuming).
+    the same command again continues from the last committed one (docs/usage.md#resuming).
     """
     import shlex
 

@@ -4,8 +4,8 @@ A registry maps short names (``"transe"``, ``"fede"``) to classes from entry poi
 installed distribution (listed without importing, imported on first :meth:`Registry.get`),
 from :meth:`Registry.register`, or from an import path in a config
 (``"my_pkg.my_module:MyStrategy"``). :data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`,
-:data:`PHASES` and :data:`COMMANDS` live here, at the bottom of the package, so the config layer resolves names
-without importing the layers above it. A misspelled name lists the valid ones.
+:data:`PHASES`, :data:`BACKENDS` and :data:`COMMANDS` live here, at the bottom of the package,
+so the config layer resolves names without importing the layers above it. A misspelled name lists the valid ones.
 See docs/DESIGN.md.
 """
 

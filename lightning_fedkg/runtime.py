@@ -1,8 +1,9 @@
 """Process-wide torch settings a run asks for: its CPU thread budget and determinism.
 
-``fedkg fit``/``fedkg test`` call :func:`configure_torch` right after loading the config,
-before Lightning is imported or any tensor work starts; library users running several
-experiments in one process call it once themselves. Both settings are global to the
+:func:`lightning_fedkg.run.fit` and :func:`~lightning_fedkg.run.evaluate` (behind ``fedkg
+fit``/``fedkg test``) call :func:`configure_torch` before Lightning is imported or any tensor
+work starts, and seed with :func:`seed_process`; a process they do not reach (a Ray actor, a
+Flower process) calls :func:`prepare_process` for itself. Both settings are global to the
 process (torch has one intra-op and one inter-op thread pool), which is why they live
 here and not in a Trainer.
 
@@ -49,7 +50,7 @@ EXPECTED_WARNINGS = (
     ".*LeafSpec.*",
 )
 
-# The automatic thread count. Thresholds from docs/BENCHMARKS.md, "Default CPU threads"
+# The automatic thread count. Thresholds from docs/results/speed.md, "Default CPU threads"
 # (scripts/bench_threads.py; whole `fedkg fit` runs, FedE TransE; 2-core EPYC, torch 2.13):
 # * Table size. On a quiet machine a second thread gains nothing below ~20k entity-table
 #   elements (UMLS quick starts at dim 64 / 128: 8.6k / 17k elements, 1 and 2 threads

@@ -15,9 +15,9 @@ run's numbers to ``--json-out``:
   translated rows and the host's own (``translation_cosine``: how well PPAT aligned the
   spaces) and with mismatched rows (``mismatched_cosine``: the level without alignment),
   the largest epsilon, the run's wall seconds (``wall s``: the whole ``run_federated`` call,
-  Ray's start-up and the final evaluations included; ``run s``: the engine's own
+  Ray's start-up and the final evaluations included; ``run s``: the backend's own
   ``wall_seconds``, from the peers' start to the last delivery, the same measure for both
-  engines).
+  backends).
 
 Variants (``--variants``, comma-separated; ``all`` = every one):
 

@@ -4,13 +4,13 @@
 FKGE (Peng et al., CIKM 2021) federates independently owned KGs that share some entities;
 its 11 linked-open-data KGs are not available offline, so this script makes stand-ins by
 cutting one KG into ``--sources`` KGs by relation
-(:func:`lightning_fedkg.data.split_into_sources`: relations shuffled and cut into groups,
-each source gets all triples of its group, split 90:5:5 train/valid/test per source as
-OpenKE/FKGE do, every valid/test entity and relation kept in that source's train by the
+(:func:`lightning_fedkg.methods.fkge.multisource.split_into_sources`: relations shuffled and
+cut into groups, each source gets all triples of its group, split 90:5:5 train/valid/test
+per source as OpenKE/FKGE do, every valid/test entity and relation kept in that source's train by the
 FedE/FedLU rejection rule; nothing is dropped). Sources share entities (same name = same
 entity, the alignment key), not relations unless ``--shared-relations`` > 0.
 
-Output (read back by ``lightning_fedkg.data.load_multisource_folder``)::
+Output (read back by ``lightning_fedkg.methods.fkge.multisource.load_multisource_folder``)::
 
     <out>/<kg name>-src<k>/{train,valid,test}.txt   head<TAB>relation<TAB>tail (original names)
     <out>/stats.json                                 per-source sizes, pairwise shared counts

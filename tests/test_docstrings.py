@@ -10,9 +10,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_fedkg"
 MAX_LINES = 15
-# Temporary exceptions: these modules are being rewritten on other branches (issue 34); the
-# lead removes them from this set after merging.
-PENDING: set[str] = set()
 
 
 def docstring_lines(path: Path) -> int:
@@ -39,7 +36,7 @@ def test_docstring_lines_counts_the_quotes(tmp_path):
     assert docstring_lines(module) == 0
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if m not in PENDING])
+@pytest.mark.parametrize("module", MODULES)
 def test_module_docstring_is_at_most_15_lines(module):
     lines = docstring_lines(PACKAGE / module)
     assert lines <= MAX_LINES, f"lightning_fedkg/{module}: module docstring of {lines} lines; move the detail to docs/"

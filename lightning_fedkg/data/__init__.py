@@ -1,4 +1,4 @@
-"""Data layer: knowledge graphs, federated splits and the Lightning data module."""
+"""Data layer: knowledge graphs, federated splits, negative samplers and the Lightning data module."""
 
 from .datamodule import FilterIndex, KGDataModule, LoaderSettings
 from .sampling import BernoulliSampler, NegativeSampler, UniformSampler, bernoulli_head_probability

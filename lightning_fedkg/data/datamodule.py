@@ -1,11 +1,11 @@
 """Lightning data module for one KG: training batches with negatives, filtered eval batches.
 
-:class:`KGDataModule` yields training dicts (``positive`` ``[B, 3]``, ``negatives``
+:class:`KGDataModule` yields training dicts (``positive`` ``[B, 3]``, its sampler's ``negatives``
 ``[B, n]`` per triple or ``[n]`` shared, ``mode`` tail/head/mixed) and evaluation dicts
 (``triples``, ``mode``, and the other true answers of each query as ``filter_row`` /
 ``filter_col``). Batches are made on the module's device (:meth:`KGDataModule.to_device`),
 and every draw comes from ``dm.generator``, saved by ``state_dict()``, so a resumed run
-draws the same batches. The batch layout and device rules are in docs/DESIGN.md.
+draws the same batches. Why batches live on the device: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""The federated core: parties, strategies as server/client halves, a transport, the runners.
+"""The federated core: parties, strategies as server/client halves, a transport, the loops.
 
 It names no method: methods live in :mod:`lightning_fedkg.methods` and are found through
 the registries (:mod:`lightning_fedkg.registry`). Main pieces: :class:`~.channel.Channel`
 (the logged in-process transport), :mod:`.message`, :mod:`.alignment` (round 0 from keyed
 hashes), :mod:`.aggregation` and :mod:`.holder_mean` (FedE's Eq. 2), :mod:`.strategy` and
 :mod:`.peer` (the halves), :mod:`.tasks`, :mod:`.phases`, and
-:func:`~.entry.run_federated`, the resumable loop behind ``fedkg fit``.
+:func:`~.entry.run_federated`, which picks the loop (:mod:`.round_loop`, :mod:`.peer`) or
+the backend and runs it through the one skeleton (:func:`~.runner.run_loop`).
 The map is docs/DESIGN.md.
 """
 

@@ -1,4 +1,4 @@
-"""Holder-mean aggregation of shared groups (FedE's engine, Chen et al., IJCKG 2021, Eq. 2).
+"""Holder-mean aggregation of shared groups (FedE's server, Chen et al., IJCKG 2021, Eq. 2).
 
 The server keeps one union table per shared tensor and each client's index map (learnt in
 round 0 from keyed hashes, :mod:`.alignment`); selected clients get their rows, train them

@@ -112,7 +112,7 @@ def provision_beside_key(cfg: ExperimentConfig, key_file: str | Path, data: list
     beside ``key_file``, where each :class:`~.client.ClientRuntime` reads them: written once
     for the clients of the data folders ``data``, reused afterwards. On one machine this
     process is the provisioner; across organisations each one receives its own key and the
-    roster out of band (README, "Running across organisations")."""
+    roster out of band (docs/deployment.md, "What an organisation runs on its own machine")."""
     from lightning_fedkg.federated.identities import IDENTITIES
     from lightning_fedkg.federated.secure import provision_identities as provision
     from lightning_fedkg.flower.data import CLIENT_FILE
@@ -225,6 +225,6 @@ class FlowerBackend:
         check_flower_config(cfg)
         if cfg.federated.flower.mode == "deployment":
             raise ConfigError("federated.flower.mode=deployment runs on a SuperLink and SuperNodes: start them and "
-                              "the run with `fedkg flower up -c CONFIG` (README, 'Running across organisations')")
+                              "the run with `fedkg flower up -c CONFIG` (docs/deployment.md)")
         require()
         return simulate(cfg, run_dir, resume)

@@ -120,8 +120,8 @@ class ClientRuntime:
         if cfg.federated.secure_aggregation.enabled and not has_roster(self.identities):
             raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no "
                               f"{self.identities / ROSTER} beside this client's key file; the threshold it checks "
-                              "comes from that roster, never from the server's config (README, 'Running across "
-                              "organisations')")
+                              "comes from that roster, never from the server's config (docs/deployment.md, "
+                              "'What an organisation runs on its own machine')")
 
     def latest(self) -> int:
         """The newest saved state number, or -1."""

@@ -84,7 +84,7 @@ def localhost_certificates(folder: str | Path, days: int = 30) -> TLSFiles:
     """A throwaway CA and a SuperLink certificate it signs for ``127.0.0.1``/``localhost``,
     valid ``days``, written under ``folder`` (keys ``0600``). For a deployment on this
     machine, to run the TLS path end to end; organisations bring certificates of their own
-    (README, "Running across organisations")."""
+    (docs/deployment.md, "What an organisation runs on its own machine")."""
     import datetime
     import ipaddress
 

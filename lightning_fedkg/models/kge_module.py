@@ -2,7 +2,7 @@
 
 Training batches and evaluation batches are the dicts produced by
 :class:`lightning_fedkg.data.datamodule.KGDataModule`. The same module is
-used for single-KG runs and as the per-client model of the federated orchestrator, which calls
+used for single-KG runs and as each client's model in a federated run, whose round loop calls
 ``fit()`` many times on it; see ``reset_optimizer``.
 """
 

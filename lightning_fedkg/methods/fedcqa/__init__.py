@@ -1,5 +1,13 @@
 """FedCQA (Hu et al.): complex query answering over several KGs, the query-answering task,
-its distributed retrieval of cross-graph queries, and the baselines FedE/FedR-style."""
+its distributed retrieval of cross-graph queries, and the baselines FedE/FedR-style.
+
+* :mod:`.strategy` (:class:`FedCQA`, :class:`CQAFedE`, :class:`CQAFedR`), :mod:`.paper_secret`
+  (the paper's masking), :mod:`.retrieval` (cross-graph queries), :mod:`.config`;
+* the task: :mod:`.task` (``federated.task: query_answering``), :mod:`.queries` and
+  :mod:`.query_sets` (structures, answering, cached sets), :mod:`.encoders` (GQE, Q2P,
+  tree-LSTM), :mod:`.module` (``QueryAnsweringModule``), :mod:`.ranking`, :mod:`.entries`;
+* ``fedkg query``: :mod:`.commands` and :mod:`.query_text`. See docs/methods/fedcqa.md.
+"""
 
 import importlib
 

@@ -28,7 +28,7 @@ def _secret(cfg) -> str:
 
 
 class FedCQAServer(PaperSecretServer):
-    """The holder-mean engine (Eq. 2). ``secret: secure``: refuses to run without the hidden
+    """The holder-mean server (Eq. 2). ``secret: secure``: refuses to run without the hidden
     secure aggregate, which then masks everything (the paper's masking stays off);
     ``secret: paper``: refuses secure aggregation and holds the paper's masked table."""
 

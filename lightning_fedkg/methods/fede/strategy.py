@@ -5,7 +5,7 @@ Each round the selected clients receive their rows of the union entity table, tr
 with their own relations for E local epochs and send them back; the server takes the
 holder-mean (Eq. 2, :mod:`lightning_fedkg.federated.holder_mean`). Relation embeddings
 never leave a client. Clients are evaluated with the aggregated rows. FedR
-(:mod:`lightning_fedkg.methods.fedr`) is the same engine over the ``"relation"`` group.
+(:mod:`lightning_fedkg.methods.fedr`) is the same server over the ``"relation"`` group.
 See docs/methods/fede.md.
 """
 

@@ -6,7 +6,7 @@
 * :mod:`.client_unlearning` -- the client's steps: retroactive interference, passive decay;
 * :mod:`.phase` -- :class:`UnlearnPhase` and :func:`run_unlearn` (``fedkg unlearn``);
 * :mod:`.config` -- :class:`FedLUConfig` (``federated.fedlu``), :class:`UnlearnConfig` (``unlearn``);
-* :mod:`.commands` -- ``fedkg unlearn``.
+* :mod:`.commands` -- ``fedkg unlearn``; :mod:`.report` -- its table.
 """
 
 import importlib

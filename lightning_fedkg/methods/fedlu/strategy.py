@@ -62,7 +62,7 @@ class DistillationGate:
     local_on_round: int | None = None
     global_on_round: int | None = None
     validation: list = field(default_factory=list)
-    # Defaulted: states saved before the field existed still load.
+    # False until the first evaluation: no improvement of the avatar seen yet.
     global_improved: bool = False
 
     def __post_init__(self) -> None:

@@ -1,12 +1,14 @@
 """FKGE (Peng et al., "Differentially Private Federated Knowledge Graphs Embedding",
 CIKM 2021): decentralised KG embedding by pairwise, differentially private translation.
 
-* :mod:`.ppat` -- PPAT, the adversarial translation between two KGs (:class:`PPATClient`,
-  :class:`PPATHost`, :func:`run_ppat`);
-* :mod:`.supervised` -- the supervised DP alignment (beyond the paper);
-* :mod:`.update` -- the host's KGEmb-Update with virtual rows and backtracking;
-* :mod:`.federation` -- :class:`FKGE` (``federated.strategy: fkge``), one
-  :class:`FKGEPeer` per KG on the core's peer-to-peer runner.
+* :mod:`.federation` -- :class:`FKGE` (``federated.strategy: fkge``), one :class:`FKGEPeer`
+  per KG on the core's event loop; :mod:`.handshake` its typed state, :mod:`.pretraining`,
+  :mod:`.report` (the per-KG table), :mod:`.config` (``federated.fkge``);
+* :mod:`.ppat` (PPAT, the adversarial translation), :mod:`.supervised` (the supervised DP
+  alignment), :mod:`.update` (KGEmb-Update with virtual rows and backtracking);
+* :mod:`.pate`, :mod:`.accountant`, :mod:`.gaussian`, :mod:`.ledger` -- PATE voting, its
+  moments accountant, the Gaussian's log moments, one privacy ledger per party;
+* :mod:`.multisource` (KGs aligned by names), :mod:`.classification` (triple classification).
 
 See docs/methods/fkge.md.
 """

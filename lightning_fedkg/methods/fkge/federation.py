@@ -2,7 +2,7 @@
 
 Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM 2021,
 Alg. 1. There is no server: every KG owner is an :class:`FKGEPeer` on the core's
-peer-to-peer runner (local FIFO scheduler or Ray). A peer pre-trains, aligns with every
+event loop (local FIFO scheduler or Ray). A peer pre-trains, aligns with every
 partner by keyed hashes and asks to be translated (``fkge_request``); a host takes one
 queued client at a time, runs PPAT or the supervised alignment with it, receives the
 translated rows and keeps the update only if its validation improved, then broadcasts.

@@ -182,7 +182,7 @@ def load_multisource_folder(path: str | Path) -> list[KnowledgeGraph]:
     OpenKE the strings of ``entity2id.txt`` / ``relation2id.txt`` (OpenKE's integer ids are
     local to each KG and never compared). To align the paper's LOD KGs, write each with the
     shared entities under one common name (e.g. the URI). Files and other entries directly
-    in ``path`` (README, stats.json) and hidden folders are ignored.
+    in ``path`` (``README.md``, ``stats.json``) and hidden folders are ignored.
     """
     folder = Path(path)
     if not folder.is_dir():
