@@ -116,8 +116,7 @@ class LocalClients(ClientPool):
         for p in self._parties:
             state = load(p.name)
             p.load_state_dict(state, weights_only=weights_only)
-            if "half" in state:
-                self.halves[p.name].load_state_dict(state["half"])
+            self.halves[p.name].load_state_dict(state["half"])
 
     def mute(self):
         for p in self._parties:

@@ -317,11 +317,7 @@ class FederatedRun:
         return {SERVER: self.server.state_dict(), **clients}
 
     def load_party_states(self, load, weights_only: bool = False) -> None:
-        """Restore from ``load(party) -> state`` (reads one file per party).
-
-        A client state without ``"half"`` (written before client halves had state)
-        leaves its half as built.
-        """
+        """Restore from ``load(party) -> state`` (reads one file per party)."""
         self.server.load_state_dict(load(SERVER))
         self.pool.load_states(load, weights_only)
         self.aligned = True

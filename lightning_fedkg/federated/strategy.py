@@ -308,8 +308,7 @@ class ClientHalf:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` (default: nothing to restore). Not called for a
-        checkpoint written before halves had state: the half then keeps its fresh state."""
+        """Restore :meth:`state_dict` (default: nothing to restore)."""
 
 
 class Strategy:
