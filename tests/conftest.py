@@ -1,7 +1,6 @@
 """Shared test helpers: where the benchmark data lives, a one-thread fixture, the small
 UMLS federation most tests configure, and trained runs that several test files share."""
 
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,16 +31,16 @@ SMALL_FEDERATION = {
 }
 
 
-def make_small_config(strategy: str = "fede", **overrides) -> ExperimentConfig:
+def make_small_config(strategy: str = "fede", *dotlist: str, **overrides) -> ExperimentConfig:
     """A validated config of the small federation under ``strategy``, through
     :func:`load_config` and dotlist overrides as a command line gives them.
 
-    ``overrides`` are keys with ``.`` or ``__`` (``federated__rounds=2``); booleans are
-    written as YAML's ``true``/``false``. A ``None`` value leaves a key of the base out.
+    ``dotlist`` items (``"model.dim=8"``) come last and win; ``overrides`` are keys with
+    ``.`` or ``__`` (``federated__rounds=2``), booleans written as YAML's ``true``/``false``.
     """
     settings = {**SMALL_FEDERATION, "federated.strategy": strategy}
     settings.update({k.replace("__", "."): v for k, v in overrides.items()})
-    return load_config(None, [f"{k}={_yaml(v)}" for k, v in settings.items() if v is not None])
+    return load_config(None, [f"{k}={_yaml(v)}" for k, v in settings.items()] + list(dotlist))
 
 
 def _yaml(value) -> str:
@@ -71,3 +70,54 @@ def one_thread():
     running beside other jobs) intra-op threads mostly wait on each other."""
     with single_thread():
         yield
+
+
+#: The tiny setting on top of the small federation: TransE dim 8, 8 shared negatives, two
+#: rounds of one local epoch, evaluated every round. Seconds per run.
+TINY = {
+    "model.dim": 8,
+    "train.num_negatives": 8,
+    "train.negative_mode": "shared",
+    "train.lr": 0.05,
+    "federated.local_epochs": 1,
+    "federated.rounds": 2,
+    "federated.eval_every": 1,
+}
+
+
+def make_tiny_config(strategy: str = "fede", *dotlist: str, **overrides) -> ExperimentConfig:
+    """:func:`make_small_config` with :data:`TINY` under ``dotlist`` and ``overrides``."""
+    return make_small_config(strategy, *dotlist, **{**TINY, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_fede_run(tmp_path_factory):
+    """``(metrics, run_dir)`` of the tiny FedE run (one thread), trained once per session
+    (per xdist worker) for the files that compare a variant of FedE against it. Read it,
+    never write to it: copy the folder first to resume or change it."""
+    from lightning_fedkg.run import fit
+
+    run_dir = tmp_path_factory.mktemp("tiny_fede") / "run"
+    with single_thread():
+        metrics = fit(make_tiny_config("fede"), run_dir)
+    return metrics, run_dir
+
+
+#: FedLU learning on UMLS: dim 32, six rounds, distillation every round. test_fedlu checks
+#: that it learns; test_unlearning unlearns from it.
+FEDLU_UMLS = ["data.name=umls", "model.dim=32", "train.lr=0.02", "train.batch_size=128", "train.num_negatives=32",
+              "train.negative_mode=shared", "train.loss=uniform", "trainer.accelerator=cpu",
+              "trainer.progress_bar=false", "federated.local_epochs=1", "federated.eval_every=1",
+              "federated.rounds=6", "federated.strategy=fedlu", "federated.fedlu.schedule=always"]
+
+
+@pytest.fixture(scope="session")
+def fedlu_umls_run(tmp_path_factory):
+    """``(metrics, run_dir)`` of :data:`FEDLU_UMLS` (one thread), trained once per session
+    (per xdist worker). Read it, never write to it: copy the folder to resume or change it."""
+    from lightning_fedkg.run import fit
+
+    run_dir = tmp_path_factory.mktemp("fedlu_umls") / "run"
+    with single_thread():
+        metrics = fit(load_config(None, FEDLU_UMLS), run_dir)
+    return metrics, run_dir

@@ -41,6 +41,23 @@ def umls_config(strategy: str, **overrides):
     return make_small_config(strategy, **{**SETTINGS, **overrides})
 
 
+@pytest.fixture(scope="module")
+def single_threaded():
+    # Tiny tensors: intra-op threads only add synchronisation, and on a shared 2-core box
+    # they make timings erratic. Restored afterwards.
+    with single_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, single_threaded):
+    out = {}
+    for strategy in ("fede", "single"):
+        run_dir = tmp_path_factory.mktemp(strategy)
+        out[strategy] = (fit(umls_config(strategy), run_dir), run_dir)
+    return out
+
+
 def read_log(run_dir):
     return [json.loads(line) for line in (run_dir / "channel_log.jsonl").read_text().splitlines()]
 
