@@ -1,6 +1,8 @@
 """Shared test helpers: where the benchmark data lives, a one-thread fixture, the small
 UMLS federation most tests configure, and trained runs that several test files share."""
 
+import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -90,17 +92,35 @@ def make_tiny_config(strategy: str = "fede", *dotlist: str, **overrides) -> Expe
     return make_small_config(strategy, *dotlist, **{**TINY, **overrides})
 
 
-@pytest.fixture(scope="session")
-def tiny_fede_run(tmp_path_factory):
-    """``(metrics, run_dir)`` of the tiny FedE run (one thread), trained once per session
-    (per xdist worker) for the files that compare a variant of FedE against it. Read it,
-    never write to it: copy the folder first to resume or change it."""
+def shared_run(tmp_path_factory, name: str, cfg: ExperimentConfig) -> tuple[dict, Path]:
+    """``(metrics, run_dir)`` of ``cfg`` trained on one thread once per test session.
+
+    Under pytest-xdist the workers share one folder (the session's temporary root) and a
+    file lock: the first worker that needs the run trains it, the others wait and read it,
+    which costs no more than training it themselves. The metrics are read back from the
+    run's ``metrics.json`` (what ``fit`` returned, written as JSON) by every caller alike.
+    """
+    from filelock import FileLock
+
     from lightning_fedkg.run import fit
 
-    run_dir = tmp_path_factory.mktemp("tiny_fede") / "run"
-    with single_thread():
-        metrics = fit(make_tiny_config("fede"), run_dir)
-    return metrics, run_dir
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this session's folder, above the workers' own
+    run_dir = root / "shared_runs" / name
+    run_dir.parent.mkdir(exist_ok=True)
+    with FileLock(f"{run_dir}.lock"):
+        if not (run_dir / "metrics.json").is_file():
+            with single_thread():
+                fit(cfg, run_dir)
+    return json.loads((run_dir / "metrics.json").read_text()), run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_fede_run(tmp_path_factory):
+    """``(metrics, run_dir)`` of the tiny FedE run, for the files that compare a variant of
+    FedE against it. Read it, never write to it: copy the folder first to resume or change it."""
+    return shared_run(tmp_path_factory, "tiny_fede", make_tiny_config("fede"))
 
 
 #: FedLU learning on UMLS: dim 32, six rounds, distillation every round. test_fedlu checks
@@ -113,11 +133,6 @@ FEDLU_UMLS = ["data.name=umls", "model.dim=32", "train.lr=0.02", "train.batch_si
 
 @pytest.fixture(scope="session")
 def fedlu_umls_run(tmp_path_factory):
-    """``(metrics, run_dir)`` of :data:`FEDLU_UMLS` (one thread), trained once per session
-    (per xdist worker). Read it, never write to it: copy the folder to resume or change it."""
-    from lightning_fedkg.run import fit
-
-    run_dir = tmp_path_factory.mktemp("fedlu_umls") / "run"
-    with single_thread():
-        metrics = fit(load_config(None, FEDLU_UMLS), run_dir)
-    return metrics, run_dir
+    """``(metrics, run_dir)`` of :data:`FEDLU_UMLS`. Read it, never write to it: copy the
+    folder first to resume or change it."""
+    return shared_run(tmp_path_factory, "fedlu_umls", load_config(None, FEDLU_UMLS))
