@@ -12,25 +12,26 @@ import shutil
 import pytest
 import torch
 
-from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.checkpoint import load_party, read_manifest
 from lightning_fedkg.federated.entry import evaluate_federated_checkpoint, restore_finished_run
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.run import fit
 
+from conftest import make_small_config, single_thread
+
 ROUNDS = 2
 
 
+SETTINGS = {
+    "model.dim": 8, "train.lr": 0.05, "train.num_negatives": 16, "train.negative_mode": "shared",
+    "federated.rounds": ROUNDS, "federated.local_epochs": 1, "federated.eval_every": 1, "federated.patience": 10,
+}
+
+
 def tiny_config(evaluate: str = "aggregated", **overrides):
-    base = {
-        "seed": 0, "data.name": "umls", "data.num_clients": 3, "model.name": "transe", "model.dim": 8,
-        "train.lr": 0.05, "train.num_negatives": 16, "train.negative_mode": "shared",
-        "trainer.accelerator": "cpu", "trainer.progress_bar": False, "federated.strategy": "fede",
-        "federated.rounds": ROUNDS, "federated.local_epochs": 1, "federated.eval_every": 1,
-        "federated.patience": 10, "federated.evaluate": evaluate,
-    }
-    base.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    """The small federation (conftest) under FedE, dim 8, evaluated as ``evaluate`` says."""
+    return make_small_config("fede", **{**SETTINGS, "federated.evaluate": evaluate, **overrides})
 
 
 def brute_force_mrr(tables: dict, kg, split: str) -> float:
@@ -63,11 +64,9 @@ def tables_of(party) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``{evaluate: (metrics, run_dir, {round: {client: tables after its fit}})}``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     real = FederatedRun.train_round
     out = {}
-    try:
+    with single_thread():
         for evaluate in ("aggregated", "before_aggregation"):
             fits: dict = {}
 
@@ -80,8 +79,6 @@ def runs(tmp_path_factory):
                 mp.setattr(FederatedRun, "train_round", train_round)
                 run_dir = tmp_path_factory.mktemp(evaluate)
                 out[evaluate] = (fit(tiny_config(evaluate), run_dir), run_dir, fits)
-    finally:
-        torch.set_num_threads(threads)
     return out
 
 

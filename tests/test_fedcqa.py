@@ -19,6 +19,8 @@ from lightning_fedkg.methods.fedcqa.config import query_settings
 from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
 from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM, run_plan
 
+from conftest import make_small_config
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "fedcqa"
 
 pytest.importorskip("cryptography")
@@ -27,17 +29,15 @@ KEY = "test-federation-secret"
 
 
 def cqa_config(tmp_path, **overrides):
+    """The small federation (conftest) answering queries with GQE under FedCQA-FedE, dim 32."""
     settings = {
-        "seed": 0, "data.name": "umls", "data.num_clients": 3, "model.dim": 32,
-        "train.lr": 0.01, "train.batch_size": 64, "train.eval_batch_size": 64,
-        "trainer.accelerator": "cpu", "trainer.progress_bar": "false",
+        "model.dim": 32, "train.lr": 0.01, "train.batch_size": 64, "train.eval_batch_size": 64,
         "task.encoder": "gqe", "task.steps_per_epoch": 10, "task.train_per_type": 1500,
         "task.eval_per_type": 150, "task.cross_per_type": 60, "task.cache_dir": str(tmp_path / "queries"),
-        "federated.task": "query_answering", "federated.strategy": "fedcqa_fede", "federated.rounds": 2,
+        "federated.task": "query_answering", "federated.rounds": 2,
         "federated.local_epochs": 1, "federated.eval_every": 1, "federated.federation_key": KEY,
     }
-    settings.update({k.replace("__", "."): v for k, v in overrides.items()})
-    return load_config(None, [f"{k}={v}" for k, v in settings.items()])
+    return make_small_config("fedcqa_fede", **{**settings, **overrides})
 
 
 def fedcqa(tmp_path, **overrides):

@@ -14,10 +14,20 @@ from lightning_fedkg.methods.fedec.strategy import FedEC, FedECClient, contrasti
 from lightning_fedkg.run import fit
 from lightning_fedkg.models.kge_module import KGEModule
 
-BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared", "train.lr=0.05",
-        "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.local_epochs=1",
-        "federated.rounds=2", "federated.eval_every=1"]
-FEDEC = BASE + ["federated.strategy=fedec"]
+from conftest import make_tiny_config, single_thread
+
+
+def fedec_config(*dotlist):
+    """The tiny federation (conftest) under FedEC."""
+    return make_tiny_config("fedec", *dotlist)
+
+
+@pytest.fixture(scope="module")
+def fedec_run(tmp_path_factory):
+    """``(metrics, run_dir)`` of the tiny FedEC run (mu 0.1), shared by the tests that only read it."""
+    run_dir = tmp_path_factory.mktemp("fedec") / "run"
+    with single_thread():
+        return fit(fedec_config(), run_dir), run_dir
 
 
 def hand_client(mu: float, temperature: float):
@@ -84,7 +94,7 @@ def test_the_contrastive_term_gradient_matches_finite_differences():
 
 
 def test_previous_rows_are_the_end_of_local_training_not_the_evaluation_download(one_thread):
-    run = FederatedRun(load_config(None, FEDEC), run_dir=None)
+    run = FederatedRun(fedec_config(), run_dir=None)
     run.align()
     run.train_round(1)
     trained = {c.name: c.model.entity_emb.detach().clone() for c in run.clients}
@@ -104,11 +114,11 @@ def test_previous_rows_are_the_end_of_local_training_not_the_evaluation_download
         assert not [k for k in states[c.name]["module"] if k.startswith("fedec")]
 
 
-def test_two_rounds_on_umls_move_only_entity_rows(tmp_path, one_thread):
-    metrics = fit(load_config(None, FEDEC), tmp_path)
+def test_two_rounds_on_umls_move_only_entity_rows(fedec_run):
+    metrics, run_dir = fedec_run
     assert metrics["strategy"] == "fedec" and metrics["rounds"] == 2
     assert 0.0 < metrics["test"]["mrr"] <= 1.0
-    records = [json.loads(line) for line in (tmp_path / "channel_log.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / "channel_log.jsonl").read_text().splitlines()]
     assert records and metrics["bytes_sent"] == sum(r["bytes"] for r in records if r["round"] >= 1)
     for r in records:
         if r["round"] == 0:  # alignment: keyed hashes of entity names only
@@ -121,25 +131,25 @@ def test_two_rounds_on_umls_move_only_entity_rows(tmp_path, one_thread):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_keeps_the_previous_rows(tmp_path, one_thread):
-    straight = fit(load_config(None, FEDEC), tmp_path / "straight")
-    fit(load_config(None, FEDEC + ["federated.rounds=1"]), tmp_path / "resumed")
-    resumed = fit(load_config(None, FEDEC), tmp_path / "resumed")  # round 2 after a resume
+def test_a_resumed_run_keeps_the_previous_rows(fedec_run, tmp_path, one_thread):
+    straight, _ = fedec_run
+    fit(fedec_config("federated.rounds=1"), tmp_path / "resumed")
+    resumed = fit(fedec_config(), tmp_path / "resumed")  # round 2 after a resume
     assert resumed["test"] == straight["test"] and resumed["clients"] == straight["clients"]
 
 
 @pytest.mark.slow
-def test_fedec_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
-    fede = fit(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
-    fedec = fit(load_config(None, FEDEC + ["federated.fedec.mu=0"]), tmp_path / "fedec")
+def test_fedec_with_mu_zero_is_fede_exactly(tiny_fede_run, tmp_path, one_thread):
+    fede, _ = tiny_fede_run
+    fedec = fit(fedec_config("federated.fedec.mu=0"), tmp_path / "fedec")
     assert fedec["test"] == fede["test"] and fedec["clients"] == fede["clients"]
     assert fedec["bytes_sent"] == fede["bytes_sent"]
 
 
 @pytest.mark.slow
-def test_fedec_with_mu_positive_differs_from_fede(tmp_path, one_thread):
-    fede = fit(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
-    fedec = fit(load_config(None, FEDEC + ["federated.fedec.mu=1.0"]), tmp_path / "fedec")
+def test_fedec_with_mu_positive_differs_from_fede(tiny_fede_run, tmp_path, one_thread):
+    fede, _ = tiny_fede_run
+    fedec = fit(fedec_config("federated.fedec.mu=1.0"), tmp_path / "fedec")
     assert fedec["test"] != fede["test"]
 
 
@@ -173,11 +183,11 @@ def test_the_half_state_is_a_checked_snapshot():
 
 
 def test_client_states_without_half_state_leave_the_half_fresh(one_thread):
-    trained = FederatedRun(load_config(None, FEDEC), run_dir=None)
+    trained = FederatedRun(fedec_config(), run_dir=None)
     trained.train_round(1)
     states = trained.party_states()
     rows = {n: s["half"]["previous"]["entity_emb"] for n, s in states.items() if n.startswith("client_")}
-    fresh = FederatedRun(load_config(None, FEDEC), run_dir=None)
+    fresh = FederatedRun(fedec_config(), run_dir=None)
     names = list(rows)
 
     without_half = {"server": states["server"]} | {n: {k: v for k, v in states[n].items() if k != "half"}
@@ -215,8 +225,8 @@ def test_a_run_resumed_into_a_fresh_federation_computes_the_same_contrastive_ter
 
     from lightning_fedkg.federated.checkpoint import capture_rng, restore_rng
 
-    cfg = FEDEC + ["trainer.threads=1", "federated.fedec.mu=0.5"]
-    straight = FederatedRun(load_config(None, cfg), run_dir=None)
+    cfg = ["trainer.threads=1", "federated.fedec.mu=0.5"]
+    straight = FederatedRun(fedec_config(*cfg), run_dir=None)
     for r in (1, 2):
         straight.train_round(r)
         straight.evaluate("val", r)  # overwrites the rows: E_prev must come from the half
@@ -226,7 +236,7 @@ def test_a_run_resumed_into_a_fresh_federation_computes_the_same_contrastive_ter
     def resumed(keep_half: bool = True) -> FederatedRun:
         buffer.seek(0)
         saved = torch.load(buffer, weights_only=False)
-        run = FederatedRun(load_config(None, cfg), run_dir=None)
+        run = FederatedRun(fedec_config(*cfg), run_dir=None)
         parties = saved["parties"]
         if not keep_half:
             parties = {n: {k: v for k, v in s.items() if k != "half"} for n, s in parties.items()}

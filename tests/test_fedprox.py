@@ -8,23 +8,20 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.run import fit
 
-BASE = ["data.name=umls", "model.dim=8", "train.num_negatives=8", "train.negative_mode=shared", "train.lr=0.05",
-        "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.local_epochs=1",
-        "federated.rounds=2", "federated.eval_every=1"]
+from conftest import make_tiny_config
 
 
 @pytest.mark.slow
-def test_fedprox_with_mu_zero_is_fede_exactly(tmp_path, one_thread):
-    fede = fit(load_config(None, BASE + ["federated.strategy=fede"]), tmp_path / "fede")
-    prox = fit(load_config(None, BASE + ["federated.strategy=fedprox", "federated.fedprox.mu=0"]),
-                         tmp_path / "prox")
+def test_fedprox_with_mu_zero_is_fede_exactly(tiny_fede_run, tmp_path, one_thread):
+    fede, _ = tiny_fede_run
+    prox = fit(make_tiny_config("fedprox", "federated.fedprox.mu=0"), tmp_path / "prox")
     assert prox["test"] == fede["test"] and prox["clients"] == fede["clients"]
     assert prox["bytes_sent"] == fede["bytes_sent"]
 
 
 def distance_from_download(strategy: str, mu: float) -> float:
     section = [f"federated.fedprox.mu={mu}"] if strategy == "fedprox" else []
-    run = FederatedRun(load_config(None, BASE + [f"federated.strategy={strategy}", *section]), run_dir=None)
+    run = FederatedRun(make_tiny_config(strategy, *section), run_dir=None)
     run.align()
     downloads = {c.name: run.server.rows(c.name)["entity_emb"] for c in run.clients}
     run.train_round(1)

@@ -9,9 +9,8 @@ same protocol and can be compared exactly.
 import json
 
 import pytest
-import torch
 
-from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest
 from lightning_fedkg.methods.fede.phase import SINGLE_DIR, obtain_single_run
 from lightning_fedkg.federated.entry import restore_finished_run
@@ -20,47 +19,42 @@ from lightning_fedkg.federated.tasks import METRIC_KEYS
 from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fede.fusion import ScoreFusion, evaluate_fusion
 
+from conftest import make_small_config, single_thread
+
+
+#: On top of the small federation (conftest): FedE's tail-only evaluation, fusion on.
+SETTINGS = {
+    "model.dim": 32,
+    "train.lr": 0.05,
+    "train.batch_size": 512,
+    "train.num_negatives": 32,
+    "train.negative_mode": "shared",
+    "train.corruption": "both",
+    "train.reset_optimizer": True,
+    "train.eval_sides": "tail",
+    "train.ties": "arbitrary",
+    "federated.rounds": 20,
+    "federated.local_epochs": 1,
+    "federated.eval_every": 5,
+    "federated.patience": 5,
+    "federated.fede.fusion": True,
+    "federated.fede.fusion_epochs": 500,
+}
+
 
 def umls_config(strategy: str = "fede", **overrides):
     """A small real FedE setting with fusion; 500 fusion epochs cost well under a second."""
-    base = {
-        "seed": 0,
-        "data.name": "umls",
-        "data.num_clients": 3,
-        "model.name": "transe",
-        "model.dim": 32,
-        "train.lr": 0.05,
-        "train.batch_size": 512,
-        "train.num_negatives": 32,
-        "train.negative_mode": "shared",
-        "train.corruption": "both",
-        "train.reset_optimizer": True,
-        "train.eval_sides": "tail",
-        "train.ties": "arbitrary",
-        "trainer.accelerator": "cpu",
-        "trainer.progress_bar": False,
-        "federated.strategy": strategy,
-        "federated.rounds": 20,
-        "federated.local_epochs": 1,
-        "federated.eval_every": 5,
-        "federated.patience": 5,
-        "federated.fede.fusion": True,
-        "federated.fede.fusion_epochs": 500,
-    }
-    base.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    return make_small_config(strategy, **{**SETTINGS, **overrides})
 
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
     # Tiny tensors: one intra-op thread is faster and steadier on a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    run_dir = tmp_path_factory.mktemp("fede_fusion")
-    cfg = umls_config()
-    metrics = fit(cfg, run_dir)
-    yield cfg, metrics, run_dir
-    torch.set_num_threads(threads)
+    with single_thread():
+        run_dir = tmp_path_factory.mktemp("fede_fusion")
+        cfg = umls_config()
+        metrics = fit(cfg, run_dir)
+        yield cfg, metrics, run_dir
 
 
 @pytest.mark.slow

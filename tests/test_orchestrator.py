@@ -9,50 +9,44 @@ import json
 import pytest
 import torch
 
-from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.table import format_table
 from lightning_fedkg.run import fit
+
+from conftest import make_small_config, single_thread
 
 DIM = 32
 ROUNDS = 30
 EVAL_EVERY = 10
 
 
+#: On top of the small federation (conftest): what these runs train with.
+SETTINGS = {
+    "model.dim": DIM,
+    "train.lr": 0.05,
+    "train.batch_size": 512,
+    "train.num_negatives": 32,
+    "train.negative_mode": "shared",
+    "train.corruption": "both",
+    "train.reset_optimizer": True,
+    "federated.rounds": ROUNDS,
+    "federated.local_epochs": 1,
+    "federated.eval_every": EVAL_EVERY,
+    "federated.patience": 5,
+}
+
+
 def umls_config(strategy: str, **overrides):
     """A small but real federated setting: TransE, dim 32, shared negatives, E=1."""
-    base = {
-        "seed": 0,
-        "data.name": "umls",
-        "data.num_clients": 3,
-        "model.name": "transe",
-        "model.dim": DIM,
-        "train.lr": 0.05,
-        "train.batch_size": 512,
-        "train.num_negatives": 32,
-        "train.negative_mode": "shared",
-        "train.corruption": "both",
-        "train.reset_optimizer": True,
-        "trainer.accelerator": "cpu",
-        "trainer.progress_bar": False,
-        "federated.strategy": strategy,
-        "federated.rounds": ROUNDS,
-        "federated.local_epochs": 1,
-        "federated.eval_every": EVAL_EVERY,
-        "federated.patience": 5,
-    }
-    base.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    return make_small_config(strategy, **{**SETTINGS, **overrides})
 
 
 @pytest.fixture(scope="module")
 def single_threaded():
     # Tiny tensors: intra-op threads only add synchronisation, and on a shared 2-core box
     # they make timings erratic. Restored afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

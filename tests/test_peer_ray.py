@@ -16,6 +16,8 @@ from lightning_fedkg.cli import main
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.run import fit
 
+from conftest import single_thread
+
 #: Every test here starts Ray (about 20 s for the module): the fast loop leaves them out.
 pytestmark = pytest.mark.slow
 
@@ -46,15 +48,10 @@ def ray_started():
 def ring_runs(ray_started, tmp_path_factory):
     """The ring plugin (each peer greets its next peer twice; client_1's hello handler raises)
     run to its end by both engines, with an event budget it does not reach."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("ring")
-    runs = {engine: (fit(load_config(None, overrides(FAILING_RING, 100, engine)), out / engine), out / engine)
-            for engine in ("local", "ray")}
-    torch.set_num_threads(threads)
-    return runs
+    with single_thread():
+        return {engine: (fit(load_config(None, overrides(FAILING_RING, 100, engine)), out / engine), out / engine)
+                for engine in ("local", "ray")}
 
 
 def wire(run_dir: Path) -> collections.Counter:

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from lightning_fedkg.cli import main
-from lightning_fedkg.config import load_config
 from lightning_fedkg.data import load_kg
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.channel import Channel
@@ -28,31 +27,28 @@ from lightning_fedkg.run import fit
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 
+from conftest import make_small_config
+
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2
 DIM = 8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+#: On top of the small federation (conftest).
 SETTINGS = {
-    "seed": 0,
-    "data.name": "umls",
-    "data.num_clients": 3,
-    "model.name": "transe",
     "model.dim": DIM,
     "train.num_negatives": 8,
     "train.negative_mode": "shared",
-    "trainer.accelerator": "cpu",
-    "trainer.progress_bar": False,
-    "federated.strategy": "fede",
     "federated.rounds": ROUNDS,
     "federated.local_epochs": 1,
 }
 
 
 def umls_config(**overrides):
-    settings = {**SETTINGS, **{k.replace("__", "."): v for k, v in overrides.items()}}
-    return load_config(None, [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()])
+    """The small federation under FedE, dim 8, 2 rounds; ``overrides`` as conftest's
+    :func:`make_small_config` takes them (``federated__min_clients=1``)."""
+    return make_small_config("fede", **{**SETTINGS, **overrides})
 
 
 def read_log(run_dir: Path) -> list[dict]:

@@ -6,18 +6,18 @@ import json
 import pytest
 
 from lightning_fedkg.cli import format_metrics_table
-from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.config import ConfigError
 from lightning_fedkg.run import fit
 
 TASK = "tests.plugin_task:RelationClassification"
-SETTINGS = ["data.name=umls", "data.num_clients=3", "model.dim=16", "train.lr=0.02", "train.batch_size=128",
-            "trainer.accelerator=cpu", "trainer.progress_bar=false", "federated.strategy=fede",
-            f"federated.task={TASK}", "federated.rounds=6", "federated.eval_every=2", "federated.local_epochs=2"]
+#: On top of conftest's small federation, under FedE.
+SETTINGS = {"model.dim": 16, "train.lr": 0.02, "train.batch_size": 128, "federated.task": TASK,
+            "federated.rounds": 6, "federated.eval_every": 2, "federated.local_epochs": 2}
 
 
 @pytest.mark.slow
-def test_a_relation_classification_task_federates_and_learns(tmp_path, one_thread):
-    cfg = load_config(None, SETTINGS + ["task.hidden=24"])
+def test_a_relation_classification_task_federates_and_learns(small_config, tmp_path, one_thread):
+    cfg = small_config("fede", "task.hidden=24", **SETTINGS)
     assert cfg.task.hidden == 24  # the task's own section, from its config_class
     metrics = fit(cfg, tmp_path / "run")
     # Far above chance (UMLS has 46 relations; the most frequent is about 1 in 9 triples).
@@ -34,8 +34,8 @@ def test_a_relation_classification_task_federates_and_learns(tmp_path, one_threa
     assert {name for s in shapes for name in s} <= {"entity_emb", "entity_digests"}
 
 
-def test_the_task_section_is_checked_like_any_other():
+def test_the_task_section_is_checked_like_any_other(small_config):
     with pytest.raises(ConfigError, match=r"task\.hidden: 0 is out of range"):
-        load_config(None, SETTINGS + ["task.hidden=0"])
+        small_config("fede", "task.hidden=0", **SETTINGS)
     with pytest.raises(ConfigError, match=r"unknown config key 'task\.hiddn'.*Valid keys here: hidden"):
-        load_config(None, SETTINGS + ["task.hiddn=3"])
+        small_config("fede", "task.hiddn=3", **SETTINGS)

@@ -15,10 +15,10 @@ from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fedlu.phase import membership_auc, run_unlearn, sample_forget_set, split_retain
 from lightning_fedkg.methods.fedlu.client_unlearning import confusion_loss
 
-SOURCE = ["data.name=umls", "model.dim=32", "train.lr=0.02", "train.batch_size=128", "train.num_negatives=32",
-          "train.negative_mode=shared", "train.loss=uniform", "trainer.accelerator=cpu", "trainer.progress_bar=false",
-          "federated.local_epochs=1", "federated.eval_every=1", "federated.rounds=6", "federated.strategy=fedlu",
-          "federated.fedlu.schedule=always"]
+from conftest import FEDLU_UMLS, single_thread
+
+#: The source run's settings: conftest's FedLU run on UMLS (shared with test_fedlu).
+SOURCE = FEDLU_UMLS
 #: An aggressive unlearning (the issue's bar: forgotten MRR at most half, test within 10%).
 #: UMLS is so regular that a model retrained without the forgotten triples still ranks them
 #: at ~90% of the original MRR, so reaching the bar means forgetting more than retraining does.
@@ -218,11 +218,10 @@ def tree_hash(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def source_run(tmp_path_factory):
-    torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("source")
-    fit(load_config(None, SOURCE), folder)
-    return folder
+def source_run(fedlu_umls_run):
+    """The shared FedLU run's folder; this module's tests unlearn from it on one thread."""
+    with single_thread():
+        yield fedlu_umls_run[1]
 
 
 @pytest.mark.slow
