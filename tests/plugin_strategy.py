@@ -51,7 +51,7 @@ class PrivateTableTask(LinkPrediction):
 
 
 class PluginFedE(Strategy):
-    """FedE's engine under another name: holder-mean of the declared ``"entity"`` group."""
+    """FedE's server under another name: holder-mean of the declared ``"entity"`` group."""
 
     name = "plugin_fede"
     Server = HolderMeanServer

@@ -1,5 +1,5 @@
 """A new user's list (issue 34, item 6): bad inputs end in one clear line and exit 2, Ctrl-C
-says how to resume, the README's commands work as written, an unfinished run says so."""
+says how to resume, the documented commands work as written, an unfinished run says so."""
 
 import json
 import os
@@ -113,7 +113,7 @@ def test_unlearn_from_an_fkge_run_says_it_is_not_supported(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_readme_unlearn_command_works_on_a_bundled_kg(tmp_path, capsys):
-    # README, CLI reference: `fedkg unlearn --from RUN_DIR` (no -c, no unlearn.forget); the
+    # docs/usage.md, CLI reference: `fedkg unlearn --from RUN_DIR` (no -c, no unlearn.forget); the
     # bundled UMLS has no unlearn split, so the default (auto) samples.
     source = tmp_path / "fede"
     assert main(["fit", "-c", FEDE_CONFIG, "--out", str(source), *TINY_FED, "federated.rounds=1"]) == 0
@@ -190,7 +190,7 @@ def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
                          ids=["transe", "rotate"])
 @pytest.mark.slow
 def test_a_misspelled_model_key_of_a_builtin_model_is_reported_before_torch(overrides):
-    # README's own example of a misspelled key: reported without importing torch (seconds).
+    # docs/usage.md's own example of a misspelled key: reported without importing torch (seconds).
     script = ("import sys\nfrom lightning_fedkg.cli import main\n"
               f"status = main(['fit', '-c', {FEDE_CONFIG!r}, *{overrides!r}])\n"
               "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules))\n"

@@ -21,7 +21,7 @@ LAYERS = [
     ("builders", ("builders",)),
     ("federated core", ("federated",)),
     ("methods", ("methods",)),
-    ("engines", ("flower",)),
+    ("backends", ("flower",)),
     ("runs", ("training", "run")),
     ("command line", ("cli", "__init__")),
 ]

@@ -2,8 +2,8 @@
 
 Ray starts once for the module (seconds), and each Ray run starts one process per party
 (torch and Lightning imported in each), so the Ray runs here are few: one of the ring
-plugin (ends by itself, one injected failure) compared with the local engine, and one of
-the endless gossip with a budget, resumed across engines.
+plugin (ends by itself, one injected failure) compared with the local backend, and one of
+the endless gossip with a budget, resumed across backends.
 """
 
 import collections
@@ -47,7 +47,7 @@ def ray_started():
 @pytest.fixture(scope="module")
 def ring_runs(ray_started, tmp_path_factory):
     """The ring plugin (each peer greets its next peer twice; client_1's hello handler raises)
-    run to its end by both engines, with an event budget it does not reach."""
+    run to its end by both backends, with an event budget it does not reach."""
     out = tmp_path_factory.mktemp("ring")
     with single_thread():
         return {engine: (fit(load_config(None, overrides(FAILING_RING, 100, engine)), out / engine), out / engine)
@@ -60,7 +60,7 @@ def wire(run_dir: Path) -> collections.Counter:
                                for r in records)
 
 
-def test_ray_ends_by_itself_with_the_local_engines_deliveries_and_wire_log(ring_runs):
+def test_ray_ends_by_itself_with_the_local_backends_deliveries_and_wire_log(ring_runs):
     (local, local_dir), (ray_, ray_dir) = ring_runs["local"], ring_runs["ray"]
     assert local["engine"] == "local" and local["wall_seconds"] > 0
     assert ray_["engine"] == "ray" and ray_["runner"] == "event" and ray_["wall_seconds"] > 0
@@ -81,7 +81,7 @@ def test_a_failing_handler_in_an_actor_is_recorded_and_the_others_go_on(ring_run
     assert ray_["peers"]["client_2"]["handshakes"] == 4  # greeted by client_1, greeting client_0
 
 
-def test_a_budget_stops_ray_exactly_and_runs_resume_across_engines(ray_started, tmp_path, one_thread, capsys):
+def test_a_budget_stops_ray_exactly_and_runs_resume_across_backends(ray_started, tmp_path, one_thread, capsys):
     run_dir = tmp_path / "gossip"
     local = fit(load_config(None, overrides(GOSSIP, 4, "local")), run_dir)
     assert local["events"] == 4 and local["pending"] > 0  # an unfinished local run ...

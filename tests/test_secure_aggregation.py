@@ -256,7 +256,7 @@ def test_a_client_never_reveals_both_secrets_of_one_peer():
 
 
 def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victim(monkeypatch):
-    """README "Collusion", checked: the server, which rebuilds every survivor's self mask
+    """docs/privacy.md "Collusion", checked: the server, which rebuilds every survivor's self mask
     when it unmasks, colluding with client_2 (its pair key) reads client_1's upload exactly
     on the rows only client_1 and client_2 hold (UMLS by relation: the 20 entities client_0
     lacks), and on the rows client_0 holds too learns nothing: what is left is masked by
@@ -301,7 +301,7 @@ def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victi
     only_2[rows_2] = True
     only_2[rows_0] = False
     assert int(only_2.sum()) == 20 and rows_0.numel() * words.shape[1] > 500
-    assert torch.equal(secagg.signed(coalition[only_2]), plain[only_2])  # the leak the README states
+    assert torch.equal(secagg.signed(coalition[only_2]), plain[only_2])  # the leak docs/privacy.md states
     hidden = coalition[rows_0].double().flatten()
     u, n = hidden / secagg.MODULUS, hidden.numel()
     assert abs(float(u.mean()) - 0.5) < 4 * (1 / 12) ** 0.5 / n ** 0.5
