@@ -161,6 +161,11 @@ class Exchange:
     seconds_ppat: float
     translation_cosine: float | None
     mismatched_cosine: float | None
+    # the translation on aligned pairs no alignment or update used (federated.fkge.holdout_fraction)
+    heldout_pairs: int = 0
+    heldout_cosine: float | None = None
+    heldout_hits1: float | None = None
+    heldout_hits10: float | None = None
 
 
 @dataclass
@@ -215,7 +220,7 @@ class HandshakeRecord:
         record = cls(row["client"], row["host"], row["number"], row["finished_at"])
         if row.get("skipped") == "partner_epsilon":
             return record
-        record.exchange = Exchange(**{f.name: row[f.name] for f in fields(Exchange)})
+        record.exchange = Exchange(**{f.name: row[f.name] for f in fields(Exchange) if f.name in row})
         record.outcome = UpdateOutcome(**{f.name: row.get(f.name) for f in fields(UpdateOutcome)})
         record.epsilon, record.bytes = row["epsilon"], row["bytes"]
         record.bytes_per_ppat_batch = row["bytes_per_ppat_batch"]
