@@ -41,3 +41,50 @@ def drift_from_truth(seed: int, epochs: int = 10, client_kw: dict | None = None,
 @pytest.mark.xfail(strict=True, reason="issue 35 finding 1: measured 0.508 on the game as it stands")
 def test_ppat_started_at_the_rotation_stays_within_5_percent(one_thread):
     assert drift_from_truth(0) <= 0.05
+
+
+# ----------------------------------------------------------------------------- restarts
+
+
+def test_restart_starts_alternate_between_the_two_components_of_o_d():
+    from lightning_fedkg.methods.fkge.restarts import restart_start
+
+    dets = [float(torch.linalg.det(restart_start(6, k, seed=3))) for k in range(6)]
+    for k in range(0, 6, 2):
+        assert dets[k] == pytest.approx(-dets[k + 1], abs=1e-5) and abs(dets[k]) == pytest.approx(1.0, abs=1e-5)
+        w, v = restart_start(6, k, 3), restart_start(6, k + 1, 3)
+        assert torch.equal(w[:, 1:], v[:, 1:]) and torch.equal(w[:, 0], -v[:, 0])
+    assert restart_start(6, 2, 3).sub(restart_start(6, 0, 3)).abs().max() > 0.1  # a new draw per pair
+
+
+def test_pair_free_fit_ignores_row_order_and_is_zero_only_at_the_same_set():
+    from lightning_fedkg.methods.fkge.restarts import pair_free_fit
+
+    x, y, rot = clusters_task(0, m=64)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(1))
+    assert pair_free_fit(y[perm], y) == pytest.approx(0.0, abs=1e-8)
+    assert pair_free_fit((x @ rot.T)[perm], y) == pytest.approx(pair_free_fit(x @ rot.T, y), rel=1e-5)
+    # brute force: the Chamfer sum of squared nearest distances
+    t = x  # the untranslated rows
+    fwd = sum(min(float((a - b).square().sum()) for b in y) for a in t) / 64
+    back = sum(min(float((a - b).square().sum()) for a in t) for b in y) / 64
+    assert pair_free_fit(t, y) == pytest.approx(fwd + back, rel=1e-4)
+    assert pair_free_fit(x @ rot.T, y) < 0.05 < pair_free_fit(t, y)
+
+
+def test_restarts_choose_the_best_fit_and_charge_one_accountant():
+    from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+    from lightning_fedkg.methods.fkge.restarts import pair_free_fit, run_ppat_restarts
+
+    x, y, _ = clusters_task(0, m=64)
+    out = run_ppat_restarts(x, y, 3, Channel(), client_kw=dict(lr=0.001, momentum=0.9, orthogonalize=0.01),
+                            host_kw=dict(hidden=8, lam=0.5, seed=0, noise_seed=0), epochs=1, seed=0)
+    assert out["chosen"] == min(range(3), key=out["fits"].__getitem__)
+    assert pair_free_fit(out["client"].translate(x), y) == pytest.approx(out["fits"][out["chosen"]])
+    # three runs of 64 labels each, all on one accountant: its epsilon after 64, 128, 192 worst-case
+    # labels bounds each restart's, and the epsilons only rise
+    eps = out["epsilons"]
+    assert eps == sorted(eps) and eps[0] < eps[2]
+    worst = PateMomentsAccountant(0.5)
+    worst.accumulate(torch.zeros(192, dtype=torch.long))
+    assert eps[2] <= worst.epsilon() + 1e-9
