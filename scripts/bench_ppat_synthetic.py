@@ -106,6 +106,23 @@ def run_ppat_clusters(seed: int, epochs: int, start: str = "orthogonal", **optio
     return begin, error(client.w.detach(), rot), out["epochs"][0]["teachers_fooled"], out["epochs"][-1]["teachers_fooled"]
 
 
+def run_ppat_restarts_clusters(seed: int, epochs: int, starts: int, **options) -> str:
+    """PPAT from ``starts`` starts in both components of O(d), the restart chosen by the
+    host's pair-free fit (:mod:`lightning_fedkg.methods.fkge.restarts`)."""
+    from lightning_fedkg.federated.channel import Channel
+    from lightning_fedkg.methods.fkge.restarts import restart_start, run_ppat_restarts
+
+    x, y, rot = clusters_task(seed)
+    client_kw = dict(lr=0.01, momentum=0.9, orthogonalize=0.01)
+    host_kw = dict(hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
+    client_kw.update({k[2:]: v for k, v in options.items() if k.startswith("g_")})
+    host_kw.update({k: v for k, v in options.items() if not k.startswith("g_")})
+    out = run_ppat_restarts(x, y, starts, Channel(), client_kw, host_kw, epochs=epochs, seed=seed + 100)
+    begin = min(error(restart_start(x.shape[1], k, seed + 100), rot) for k in range(starts))
+    return (f"restarts: nearest start {begin:.3f}, chosen #{out['chosen']} -> "
+            f"{error(out['client'].w.detach(), rot):.3f}")
+
+
 def run_plain_gan(seed: int, iterations: int, batch: int = 64, steps: int = 5, start: str = "orthogonal") -> tuple[float, float]:
     from lightning_fedkg.methods.fkge.ppat import initial_generator, discriminator
 
@@ -245,10 +262,10 @@ def main() -> int:
     parser.add_argument("--lam", type=float, default=100.0, help="mean task: PATE noise parameter")
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
-    parser.add_argument("--methods", default="ppat,gan,supervised", help="any of ppat,gan,supervised,refine")
+    parser.add_argument("--methods", default="ppat,gan,supervised", help="any of ppat,gan,supervised,refine,restarts")
     parser.add_argument("--start", choices=["orthogonal", "truth", "near"], default="orthogonal",
                         help="clusters: W0 for PPAT and the GAN (Haar-random, R, or about 0.3 from R)")
-    parser.add_argument("--starts", type=int, default=200, help="refine: random restarts")
+    parser.add_argument("--starts", type=int, default=200, help="refine, restarts: random restarts")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="clusters: override a PPATHost argument, or a PPATClient one as g_KEY "
                              "(e.g. num_teachers=1 g_momentum=0)")
@@ -263,6 +280,8 @@ def main() -> int:
         if "ppat" in methods:
             start, end, first, fooled = run_ppat_clusters(seed, args.epochs or 30, args.start, **overrides(args.set))
             parts.append(f"PPAT {start:.3f} -> {end:.3f} (fooled {first:.2f} -> {fooled:.2f})")
+        if "restarts" in methods:
+            parts.append(run_ppat_restarts_clusters(seed, args.epochs or 30, args.starts, **overrides(args.set)))
         if "gan" in methods:
             start, end = run_plain_gan(seed, args.iterations, start=args.start)
             parts.append(f"plain GAN {start:.3f} -> {end:.3f}")
