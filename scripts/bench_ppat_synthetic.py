@@ -84,7 +84,8 @@ def start_matrix(seed: int, start: str, rot: torch.Tensor) -> torch.Tensor | Non
     raise ValueError(start)
 
 
-def run_ppat_clusters(seed: int, epochs: int, start: str = "orthogonal", **options) -> tuple[float, float, float, float]:
+def run_ppat_clusters(seed: int, epochs: int, start: str = "orthogonal", diagnose: dict | None = None,
+                      **options) -> tuple[float, float, float, float]:
     """PPAT on the clusters task: ``(start error, end error, fooled first epoch, fooled last)``.
     ``options`` override the PPAT settings below (the ablations of ``--variant``)."""
     from lightning_fedkg.federated.channel import Channel
@@ -102,8 +103,29 @@ def run_ppat_clusters(seed: int, epochs: int, start: str = "orthogonal", **optio
         with torch.no_grad():
             client.w.copy_(w0)
     begin = error(client.w.detach(), rot)
+    torch.manual_seed(seed)  # dropout draws from the global generator, which torch seeds from the OS
     out = run_ppat(client, host, Channel(), epochs=epochs, seed=seed)
+    if diagnose is not None:
+        diagnose.update(teacher_memory(host, client.translate(x)))
     return begin, error(client.w.detach(), rot), out["epochs"][0]["teachers_fooled"], out["epochs"][-1]["teachers_fooled"]
+
+
+@torch.no_grad()
+def teacher_memory(host, fake: torch.Tensor) -> dict:
+    """Do the teachers memorise their rows? The share of real rows a teacher calls real among
+    its own partition and among the other teachers' rows (never its training data), and the
+    share of the final fakes it calls fake; means over teachers."""
+    host.teachers.eval()
+    own = other = fakes = 0.0
+    for i, teacher in enumerate(host.teachers):
+        real = torch.sigmoid(teacher(host.y).squeeze(-1)) > 0.5
+        mine = host.row_teacher == i
+        own += real[mine].float().mean().item()
+        other += real[~mine].float().mean().item() if (~mine).any() else float("nan")
+        fakes += (torch.sigmoid(teacher(fake).squeeze(-1)) <= 0.5).float().mean().item()
+    host.teachers.train()
+    t = host.num_teachers
+    return {"own": own / t, "other": other / t, "fakes": fakes / t}
 
 
 def run_ppat_restarts_clusters(seed: int, epochs: int, starts: int, **options) -> str:
@@ -117,6 +139,7 @@ def run_ppat_restarts_clusters(seed: int, epochs: int, starts: int, **options) -
     host_kw = dict(hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
     client_kw.update({k[2:]: v for k, v in options.items() if k.startswith("g_")})
     host_kw.update({k: v for k, v in options.items() if not k.startswith("g_")})
+    torch.manual_seed(seed)  # dropout: see run_ppat_clusters
     out = run_ppat_restarts(x, y, starts, Channel(), client_kw, host_kw, epochs=epochs, seed=seed + 100)
     begin = min(error(restart_start(x.shape[1], k, seed + 100), rot) for k in range(starts))
     return (f"restarts: nearest start {begin:.3f}, chosen #{out['chosen']} -> "
@@ -262,7 +285,7 @@ def main() -> int:
     parser.add_argument("--lam", type=float, default=100.0, help="mean task: PATE noise parameter")
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
-    parser.add_argument("--methods", default="ppat,gan,supervised", help="any of ppat,gan,supervised,refine,restarts")
+    parser.add_argument("--methods", default="ppat,gan,supervised", help="any of ppat,gan,supervised,refine,restarts; teachers (with ppat): memorisation check")
     parser.add_argument("--start", choices=["orthogonal", "truth", "near"], default="orthogonal",
                         help="clusters: W0 for PPAT and the GAN (Haar-random, R, or about 0.3 from R)")
     parser.add_argument("--starts", type=int, default=200, help="refine, restarts: random restarts")
@@ -278,8 +301,13 @@ def main() -> int:
     for seed in args.seeds:
         parts = []
         if "ppat" in methods:
-            start, end, first, fooled = run_ppat_clusters(seed, args.epochs or 30, args.start, **overrides(args.set))
+            memory = {} if "teachers" in methods else None
+            start, end, first, fooled = run_ppat_clusters(seed, args.epochs or 30, args.start, memory,
+                                                          **overrides(args.set))
             parts.append(f"PPAT {start:.3f} -> {end:.3f} (fooled {first:.2f} -> {fooled:.2f})")
+            if memory:
+                parts.append(f"teachers call real: own rows {memory['own']:.2f}, other teachers' rows "
+                             f"{memory['other']:.2f}; call the final fakes fake {memory['fakes']:.2f}")
         if "restarts" in methods:
             parts.append(run_ppat_restarts_clusters(seed, args.epochs or 30, args.starts, **overrides(args.set)))
         if "gan" in methods:
