@@ -64,24 +64,95 @@ def error(w: torch.Tensor, rot: torch.Tensor) -> float:
     return float((w - rot).norm() / rot.norm())
 
 
-def run_ppat_clusters(seed: int, epochs: int) -> tuple[float, float, float]:
+def polar(a: torch.Tensor) -> torch.Tensor:
+    """The orthogonal factor of ``a`` (nearest orthogonal matrix)."""
+    u, _, vh = torch.linalg.svd(a)
+    return u @ vh
+
+
+def start_matrix(seed: int, start: str, rot: torch.Tensor) -> torch.Tensor | None:
+    """W0 for ``--start``: ``None`` keeps the client's Haar-random ``orthogonal`` draw;
+    ``truth`` is R itself; ``near`` is the nearest rotation to R + 0.12 G (G Gaussian,
+    drawn from ``seed + 200``), about 0.3 from R."""
+    if start == "orthogonal":
+        return None
+    if start == "truth":
+        return rot.clone()
+    if start == "near":
+        g = torch.Generator().manual_seed(seed + 200)
+        return polar(rot + 0.12 * torch.randn(*rot.shape, generator=g))
+    raise ValueError(start)
+
+
+def run_ppat_clusters(seed: int, epochs: int, start: str = "orthogonal", diagnose: dict | None = None,
+                      **options) -> tuple[float, float, float, float]:
+    """PPAT on the clusters task: ``(start error, end error, fooled first epoch, fooled last)``.
+    ``options`` override the PPAT settings below (the ablations of ``--variant``)."""
     from lightning_fedkg.federated.channel import Channel
     from lightning_fedkg.methods.fkge.ppat import PPATClient, PPATHost, run_ppat
 
     x, y, rot = clusters_task(seed)
-    client = PPATClient(x, init="orthogonal", lr=0.01, momentum=0.9, orthogonalize=0.01, seed=seed + 100)
-    host = PPATHost(y, hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
-    start = error(client.w.detach(), rot)
+    client_kw = dict(init="orthogonal", lr=0.01, momentum=0.9, orthogonalize=0.01, seed=seed + 100)
+    host_kw = dict(hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
+    client_kw.update({k[2:]: v for k, v in options.items() if k.startswith("g_")})
+    host_kw.update({k: v for k, v in options.items() if not k.startswith("g_")})
+    client = PPATClient(x, **client_kw)
+    host = PPATHost(y, **host_kw)
+    w0 = start_matrix(seed, start, rot)
+    if w0 is not None:
+        with torch.no_grad():
+            client.w.copy_(w0)
+    begin = error(client.w.detach(), rot)
+    torch.manual_seed(seed)  # dropout draws from the global generator, which torch seeds from the OS
     out = run_ppat(client, host, Channel(), epochs=epochs, seed=seed)
-    return start, error(client.w.detach(), rot), out["epochs"][-1]["teachers_fooled"]
+    if diagnose is not None:
+        diagnose.update(teacher_memory(host, client.translate(x)))
+    return begin, error(client.w.detach(), rot), out["epochs"][0]["teachers_fooled"], out["epochs"][-1]["teachers_fooled"]
 
 
-def run_plain_gan(seed: int, iterations: int, batch: int = 64, steps: int = 5) -> tuple[float, float]:
+@torch.no_grad()
+def teacher_memory(host, fake: torch.Tensor) -> dict:
+    """Do the teachers memorise their rows? The share of real rows a teacher calls real among
+    its own partition and among the other teachers' rows (never its training data), and the
+    share of the final fakes it calls fake; means over teachers."""
+    host.teachers.eval()
+    own = other = fakes = 0.0
+    for i, teacher in enumerate(host.teachers):
+        real = torch.sigmoid(teacher(host.y).squeeze(-1)) > 0.5
+        mine = host.row_teacher == i
+        own += real[mine].float().mean().item()
+        other += real[~mine].float().mean().item() if (~mine).any() else float("nan")
+        fakes += (torch.sigmoid(teacher(fake).squeeze(-1)) <= 0.5).float().mean().item()
+    host.teachers.train()
+    t = host.num_teachers
+    return {"own": own / t, "other": other / t, "fakes": fakes / t}
+
+
+def run_ppat_restarts_clusters(seed: int, epochs: int, starts: int, **options) -> str:
+    """PPAT from ``starts`` starts in both components of O(d), the restart chosen by the
+    host's pair-free fit (:mod:`lightning_fedkg.methods.fkge.restarts`)."""
+    from lightning_fedkg.federated.channel import Channel
+    from lightning_fedkg.methods.fkge.restarts import restart_start, run_ppat_restarts
+
+    x, y, rot = clusters_task(seed)
+    client_kw = dict(lr=0.01, momentum=0.9, orthogonalize=0.01)
+    host_kw = dict(hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
+    client_kw.update({k[2:]: v for k, v in options.items() if k.startswith("g_")})
+    host_kw.update({k: v for k, v in options.items() if not k.startswith("g_")})
+    torch.manual_seed(seed)  # dropout: see run_ppat_clusters
+    out = run_ppat_restarts(x, y, starts, Channel(), client_kw, host_kw, epochs=epochs, seed=seed + 100)
+    begin = min(error(restart_start(x.shape[1], k, seed + 100), rot) for k in range(starts))
+    return (f"restarts: nearest start {begin:.3f}, chosen #{out['chosen']} -> "
+            f"{error(out['client'].w.detach(), rot):.3f}")
+
+
+def run_plain_gan(seed: int, iterations: int, batch: int = 64, steps: int = 5, start: str = "orthogonal") -> tuple[float, float]:
     from lightning_fedkg.methods.fkge.ppat import initial_generator, discriminator
 
     x, y, rot = clusters_task(seed)
     torch.manual_seed(seed)
-    w = torch.nn.Parameter(initial_generator(x.shape[1], "orthogonal", seed + 100))
+    w0 = start_matrix(seed, start, rot)
+    w = torch.nn.Parameter(initial_generator(x.shape[1], "orthogonal", seed + 100) if w0 is None else w0)
     disc = discriminator(x.shape[1], 256, dropout=0.1)
     d_opt, g_opt = torch.optim.SGD(disc.parameters(), lr=0.1), torch.optim.SGD([w], lr=0.1)
     g = torch.Generator().manual_seed(seed)
@@ -120,6 +191,54 @@ def run_supervised(seed: int, epsilon: float | None) -> tuple[float, float]:
     return error(w0, rot), error(procrustes(reply.arrays[CROSSCOV]) @ w0, rot)
 
 
+def nn_fit(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pair-free fit of ``W``: mean squared distance from each ``W x_i`` to its nearest
+    ``y_j``, plus the same from each ``y_j`` to its nearest ``W x_i`` (a Chamfer distance;
+    uses no pairs). Scored by whoever holds ``Y`` and the translated rows: the host."""
+    dist = torch.cdist(x @ w.T, y).square()
+    return float(dist.min(dim=1).values.mean() + dist.min(dim=0).values.mean())
+
+
+def refine(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, iterations: int = 10) -> torch.Tensor:
+    """MUSE-style refinement (Conneau et al., ICLR 2018) without pairs: mutual nearest
+    neighbours of ``W X`` and ``Y``, then orthogonal Procrustes on them, iterated."""
+    for _ in range(iterations):
+        dist = torch.cdist(x @ w.T, y)
+        fwd, back = dist.argmin(dim=1), dist.argmin(dim=0)
+        mutual = back[fwd] == torch.arange(len(x))
+        if not mutual.any():
+            break
+        xs, ys = x[mutual], y[fwd[mutual]]
+        w = polar(ys.T @ xs)  # argmin_Q ||Q xs - ys|| over O(d)
+    return w
+
+
+def run_refine(seed: int, starts: int) -> str:
+    """Findings 2 and 3: the pair-free criterion at R and at random rotations; refinement
+    from ``starts`` Haar-random starts (both components of O(d): Haar draws det = -1 half
+    the time) and the restart chosen by :func:`nn_fit` alone; and W0's own refinement."""
+    x, y, rot = clusters_task(seed)
+    g = torch.Generator().manual_seed(seed + 300)
+    draws = [haar(x.shape[1], g) for _ in range(starts)]
+    random_fit = min(nn_fit(q, x, y) for q in draws)
+    refined = [refine(q, x, y) for q in draws]
+    errors = [error(w, rot) for w in refined]
+    chosen = min(range(starts), key=lambda i: nn_fit(refined[i], x, y))
+    w0 = initial_generator_of(seed, x.shape[1])
+    return (
+        f"det R {torch.linalg.det(rot):+.0f}, det W0 {torch.linalg.det(w0):+.0f}; "
+        f"fit at R {nn_fit(rot, x, y):.3f}, best of {starts} random {random_fit:.2f}; "
+        f"refined within 0.1 of R: {sum(e < 0.1 for e in errors)}/{starts}; "
+        f"chosen by fit {errors[chosen]:.3f}; W0 refined {error(refine(w0, x, y), rot):.3f}"
+    )
+
+
+def initial_generator_of(seed: int, d: int) -> torch.Tensor:
+    from lightning_fedkg.methods.fkge.ppat import initial_generator
+
+    return initial_generator(d, "orthogonal", seed + 100)
+
+
 def mean_task(seeds, lam: float, epochs: int) -> None:
     from test_ppat import _rotated_pair
 
@@ -144,6 +263,21 @@ def mean_task(seeds, lam: float, epochs: int) -> None:
         print(f"{seed:>4}  " + "  ".join(f"{b:>7.3f} -> {a:>6.3f}" for b, a in zip(before, after)))
 
 
+def overrides(pairs: list[str]) -> dict:
+    """``["num_teachers=1", "g_momentum=0"]`` -> ``{"num_teachers": 1, "g_momentum": 0}``."""
+    out = {}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        for cast in (int, float):
+            try:
+                value = cast(value)
+                break
+            except ValueError:
+                pass
+        out[key] = {"True": True, "False": False}.get(value, value) if isinstance(value, str) else value
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=["clusters", "mean"], default="clusters")
@@ -151,7 +285,13 @@ def main() -> int:
     parser.add_argument("--lam", type=float, default=100.0, help="mean task: PATE noise parameter")
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
-    parser.add_argument("--methods", default="ppat,gan,supervised")
+    parser.add_argument("--methods", default="ppat,gan,supervised", help="any of ppat,gan,supervised,refine,restarts; teachers (with ppat): memorisation check")
+    parser.add_argument("--start", choices=["orthogonal", "truth", "near"], default="orthogonal",
+                        help="clusters: W0 for PPAT and the GAN (Haar-random, R, or about 0.3 from R)")
+    parser.add_argument("--starts", type=int, default=200, help="refine, restarts: random restarts")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="clusters: override a PPATHost argument, or a PPATClient one as g_KEY "
+                             "(e.g. num_teachers=1 g_momentum=0)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.task == "mean":
@@ -161,14 +301,23 @@ def main() -> int:
     for seed in args.seeds:
         parts = []
         if "ppat" in methods:
-            start, end, fooled = run_ppat_clusters(seed, args.epochs or 30)
-            parts.append(f"PPAT {start:.3f} -> {end:.3f} (fooled {fooled:.2f})")
+            memory = {} if "teachers" in methods else None
+            start, end, first, fooled = run_ppat_clusters(seed, args.epochs or 30, args.start, memory,
+                                                          **overrides(args.set))
+            parts.append(f"PPAT {start:.3f} -> {end:.3f} (fooled {first:.2f} -> {fooled:.2f})")
+            if memory:
+                parts.append(f"teachers call real: own rows {memory['own']:.2f}, other teachers' rows "
+                             f"{memory['other']:.2f}; call the final fakes fake {memory['fakes']:.2f}")
+        if "restarts" in methods:
+            parts.append(run_ppat_restarts_clusters(seed, args.epochs or 30, args.starts, **overrides(args.set)))
         if "gan" in methods:
-            start, end = run_plain_gan(seed, args.iterations)
+            start, end = run_plain_gan(seed, args.iterations, start=args.start)
             parts.append(f"plain GAN {start:.3f} -> {end:.3f}")
         if "supervised" in methods:
             cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps)[1]:.3f}" for eps in (1.0, 4.0, 16.0, None)]
             parts.append("supervised " + ", ".join(cells))
+        if "refine" in methods:
+            parts.append(run_refine(seed, args.starts))
         print(f"seed {seed}: " + " | ".join(parts), flush=True)
     return 0
 

@@ -14,7 +14,9 @@ from lightning_fedkg.methods.fkge.ppat import PPATHost
 FULL_KEYS = ["client", "host", "number", "aligned_entities", "aligned_relations", "ppat_batches", "stopped",
              "queries", "sigma", "ppat_generator_losses", "seconds_ppat", "translation_cosine", "mismatched_cosine",
              "accepted", "seconds_update", "virtual_entities", "valid_before", "valid_after", "epsilon", "bytes",
-             "bytes_per_ppat_batch", "finished_at"]
+             "bytes_per_ppat_batch", "finished_at",
+             # appended by the held-out alignment scores (issue 35)
+             "heldout_pairs", "heldout_cosine", "heldout_hits1", "heldout_hits10"]
 
 
 def exchange(**kw):

@@ -27,7 +27,9 @@ class FKGEConfig:
 
     Data: ``align`` picks what PPAT translates (``entities``, the code's; ``relations``;
     ``both``, the paper's); ``align_fraction`` keeps that share of the aligned entities (the
-    paper's 20-100% ablation); ``neighbours`` translated non-aligned neighbours per aligned
+    paper's 20-100% ablation), after ``holdout_fraction`` of them (the last in alignment
+    order) are held out of every alignment and update to score the translation per
+    handshake (``heldout_*`` in metrics.json); ``neighbours`` translated non-aligned neighbours per aligned
     entity become virtual entities of the host (0: aligned rows only; the code's strategy_2
     uses 1); ``shared_relations`` is the share of relations dealt to every source when one KG
     is cut into sources (needed for relation alignment). ``mode``: ``replace`` the host's
@@ -90,6 +92,7 @@ class FKGEConfig:
     update_epochs: int = field(default=10, metadata={"range": Range(min=0)})
     align: Literal["entities", "relations", "both"] = "entities"
     align_fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
+    holdout_fraction: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
     neighbours: int = field(default=1, metadata={"range": Range(min=0)})
     shared_relations: float = field(default=0.0, metadata={"range": Range(min=0, max=1, max_exclusive=True)})
     mode: Literal["replace", "average", "none"] = "replace"

@@ -146,12 +146,23 @@ class FKGEPeer(PeerHalf):
         alignment order; the first ``ceil(align_fraction * k)`` aligned entities (the code's
         ``gan_ratio``)."""
         ents = self.entity_pairs.get(partner, (torch.zeros(0, dtype=torch.long),))[0]
+        ents = ents[: ents.numel() - self._holdout_count(ents.numel())]
         if self.fk.align == "relations":
             ents = ents[:0]
         else:
             ents = ents[: math.ceil(self.fk.align_fraction * ents.numel())]
         rels = self.relation_pairs.get(partner, (torch.zeros(0, dtype=torch.long),))[0]
         return ents, rels if self.uses_relations else rels[:0]
+
+    def _holdout_count(self, aligned: int) -> int:
+        return math.floor(self.fk.holdout_fraction * aligned)
+
+    def heldout_ids(self, partner: str) -> Tensor:
+        """This peer's ids of the aligned entities held out from every alignment and update
+        with ``partner``: the last ``floor(holdout_fraction * k)`` in alignment order (both
+        sides hold the pairs in the same order). They only score the translation."""
+        ents = self.entity_pairs.get(partner, (torch.zeros(0, dtype=torch.long),))[0]
+        return ents[ents.numel() - self._holdout_count(ents.numel()):]
 
     def rows(self, entity_ids: Tensor, relation_ids: Tensor) -> Tensor:
         """``[k_e + k_r, d]``: ``entity_emb`` rows then ``relation_emb`` rows (one space for W)."""
@@ -449,6 +460,10 @@ class FKGEPeer(PeerHalf):
         arrays["neighbour_is_head"] = edges[:, 3].contiguous()
         # not noised: what the host receives as a client's rows is declared, not accounted
         self.ledger.declare("translated_rows", translated.shape[0] + edges.shape[0])
+        heldout = self.heldout_ids(host)
+        if heldout.numel():  # only to score the translation on pairs no alignment used
+            arrays["heldout"] = side.translate(self.rows(heldout, heldout[:0]))
+            self.ledger.declare("heldout_rows", heldout.numel())
         return Message(arrays=arrays, metrics={"seconds_client": float(side.seconds)})
 
     @staticmethod
@@ -465,6 +480,23 @@ class FKGEPeer(PeerHalf):
         return {"translation_cosine": float(cos(translated, y, dim=1).mean()),
                 "mismatched_cosine": float(cos(translated, y.roll(1, dims=0), dim=1).mean())}
 
+    def _heldout_alignment(self, host: Hosting, message: Message) -> dict:
+        """The translation scored on the held-out pairs, a local diagnostic of the host: the
+        mean cosine of ``G(x_i)`` and ``y_i`` and the share of translated rows whose own
+        ``y_i`` ranks first / in the top 10 by cosine among all the host's entity rows."""
+        ids = self.heldout_ids(host.partner)
+        if "heldout" not in message.arrays or ids.numel() == 0:
+            return {"heldout_pairs": 0, "heldout_cosine": None, "heldout_hits1": None, "heldout_hits10": None}
+        normalize = torch.nn.functional.normalize
+        translated = normalize(message.arrays["heldout"].float(), dim=1)
+        table = normalize(self.party.model.entity_emb.detach().float().cpu(), dim=1)
+        sims = translated @ table.T  # [h, n]
+        own = sims.gather(1, ids.view(-1, 1))
+        rank = (sims > own).sum(dim=1) + 1  # ties in the host's favour: an optimistic rank
+        n = int(ids.numel())
+        return {"heldout_pairs": n, "heldout_cosine": float(own.mean()),
+                "heldout_hits1": int((rank <= 1).sum()) / n, "heldout_hits10": int((rank <= 10).sum()) / n}
+
     def _hosting(self, partner: str) -> Hosting:
         if self.host is None or self.host.partner != partner:
             raise RuntimeError(f"{self.name} is not hosting a handshake with {partner}")
@@ -478,7 +510,7 @@ class FKGEPeer(PeerHalf):
             ppat_batches=host.batches, stopped=host.stopped, queries=self.ledger.pate.queries - host.queries_before,
             sigma=host.sigma, ppat_generator_losses=[] if host.convergence is None else host.convergence.losses,
             seconds_ppat=host.seconds + float(message.metrics.get("seconds_client", 0.0)),
-            **self._translation_cosine(host, message))
+            **self._translation_cosine(host, message), **self._heldout_alignment(host, message))
         if host.batches == 0:  # the privacy budget allowed no PPAT step: nothing to update with
             outcome = UpdateOutcome(accepted=False, skipped="epsilon", seconds_update=0.0, virtual_entities=0,
                                     valid_before=self.best, valid_after=None)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .ppat import PPATClient, PPATHost
 
-__all__ = ["PeerState", "Convergence", "Hosting", "ClientSide", "PPATClientSide", "SupervisedClientSide",
+__all__ = ["HELDOUT_KEYS", "PeerState", "Convergence", "Hosting", "ClientSide", "PPATClientSide", "SupervisedClientSide",
            "Exchange", "UpdateOutcome", "HandshakeRecord"]
 
 
@@ -147,6 +147,10 @@ class SupervisedClientSide(ClientSide):
                 "seconds": self.seconds, "w0": self.w0, "x": self.rows}
 
 
+#: The held-out alignment scores of an :class:`Exchange`, last in a metrics.json row.
+HELDOUT_KEYS = ("heldout_pairs", "heldout_cosine", "heldout_hits1", "heldout_hits10")
+
+
 @dataclass
 class Exchange:
     """What a handshake exchanged, as its host saw it."""
@@ -161,6 +165,11 @@ class Exchange:
     seconds_ppat: float
     translation_cosine: float | None
     mismatched_cosine: float | None
+    # the translation on aligned pairs no alignment or update used (federated.fkge.holdout_fraction)
+    heldout_pairs: int = 0
+    heldout_cosine: float | None = None
+    heldout_hits1: float | None = None
+    heldout_hits10: float | None = None
 
 
 @dataclass
@@ -205,9 +214,11 @@ class HandshakeRecord:
         head = {"client": self.client, "host": self.host, "number": self.number}
         if self.exchange is None:
             return {**head, "accepted": False, "skipped": "partner_epsilon", "finished_at": self.finished_at}
-        return {**head, **asdict(self.exchange), **self.outcome.to_dict(), "epsilon": self.epsilon,
+        exchange = asdict(self.exchange)
+        heldout = {k: exchange.pop(k) for k in HELDOUT_KEYS}  # appended last: older keys keep their places
+        return {**head, **exchange, **self.outcome.to_dict(), "epsilon": self.epsilon,
                 "bytes": self.bytes, "bytes_per_ppat_batch": self.bytes_per_ppat_batch,
-                "finished_at": self.finished_at}
+                "finished_at": self.finished_at, **heldout}
 
     @classmethod
     def from_dict(cls, row: dict) -> "HandshakeRecord":
@@ -215,7 +226,7 @@ class HandshakeRecord:
         record = cls(row["client"], row["host"], row["number"], row["finished_at"])
         if row.get("skipped") == "partner_epsilon":
             return record
-        record.exchange = Exchange(**{f.name: row[f.name] for f in fields(Exchange)})
+        record.exchange = Exchange(**{f.name: row[f.name] for f in fields(Exchange) if f.name in row})
         record.outcome = UpdateOutcome(**{f.name: row.get(f.name) for f in fields(UpdateOutcome)})
         record.epsilon, record.bytes = row["epsilon"], row["bytes"]
         record.bytes_per_ppat_batch = row["bytes_per_ppat_batch"]
