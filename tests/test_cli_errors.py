@@ -143,8 +143,18 @@ def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsy
         while not (run / "checkpoints" / "round_0002.json").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        out, err = proc.communicate(timeout=120)
+        # What Ctrl-C sends. Python raises it between bytecodes; one that lands in a finaliser
+        # is printed and dropped (seen once under heavy load), so, as a user would, press
+        # again if the run goes on: the run must stop by the second.
+        for presses in (1, 2):
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=60)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            raise AssertionError("two Ctrl-C did not stop the run")
     finally:
         if proc.poll() is None:
             proc.kill()
