@@ -131,30 +131,30 @@ def test_the_readme_unlearn_command_works_on_a_bundled_kg(tmp_path, capsys):
     assert "unfinished" not in json.loads(captured.out) and "unfinished" not in captured.err
 
 
+def as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT neither ignored nor blocked, as a shell starts a
+    command. Under ``pytest -n 2`` the worker that runs this file had SIGINT ignored or
+    blocked below Python by then (Python's own handler was unchanged, checked): the child
+    inherited that and Ctrl-C did nothing (the run went on; seen in 2 of 2 full runs)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_says_how_to_resume_and_test_from_says_unfinished(tmp_path, capsys):
     run = tmp_path / "run dir"  # a space: the printed command must quote it
     overrides = [*TINY_FED, "federated.rounds=1000"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "lightning_fedkg.cli", "fit", "-c", FEDE_CONFIG, "--out", str(run),
-                             *overrides], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *overrides], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=as_from_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while not (run / "checkpoints" / "round_0002.json").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
-        # What Ctrl-C sends. Python raises it between bytecodes; one that lands in a finaliser
-        # is printed and dropped (seen once under heavy load), so, as a user would, press
-        # again if the run goes on: the run must stop by the second.
-        for presses in (1, 2):
-            proc.send_signal(signal.SIGINT)
-            try:
-                out, err = proc.communicate(timeout=60)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
-            raise AssertionError("two Ctrl-C did not stop the run")
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
