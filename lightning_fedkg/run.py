@@ -13,10 +13,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from lightning_fedkg.config import ExperimentConfig, show_progress_bar
+from lightning_fedkg.config import ExperimentConfig, resolve_auto_settings
 from lightning_fedkg.rundir import RunDirectory, read_run_config
 from lightning_fedkg.runtime import config_table_elements, configure_torch, seed_process
 
@@ -44,7 +43,7 @@ def fit(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
         else:
             from lightning_fedkg.federated.entry import run_federated as run
         seed_process(cfg.seed)
-        return run(with_progress_bar_decided(cfg), run_dir)
+        return run(resolve_auto_settings(cfg), run_dir)
 
 
 def evaluate(cfg: ExperimentConfig, ckpt: str | Path) -> dict:
@@ -57,13 +56,6 @@ def evaluate(cfg: ExperimentConfig, ckpt: str | Path) -> dict:
         from lightning_fedkg.federated.entry import evaluate_federated_checkpoint as test
     seed_process(cfg.seed)
     return test(cfg, ckpt)
-
-
-def with_progress_bar_decided(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with ``trainer.progress_bar: null`` (auto) decided for this process's stdout
-    (the runners read the field as a bool)."""
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer,
-                                                                progress_bar=show_progress_bar(cfg.trainer)))
 
 
 def best_state(run_dir: str | Path, cfg: ExperimentConfig) -> Path:
