@@ -30,7 +30,7 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   (``shuffle_received``): same values, wrong items -- what ``average`` gains beyond this
   is knowledge about the items;
 * ``nonprivate``: ``lam=100`` (PATE noise ``Lap(0.01)``: labels equal the teachers' vote);
-* ``dp10``: ``max_epsilon=10`` (the budget of configs/fkge/umls_fkge_dp.yaml);
+* ``dp10``: ``max_epsilon=10`` (the budget of configs/fkge/umls_fkge_ppat_dp.yaml);
 * ``entities`` / ``relations`` / ``both``: what PPAT aligns, on sources that share 30% of
   their relations (``shared_relations=0.3``; the three use the same sources);
 * ``frac20`` / ``frac60``: 20% / 60% of the aligned entities (``align_fraction``);
@@ -260,7 +260,8 @@ def versus_control(results: dict[str, list[dict]]) -> tuple[dict, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "fkge" / "umls_fkge.yaml"))
+    parser.add_argument("--config", default=str(REPO / "configs" / "fkge" / "umls_fkge_ppat.yaml"),
+                        help="the variants' overrides are relative to it (default: the paper's PPAT)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--variants", default="fkge,control")
     parser.add_argument("--threads", type=int, default=1)

@@ -19,6 +19,19 @@ Two tasks (``--task``):
   Prints ``‖W − R‖/‖R‖`` from W's start to the end (a random rotation: ~1.41) and, for
   PPAT, the share of teacher votes fooled in the last epoch.
 
+Diagnostics of why PPAT does not find ``R`` (clusters task):
+
+* ``feedback`` -- PPAT's game with the student removed: the generator follows the mean over
+  teachers of each teacher's gradient of ``-log D(G(x))`` on the batch, each teacher's
+  ``[B, d]`` block clipped to norm ``--clip``, plus Gaussian noise of std
+  ``z * 2 clip / T`` (one teacher's partition changes one block: sensitivity ``2 clip / T``;
+  ``z`` calibrated so the run's releases cost ``--epsilon`` at delta 1e-5; no
+  ``--epsilon``: no noise). Teachers see every fake; generator SGD without momentum.
+* ``moments`` -- a pair-free start from the host's released moments: the eigenvectors of
+  ``sum y y^T`` over its unit rows and the third moment along each, both with Gaussian noise
+  (``--epsilon`` split over the two releases); the client matches its own eigenvectors, the
+  signs from the third moments.
+
     python scripts/bench_ppat_synthetic.py --task clusters --seeds 0 1 2 3 4
     python scripts/bench_ppat_synthetic.py --task mean --seeds 0 1 2 3 4 --lam 100
 """
@@ -239,6 +252,76 @@ def initial_generator_of(seed: int, d: int) -> torch.Tensor:
     return initial_generator(d, "orthogonal", seed + 100)
 
 
+def run_feedback(seed: int, epochs: int, start: str, epsilon: float | None, teachers: int, clip: float,
+                 batch_size: int = 32, lr: float = 0.01) -> str:
+    """``--methods feedback``: the generator follows the teachers' clipped, noised mean gradient."""
+    import math
+
+    from lightning_fedkg.federated.channel import Channel
+    from lightning_fedkg.federated.message import Message
+    from lightning_fedkg.methods.fkge.gaussian import calibrate_gaussian_noise
+    from lightning_fedkg.methods.fkge.ppat import FAKE, GRAD, PPATClient, PPATHost, run_ppat
+
+    x, y, rot = clusters_task(seed)
+    releases = epochs * math.ceil(len(x) / batch_size)
+    z = 0.0 if epsilon is None else calibrate_gaussian_noise(epsilon, 1e-5, steps=releases)
+
+    class TeacherFeedbackHost(PPATHost):
+        def on_fake(self, message):
+            super().on_fake(message)  # the teachers' step (the student's is unused)
+            fake = message.arrays[FAKE].float()
+            self.teachers.eval()
+            blocks = []
+            for teacher in self.teachers:
+                f = fake.clone().requires_grad_(True)
+                (g,) = torch.autograd.grad(F.softplus(-teacher(f).squeeze(-1)).sum(), f)
+                blocks.append(g * min(1.0, clip / max(float(g.norm()), 1e-12)))
+            self.teachers.train()
+            mean = torch.stack(blocks).mean(0)
+            noise = torch.randn(mean.shape, generator=self.noise, dtype=torch.float64).float()
+            return Message(arrays={GRAD: (mean + z * 2 * clip / len(blocks) * noise) / len(fake)})
+
+    client = PPATClient(x, init="orthogonal", lr=lr, momentum=0.0, orthogonalize=0.01, seed=seed + 100)
+    host = TeacherFeedbackHost(y, num_teachers=teachers, hidden=64, lam=100.0, seed=seed, noise_seed=seed,
+                               smoothing=0.1, dropout=0.1, teacher_fakes="all")
+    w0 = start_matrix(seed, start, rot)
+    if w0 is not None:
+        with torch.no_grad():
+            client.w.copy_(w0)
+    begin = error(client.w.detach(), rot)
+    torch.manual_seed(seed)  # dropout: see run_ppat_clusters
+    run_ppat(client, host, Channel(), epochs=epochs, batch_size=batch_size, seed=seed)
+    eps = "no noise" if epsilon is None else f"epsilon {epsilon:g} (z {z:.2f}, {releases} releases)"
+    return f"teacher feedback, {teachers} teachers, {eps}: {begin:.3f} -> {error(client.w.detach(), rot):.3f}"
+
+
+def run_moments(seed: int, epsilon: float | None, m: int = 512) -> str:
+    """``--methods moments``: the pair-free start from the host's noised second and third moments."""
+    from lightning_fedkg.methods.fkge.gaussian import calibrate_gaussian_noise
+
+    x, y, rot = clusters_task(seed, m=m)
+    # per release: sum of unit rank-ones (replace-one sensitivity sqrt 2) and the vector of
+    # third moments along the released eigenvectors (replace-one sensitivity 2)
+    z = 0.0 if epsilon is None else calibrate_gaussian_noise(epsilon, 1e-5, steps=2)
+    g = torch.Generator().manual_seed(seed + 7)
+
+    def axes(rows, noise2=0.0, noise3=0.0):
+        rows = (rows / rows.norm(dim=1, keepdim=True)).double()
+        second = rows.T @ rows
+        if noise2:
+            upper = torch.randn(second.shape, generator=g, dtype=torch.float64).triu()
+            second = second + noise2 * (upper + upper.triu(1).T)
+        vectors = torch.linalg.eigh(second).eigenvectors.flip(1)
+        third = ((rows @ vectors) ** 3).sum(0)
+        return vectors, third + noise3 * torch.randn(third.shape, generator=g, dtype=torch.float64)
+
+    uy, ty = axes(y, z * 2 ** 0.5, z * 2.0)
+    ux, tx = axes(x)
+    w = ((uy * torch.sign(tx) * torch.sign(ty)) @ ux.T).float()
+    eps = "no noise" if epsilon is None else f"epsilon {epsilon:g}"
+    return f"moments start (m {m}, {eps}): {error(w, rot):.3f}"
+
+
 def mean_task(seeds, lam: float, epochs: int) -> None:
     from test_ppat import _rotated_pair
 
@@ -285,7 +368,13 @@ def main() -> int:
     parser.add_argument("--lam", type=float, default=100.0, help="mean task: PATE noise parameter")
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
-    parser.add_argument("--methods", default="ppat,gan,supervised", help="any of ppat,gan,supervised,refine,restarts; teachers (with ppat): memorisation check")
+    parser.add_argument("--methods", default="ppat,gan,supervised",
+                        help="any of ppat,gan,supervised,refine,restarts,feedback,moments; "
+                             "teachers (with ppat): memorisation check")
+    parser.add_argument("--epsilon", type=float, default=None, help="feedback, moments: privacy budget (none: no noise)")
+    parser.add_argument("--teachers", type=int, default=4, help="feedback: teachers")
+    parser.add_argument("--clip", type=float, default=1.0, help="feedback: norm bound of each teacher's gradient block")
+    parser.add_argument("--rows", type=int, default=512, help="moments: rows of the task")
     parser.add_argument("--start", choices=["orthogonal", "truth", "near"], default="orthogonal",
                         help="clusters: W0 for PPAT and the GAN (Haar-random, R, or about 0.3 from R)")
     parser.add_argument("--starts", type=int, default=200, help="refine, restarts: random restarts")
@@ -316,6 +405,10 @@ def main() -> int:
         if "supervised" in methods:
             cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps)[1]:.3f}" for eps in (1.0, 4.0, 16.0, None)]
             parts.append("supervised " + ", ".join(cells))
+        if "feedback" in methods:
+            parts.append(run_feedback(seed, args.epochs or 30, args.start, args.epsilon, args.teachers, args.clip))
+        if "moments" in methods:
+            parts.append(run_moments(seed, args.epsilon, args.rows))
         if "refine" in methods:
             parts.append(run_refine(seed, args.starts))
         print(f"seed {seed}: " + " | ".join(parts), flush=True)

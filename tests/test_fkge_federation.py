@@ -369,10 +369,10 @@ def test_ppats_stopping_rule_ends_each_handshake_after_patience_epochs(tmp_path)
 
 @pytest.mark.slow
 def test_the_shipped_ppat_config_moves_the_generator(tmp_path):
-    """The review found W moving by ~2e-5 per handshake in configs/fkge/umls_fkge.yaml (G(X)
+    """The review found W moving by ~2e-5 per handshake in configs/fkge/umls_fkge_ppat.yaml (G(X)
     was the client's random start). The shipped settings must move it by far more -- which
     says the generator trains, not that it learns the translation (docs/results/fkge.md)."""
-    cfg = load_config("configs/fkge/umls_fkge.yaml", [
+    cfg = load_config("configs/fkge/umls_fkge_ppat.yaml", [
         "federated.fkge.pretrain_epochs=3", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=1",
         "trainer.threads=1", "trainer.progress_bar=false", "federated.fkge.reproducible_noise=true"])
     metrics = fit(cfg, tmp_path / "shipped")

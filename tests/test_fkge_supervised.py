@@ -151,20 +151,19 @@ def test_the_control_replays_the_runs_handshake_schedule(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_shipped_supervised_config_aligns_beyond_mismatched_rows(tmp_path):
-    """configs/fkge/umls_fkge_supervised.yaml at epsilon 4 per release: every handshake's
-    translated rows are closer to the host's own rows of the same items than to other items'.
-
-    Under replace-one (twice the noise of add/remove at the same ε) the margin is thin: over
-    three OS-noise runs the translation cosine was .07-.13 against mismatched -.02-.02, and
-    one draw in the suite fell just short of +.05. The noise is made reproducible (derived
-    from the seed: a test setting, not private) so that the test checks the config, not a
-    draw: .086 / .091 / .130 against .004 / .007 / -.026."""
-    cfg = load_config("configs/fkge/umls_fkge_supervised.yaml", [
-        "federated.fkge.pretrain_epochs=10", "federated.fkge.update_epochs=1", "federated.fkge.handshakes_per_kg=1",
+def test_the_quick_start_improves_the_kgs_it_federates(tmp_path):
+    """configs/fkge/umls_fkge.yaml, the README's first FKGE command, run as shipped: mean test
+    MRR over the 3 KGs rises over their own pre-training, every handshake's translated rows
+    are closer to the host's own rows of the same items than to other items', and no party
+    passes epsilon 10. On the earlier quick start (the paper's PPAT) the mean MRR fell,
+    .7004 -> .6957. The noise is reproducible (a test setting, not private) so the test
+    checks the config, not a draw; over 5 seeds with the operating system's noise the gain
+    was +.046 to +.111 (docs/results/fkge.md)."""
+    cfg = load_config("configs/fkge/umls_fkge.yaml", [
         "trainer.threads=1", "trainer.progress_bar=false", "federated.fkge.reproducible_noise=true"])
-    metrics = fit(cfg, tmp_path / "shipped")
-    assert len(metrics["handshakes"]) == 3
+    metrics = fit(cfg, tmp_path / "quick_start")
+    gains = [kg["after"]["mrr"] - kg["before"]["mrr"] for kg in metrics["kgs"]]
+    assert sum(gains) / len(gains) > 0.02, gains
     for h in metrics["handshakes"]:
         assert h["translation_cosine"] > h["mismatched_cosine"] + 0.05
     assert all(kg["epsilon"] <= 10 for kg in metrics["kgs"])
