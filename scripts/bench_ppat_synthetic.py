@@ -15,7 +15,7 @@ Two tasks (``--task``):
   momentum 0.9; ``--epochs``), ``gan`` (a plain MUSE-style GAN with no PATE at all: one
   discriminator on real vs generated rows, 5 discriminator steps per generator step,
   ``--iterations``), ``supervised`` (the supervised DP alignment of
-  ``lightning_fedkg/methods/fkge/supervised.py`` at epsilon 1, 4, 16 and exact).
+  ``lightning_fedkg/methods/fkge/supervised.py`` at epsilon 1, 4, 10, 16 and exact).
   Prints ``‖W − R‖/‖R‖`` from W's start to the end (a random rotation: ~1.41) and, for
   PPAT, the share of teacher votes fooled in the last epoch.
 
@@ -403,7 +403,7 @@ def main() -> int:
             start, end = run_plain_gan(seed, args.iterations, start=args.start)
             parts.append(f"plain GAN {start:.3f} -> {end:.3f}")
         if "supervised" in methods:
-            cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps)[1]:.3f}" for eps in (1.0, 4.0, 16.0, None)]
+            cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps)[1]:.3f}" for eps in (1.0, 4.0, 10.0, 16.0, None)]
             parts.append("supervised " + ", ".join(cells))
         if "feedback" in methods:
             parts.append(run_feedback(seed, args.epochs or 30, args.start, args.epsilon, args.teachers, args.clip))
