@@ -106,7 +106,9 @@ def attack(run, payloads: Path) -> dict:
             if client != name or request.config.get("kind") != "score" or request.config["root"][0] != "s":
                 continue
             state = request.arrays[f"s{request.config['root'][1]}"]
-            table = next(iter(reply.arrays.values()))
+            table = reply.arrays["scores"]
+            if "columns" in request.arrays:  # a table over the union: the client's own columns
+                table = table[:, request.arrays["columns"]]
             states.append(as_floats(state, dim))
             scores.append(as_floats(table, table.shape[1]))
         truth = encoder.entity_emb.detach().double()
@@ -143,11 +145,24 @@ def _local(party, kind: str, keys: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_server_reconstructs_entity_and_relation_rows_from_retrieval_traffic(tmp_path):
-    run, payloads = evaluated_run(tmp_path)
+def test_server_reconstructs_entity_and_relation_rows_under_paper_retrieval(tmp_path):
+    run, payloads = evaluated_run(tmp_path, task__retrieval="paper")
     result = attack(run, payloads)
     for name, r in result.items():
         assert r["pairs"] == 300  # 2p, 3p and ip end in one forwarded state: 100 each
         assert r["entity_error"] < 1e-5 and r["matched"] == 1.0, (name, r)
         assert r["relations"] >= 20 and r["relation_error"] < 1e-5, (name, r)
+    run.close()
+
+
+@pytest.mark.slow
+def test_the_same_attack_recovers_nothing_under_private_retrieval(tmp_path):
+    run, payloads = evaluated_run(tmp_path)
+    assert run.cfg.task.retrieval == "private"  # the default
+    result = attack(run, payloads)
+    for name, r in result.items():
+        assert r["pairs"] == 300, (name, r)  # the same traffic pattern, sealed and padded
+        # chance: a random guess matches 1 in ~100 entities
+        assert r["matched"] <= 0.05 and r["entity_error"] > 0.5, (name, r)
+        assert r["relations"] >= 20 and r["relation_error"] > 0.5, (name, r)
     run.close()
