@@ -29,8 +29,8 @@ from .queries import STRUCTURES, anchors_and_relations, num_slots, relation_owne
 from .ranking import filtered_ranks, per_query_metrics
 from .sealed import add_words, mask_scores, open_states, seal_states, unmask_mean
 
-__all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "UnroutableQuery", "RetrievalServer",
-           "RetrievalClient"]
+__all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "UnroutableQuery", "explain_lacks",
+           "RetrievalServer", "RetrievalClient"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -158,6 +158,25 @@ class UnroutableQuery(ValueError):
     def __init__(self, lacks: list[dict]) -> None:
         super().__init__(f"no client can route the query ({len(lacks)} projection(s) lack a holder)")
         self.lacks = lacks
+
+
+def explain_lacks(cfg, fkg, lacks: list[dict]) -> list[str]:
+    """:class:`UnroutableQuery`'s ``lacks`` in names, one line per distinct reason (for
+    whoever holds the federation key: it turns keys back into names)."""
+    key = federation_key(cfg.federated.federation_key, cfg.seed)
+    names = {kind: dict(zip(digest_keys(hash_names(global_names(fkg, kind), key)).tolist(), global_names(fkg, kind)))
+             for kind in ("entity", "relation")}
+    lines = []
+    for lack in lacks:
+        relation = f"{'r-' if lack['inverse'] else 'r'}:{names['relation'].get(lack['relation'], '?')}"
+        if lack["client"] is None:
+            line = f"no client owns relation {relation}"
+        else:
+            line = (f"{lack['client']} owns relation {relation} but does not hold entity "
+                    f"e:{names['entity'].get(lack['entity'], '?')}, where that projection starts")
+        if line not in lines:
+            lines.append(line)
+    return lines
 
 
 class RetrievalServer:
