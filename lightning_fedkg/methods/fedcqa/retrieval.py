@@ -3,9 +3,12 @@
 No client holds a cross-graph query's graph and no row may leave its client, so the server
 routes the computation: clients send keyed hashes of their names (**keys**), each
 projection runs at the client that owns its relation (**hops**), and every client scores its
-own entities while the server holder-averages the score tables and ranks (**score**). Only
-keys, intermediate query states and score tables cross. The mixins run as evaluation
-stages on the ``test`` split. See docs/methods/fedcqa.md.
+own entities, the tables are holder-averaged and the answers ranked (**score**). Under
+``task.retrieval: paper`` the server sees the states and tables (enough to rebuild the rows);
+under ``private`` (default) they cross sealed and padded (:mod:`.sealed`) and a querying
+client ranks, so the server sees keys, ciphertext, padded sums and ranks. A query no client
+can route is never sent and counts as unanswered. The mixins run as evaluation stages on
+the ``test`` split. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations
