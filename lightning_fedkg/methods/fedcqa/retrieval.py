@@ -198,6 +198,9 @@ class RetrievalServer:
         self.cross: dict[str, CrossQueries] = ctx.evaluation_data or {}
         self.encoder_class = ENCODERS[ctx.cfg.task.encoder]
         self.private = ctx.cfg.task.retrieval == "private"
+        if self.private and self.cross and not ctx.cfg.federated.federation_key:
+            log.warning("task.retrieval=private seals under the federation key, derived from the seed without "
+                        "federated.federation_key: fine in simulation, guessable otherwise (set your own)")
         self.batch = int(ctx.cfg.train.eval_batch_size)
         self.steps = self._schedule()
         self.directory = None
