@@ -17,6 +17,12 @@ query type, per query), bytes per round and per retrieved query, and peak memory
 secure aggregation on and off, and the paper's static masks (``secret: paper``), for ``fedcqa``.
 
     python scripts/bench_fedcqa.py speed -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 3
+
+``speed --retrieval`` times only the cross-graph retrieval of one test evaluation, under
+``task.retrieval: paper`` and ``private`` after the same training: seconds and bytes (tensor
+bytes, both ways, and as serialized) per query, per type and overall.
+
+    python scripts/bench_fedcqa.py speed -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 1 --retrieval
 """
 
 from __future__ import annotations
@@ -123,6 +129,32 @@ class PlainFedCQA(CQAFedE):
     groups = ("entity", "operators")
 
 
+def retrieval_once(cfg, rounds: int) -> dict:
+    """One test evaluation's cross-graph retrieval after ``rounds`` rounds: seconds and bytes."""
+    run = FederatedRun(cfg, None)
+    for r in range(1, rounds + 1):
+        run.train_round(r)
+    before = len(run.channel.records())
+    run.evaluate("test", rounds)
+    steps = [r for r in run.channel.records()[before:] if r.name.startswith("cq_step")]
+    cross = run.server.cross_graph()
+    queries = sum(m["queries"] for m in cross["by_type"].values())
+    out = {
+        "queries": queries,
+        "unanswered": cross["unanswered"],
+        "mrr": cross["mrr"],
+        "seconds": sum(cross["seconds"].values()),
+        "ms_per_query": 1e3 * sum(cross["seconds"].values()) / max(queries, 1),
+        "ms_per_query_by_type": {t: 1e3 * s / max(cross["by_type"][t]["queries"], 1)
+                                 for t, s in cross["seconds"].items()},
+        "bytes_per_query": sum(r.bytes for r in steps) / max(queries, 1),
+        "wire_bytes_per_query": sum(r.wire_bytes for r in steps) / max(queries, 1),
+        "messages": len(steps),
+    }
+    run.close()
+    return out
+
+
 def speed(args) -> None:
     from lightning_fedkg.methods.fedcqa.query_sets import graph_query_sets
     from lightning_fedkg.federated.party import load_federated_kg
@@ -131,6 +163,14 @@ def speed(args) -> None:
     cfg = load_config(args.config, args.overrides)
     report = {"config": str(args.config), "overrides": args.overrides,
               "threads": configure_torch(cfg.trainer, config_table_elements(cfg))}
+    if args.retrieval:
+        for mode in ("paper", "private"):
+            report[mode] = retrieval_once(load_config(args.config, [*args.overrides, f"task.retrieval={mode}"]),
+                                          args.rounds)
+        report["private_over_paper"] = {k: report["private"][k] / report["paper"][k]
+                                        for k in ("ms_per_query", "bytes_per_query", "wire_bytes_per_query")}
+        _write(report, args.json_out)
+        return
     # sampling per type on client 0 (train, valid and test sets of the type), fresh caches
     fkg = load_federated_kg(cfg)
     settings = query_settings(cfg.task)
@@ -149,10 +189,14 @@ def speed(args) -> None:
         paper = load_config(args.config, [*args.overrides, "federated.secure_aggregation.enabled=false",
                                           "federated.fedcqa.secret=paper"])
         report["paper_masks"] = speed_once(paper, args.rounds)
+    _write(report, args.json_out)
+
+
+def _write(report: dict, json_out: str | None) -> None:
     print(json.dumps(report, indent=1))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=1))
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1))
 
 
 def main() -> None:
@@ -168,6 +212,8 @@ def main() -> None:
     s.add_argument("-c", "--config", type=Path, required=True)
     s.add_argument("--rounds", type=int, default=3)
     s.add_argument("--json-out")
+    s.add_argument("--retrieval", action="store_true",
+                   help="time only the cross-graph retrieval, task.retrieval paper against private")
     s.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     quality(args) if args.mode == "quality" else speed(args)

@@ -95,7 +95,7 @@ def test_distributed_retrieval_of_a_central_model_ranks_as_the_model_itself(tmp_
 
 @pytest.mark.slow
 def test_retrieval_moves_states_and_scores_never_rows(tmp_path):
-    cfg = cqa_config(tmp_path, federated__record_payloads="true", federated__rounds=1)
+    cfg = cqa_config(tmp_path, federated__record_payloads="true", federated__rounds=1, task__retrieval="paper")
     fit(cfg, tmp_path / "run")
     run = FederatedRun(cfg, None)  # the same clients' rows, to look for them in the payloads
     tables = [p.module.encoder.entity_emb.detach() for p in run.clients]

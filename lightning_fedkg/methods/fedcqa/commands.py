@@ -37,16 +37,25 @@ class Query(Command):
         from lightning_fedkg.federated.entry import load_run_from
 
         from .query_text import QuerySyntaxError, answer_query
+        from .retrieval import UnroutableQuery, explain_lacks
 
         # Loading a run rebuilds its parties (query sets from the cache): not news to a person asking.
         logging.getLogger("lightning_fedkg").setLevel(logging.WARNING)
         cfg, run = load_run_from(args.from_run)
         if cfg.federated.task != "query_answering":
             raise ConfigError(f"{args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")
+        # the querier reveals this many answers to the server, no more (task.retrieval: private)
+        run.server.reveal_top = args.top
         try:
             structure, answers = answer_query(cfg, run, args.query, top=args.top)
         except QuerySyntaxError as err:
             raise ConfigError(str(err)) from None
+        except UnroutableQuery as err:
+            # a well-formed query the federation cannot answer: say who lacked what
+            print("no answer: no client can route the query:")
+            for line in explain_lacks(cfg, run.fkg, err.lacks):
+                print(f"  {line}")
+            return 0
         finally:
             run.close()
         print(f"{structure} query, top {len(answers)} of the federation's entities by holder-averaged score:")

@@ -46,6 +46,13 @@ class QueryTaskConfig:
     (on the union, relations of at least two clients). Sets are sampled with
     ``query_seed``, not the run's seed, so seeds share their queries; they are cached in
     ``cache_dir`` (default ``~/.cache/lightning_fedkg/queries``).
+
+    ``retrieval`` is how cross-graph queries are answered: ``private`` (default) seals the
+    query states between clients and pads the score tables so that only a querying client
+    (in evaluation the first client) sees the combined scores and the server only the ranks
+    (or ``fedkg query``'s top-k); ``paper`` is the paper's retrieval (§4.2, Eq. 5–6), states
+    and score tables in clear at the server, which lets it rebuild every entity and relation
+    row: for comparison only.
     """
 
     encoder: Literal["gqe", "q2p", "tree_lstm"] = "gqe"
@@ -65,6 +72,7 @@ class QueryTaskConfig:
     cross_per_type: int = field(default=5_000, metadata={"range": Range(min=0)})
     query_seed: int = 0
     cache_dir: str = ""
+    retrieval: Literal["private", "paper"] = "private"
 
 
 def default_cache_dir() -> Path:

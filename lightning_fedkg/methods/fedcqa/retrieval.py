@@ -3,9 +3,12 @@
 No client holds a cross-graph query's graph and no row may leave its client, so the server
 routes the computation: clients send keyed hashes of their names (**keys**), each
 projection runs at the client that owns its relation (**hops**), and every client scores its
-own entities while the server holder-averages the score tables and ranks (**score**). Only
-keys, intermediate query states and score tables cross. The mixins run as evaluation
-stages on the ``test`` split. See docs/methods/fedcqa.md.
+own entities, the tables are holder-averaged and the answers ranked (**score**). Under
+``task.retrieval: paper`` the server sees the states and tables (enough to rebuild the rows);
+under ``private`` (default) they cross sealed and padded (:mod:`.sealed`) and a querying
+client ranks, so the server sees keys, ciphertext, padded sums and ranks. A query no client
+can route is never sent and counts as unanswered. The mixins run as evaluation stages on
+the ``test`` split. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from .entries import QUERY_METRICS, by_type
 from .module import ENCODERS
 from .queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
 from .ranking import filtered_ranks, per_query_metrics
+from .sealed import add_words, mask_scores, open_states, seal_states, unmask_mean
 
-__all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "RetrievalServer", "RetrievalClient"]
+__all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "UnroutableQuery", "explain_lacks",
+           "RetrievalServer", "RetrievalClient"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -140,14 +145,62 @@ def _lookup(own: Tensor, keys: Tensor, what: str, party: str) -> Tensor:
     return order[pos]
 
 
+def _member(ranked: Tensor | None, keys: Tensor) -> Tensor:
+    """Whether each of ``keys`` is in the sorted ``ranked`` (None: an empty set)."""
+    if ranked is None or len(ranked) == 0:
+        return torch.zeros(keys.shape, dtype=torch.bool)
+    pos = torch.searchsorted(ranked, keys.contiguous()).clamp(max=len(ranked) - 1)
+    return ranked[pos] == keys
+
+
+class UnroutableQuery(ValueError):
+    """A query no client can route; ``lacks`` lists, per failed projection, the ``client``
+    that owns its relation (None: no client does), the ``relation`` key, ``inverse``, and
+    the ``entity`` key the owner does not hold (None when the relation is unknown)."""
+
+    def __init__(self, lacks: list[dict]) -> None:
+        super().__init__(f"no client can route the query ({len(lacks)} projection(s) lack a holder)")
+        self.lacks = lacks
+
+
+def explain_lacks(cfg, fkg, lacks: list[dict]) -> list[str]:
+    """:class:`UnroutableQuery`'s ``lacks`` in names, one line per distinct reason (for
+    whoever holds the federation key: it turns keys back into names)."""
+    key = federation_key(cfg.federated.federation_key, cfg.seed)
+    names = {kind: dict(zip(digest_keys(hash_names(global_names(fkg, kind), key)).tolist(), global_names(fkg, kind)))
+             for kind in ("entity", "relation")}
+    lines = []
+    for lack in lacks:
+        relation = f"{'r-' if lack['inverse'] else 'r'}:{names['relation'].get(lack['relation'], '?')}"
+        if lack["client"] is None:
+            line = f"no client owns relation {relation}"
+        else:
+            line = (f"{lack['client']} owns relation {relation} but does not hold entity "
+                    f"e:{names['entity'].get(lack['entity'], '?')}, where that projection starts")
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
 class RetrievalServer:
     """Server mixin: cross-graph queries answered by distributed retrieval after the
-    in-graph evaluation; ``report()`` adds ``"in_graph"`` and ``"cross_graph"``."""
+    in-graph evaluation; ``report()`` adds ``"in_graph"`` and ``"cross_graph"``.
+
+    ``task.retrieval: private`` seals states and pads score tables (:mod:`.sealed`); the
+    querier (the first client) unmasks the holder-mean and returns ranks, or the top
+    :attr:`reveal_top` of a typed query. ``paper``: states and tables in clear (Eq. 5–6)."""
+
+    #: How many answers the querier reveals for a query without answers (``fedkg query --top``).
+    reveal_top = 10
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
         self.cross: dict[str, CrossQueries] = ctx.evaluation_data or {}
         self.encoder_class = ENCODERS[ctx.cfg.task.encoder]
+        self.private = ctx.cfg.task.retrieval == "private"
+        if self.private and self.cross and not ctx.cfg.federated.federation_key:
+            log.warning("task.retrieval=private seals under the federation key, derived from the seed without "
+                        "federated.federation_key: fine in simulation, guessable otherwise (set your own)")
         self.batch = int(ctx.cfg.train.eval_batch_size)
         self.steps = self._schedule()
         self.directory = None
@@ -155,8 +208,14 @@ class RetrievalServer:
         self.in_graph: tuple[dict, list[dict]] | None = None
         self.results: dict | None = None
 
+    @property
+    def querier(self) -> str:
+        """The client that takes the pads off and ranks (it holds the federation key)."""
+        return self.clients[0]
+
     def _schedule(self) -> list[tuple]:
-        """Every step of one cross-graph evaluation: keys, then per batch its hops and score."""
+        """Every step of one cross-graph evaluation: keys, then per batch its hops, score and
+        (private) the querier's reveal."""
         steps: list[tuple] = [("keys",)] if self.cross else []
         for name, cq in sorted(self.cross.items()):
             hops, root = stage_plan(self.encoder_class.plan(name))
@@ -164,6 +223,8 @@ class RetrievalServer:
                 stop = min(start + self.batch, len(cq))
                 steps += [("hop", name, start, stop, h, hops) for h in range(len(hops))]
                 steps.append(("score", name, start, stop, root))
+                if self.private:
+                    steps.append(("reveal", name, start, stop))
         return steps
 
     @property
@@ -196,11 +257,11 @@ class RetrievalServer:
             if step[4] == 0:
                 self._states = {}
                 self._failed = torch.zeros(stop - start, dtype=torch.bool)
+                self._lacks: list[dict] = []
             return self._hop_messages(cq, start, stop, step[5][step[4]])
-        refs = _leaves(step[4], "s")
-        arrays = {f"s{i}": self._states[i] for i in refs}
-        return {name_: Message(arrays=arrays, config={"kind": "score", "root": step[4]})
-                for name_ in self.clients}
+        if step[0] == "score":
+            return self._score_messages(round, name, start, step[4])
+        return self._reveal_messages(name, start, stop)
 
     def _hop_messages(self, cq: CrossQueries, start: int, stop: int, nodes) -> dict[str, Message]:
         keys, inverse = cq.keys[start:stop], cq.inverse[start:stop]
@@ -211,9 +272,17 @@ class RetrievalServer:
             pos = torch.searchsorted(relation_keys, keys[:, slot].contiguous()).clamp(max=len(relation_keys) - 1)
             known = relation_keys[pos] == keys[:, slot]
             owner = torch.where(known, owner_of[pos], -1)
+            self._note_lacks(~known & ~self._failed, None, keys, inverse, slot, None)
             self._failed |= ~known
+            # the owner must hold the branch's anchors: a row it cannot start is not sent
+            for a in _leaves(inner, "a"):
+                for k, client in enumerate(self.clients):
+                    mine = (owner == k) & ~self._failed
+                    lacking = mine & ~_member(self.directory["held"].get(client), keys[:, a])
+                    self._note_lacks(lacking, client, keys, inverse, slot, a)
+                    self._failed |= lacking
             for k, client in enumerate(self.clients):
-                rows = (owner == k).nonzero().squeeze(1)
+                rows = ((owner == k) & ~self._failed).nonzero().squeeze(1)
                 if not len(rows):
                     continue
                 self._routes[(client, node)] = rows
@@ -222,6 +291,8 @@ class RetrievalServer:
                                    "anchors": _leaves(inner, "a"), "refs": _leaves(inner, "s")})
                 m["arrays"][f"{node}:rel"] = keys[rows, slot]
                 m["arrays"][f"{node}:inv"] = inverse[rows, slot]
+                if self.private:  # which queries: the states' keys and associated data
+                    m["arrays"][f"{node}:q"] = start + rows
                 for a in _leaves(inner, "a"):
                     m["arrays"][f"{node}:a{a}"] = keys[rows, a]
                 for ref in _leaves(inner, "s"):
@@ -229,6 +300,51 @@ class RetrievalServer:
         return {c: Message(arrays=m["arrays"], config={"kind": "project", "structure": self.steps[self.cursor][1],
                                                         "nodes": m["nodes"]})
                 for c, m in messages.items()}
+
+    def _note_lacks(self, rows: Tensor, client, keys: Tensor, inverse: Tensor, slot: int, anchor) -> None:
+        """Remember why ``rows`` (bool) cannot be routed (``retrieve`` explains it)."""
+        for row in rows.nonzero().squeeze(1).tolist():
+            self._lacks.append({"row": row, "client": client, "relation": int(keys[row, slot]),
+                                "inverse": int(inverse[row, slot]),
+                                "entity": None if anchor is None else int(keys[row, anchor])})
+
+    def _score_messages(self, round: int, name: str, start: int, root) -> dict[str, Message]:
+        """The root's inputs for the rows every hop reached, to every client."""
+        self._live = (~self._failed).nonzero().squeeze(1)
+        self._masked: dict[str, tuple[Tensor, Tensor]] = {}
+        if not len(self._live):
+            return {}
+        arrays = {f"s{i}": self._states[i][self._live] for i in _leaves(root, "s")}
+        config = {"kind": "score", "root": root}
+        if not self.private:
+            return {c: Message(arrays=arrays, config=config) for c in self.clients}
+        d = self.directory
+        config.update(structure=name, width=int(d["entity_keys"].shape[0]), context=f"{round}|{name}|{start}")
+        arrays["q"] = start + self._live
+        return {c: Message(arrays={**arrays, "columns": d["entity_index"][c]}, config=config)
+                for c in self.clients if c in d["entity_index"]}
+
+    def _reveal_messages(self, name: str, start: int, stop: int) -> dict[str, Message]:
+        """The querier gets the sum of the padded tables, each entity's number of holders,
+        the sealed pad seeds, and the hard and easy answers of the rows (or how many of the
+        best it may reveal)."""
+        if not self._masked:
+            return {}
+        d = self.directory
+        contributors = [c for c in self.clients if c in self._masked]
+        counts = torch.zeros(d["entity_keys"].shape[0], dtype=torch.long)
+        for c in contributors:
+            counts[d["entity_index"][c]] += 1
+        arrays = {"total": add_words([self._masked[c][0] for c in contributors]), "counts": counts,
+                  "seeds": torch.stack([self._masked[c][1] for c in contributors])}
+        config = {"kind": "reveal", "contributors": contributors, "context": self._context}
+        cq = self.cross[name]
+        if cq.hard_keys.numel() == 0:
+            config["top"] = int(self.reveal_top)
+        else:
+            arrays.update(zip(("hard_rows", "hard_cols", "easy_rows", "easy_cols"),
+                              self._live_answers(cq, start, stop)))
+        return {self.querier: Message(arrays=arrays, config=config)}
 
     def aggregate_cq_step(self, round, split, replies, failures):
         step = self.steps[self.cursor]
@@ -249,14 +365,25 @@ class RetrievalServer:
                     continue
                 state = replies[client].arrays[str(node)]
                 if node not in self._states:
-                    self._states[node] = torch.full((stop - start, *state.shape[1:]), float("nan"))
-                self._states[node][rows] = state.float()
+                    # rows routed elsewhere stay NaN (paper) or zero bytes (private; never forwarded)
+                    shape = (stop - start, *state.shape[1:])
+                    self._states[node] = torch.zeros(shape, dtype=torch.uint8) if self.private else \
+                        torch.full(shape, float("nan"))
+                self._states[node][rows] = state if self.private else state.float()
             return self.in_graph
-        self._rank(name, start, stop, replies)
+        if step[0] == "score" and self.private:
+            self._context = f"{round}|{name}|{start}"
+            self._masked = {c: (r.arrays["scores"], r.arrays["seed"]) for c, r in replies.items()}
+            return self.in_graph
+        if step[0] == "score":
+            self._rank(name, start, stop, replies)
+        else:
+            self._revealed(name, start, stop, replies.get(self.querier))
         return self.in_graph
 
     def _build_directory(self, replies: dict[str, Message]) -> None:
-        """Union of the entity keys (a row per entity, Eq. 6's table) and each relation's owner."""
+        """Union of the entity keys (a row per entity, Eq. 6's table), each relation's owner
+        and each client's entity keys, sorted (whether it can start a branch)."""
         clients = [c for c in self.clients if c in replies]
         entity = torch.cat([replies[c].arrays["entity"] for c in clients])
         union, inverse = torch.unique(entity, return_inverse=True)
@@ -269,52 +396,98 @@ class RetrievalServer:
                            for c in clients])
         order = relation.argsort()
         self.directory = {"entity_keys": union, "entity_index": index,
-                          "relation_keys": relation[order], "relation_owner": owner[order]}
+                          "relation_keys": relation[order], "relation_owner": owner[order],
+                          "held": {c: replies[c].arrays["entity"].sort().values for c in clients}}
 
     def retrieve(self, exchange, queries: CrossQueries, round: int = 0) -> tuple[Tensor, Tensor]:
         """Answer ``queries`` (one structure, answers not needed) outside an evaluation, with
         ``exchange(round, stage, messages, split=)`` the runner's
         (:meth:`~lightning_fedkg.federated.federation.FederatedRun.exchange`):
-        ``(holder-mean scores [B, N] over the union, the union's entity keys [N])``."""
+        ``(scores [B, N] over the union, the union's entity keys [N])``, the holder-mean
+        scores (``paper``) or, under ``private``, the top :attr:`reveal_top` the querier
+        revealed and ``-inf`` elsewhere. Raises :class:`UnroutableQuery` when a query cannot
+        be routed (a relation no client owns, an owner without the branch's anchor)."""
         saved = self.cross, self.steps, self.cursor, self.results
         self.cross = {queries.structure: queries}
         self.steps, self.cursor = self._schedule(), 0
         self.results = {"by_type": {}, "unanswered": 0, "seconds": {}}
-        tables = []
+        tables, lacks = [], []
         try:
             for step in self.steps:
                 replies, failures = exchange(round, STEP, self.configure_cq_step(round, "test"), split="test")
                 self.aggregate_cq_step(round, "test", replies, failures)
-                if step[0] == "score":
+                if step[0] == ("reveal" if self.private else "score"):
                     tables.append(self.last_scores)
+                    lacks += [{**lack, "row": lack["row"] + step[2]} for lack in self._lacks]
         finally:
             self.cross, self.steps, self.cursor, self.results = saved
+        if lacks:
+            raise UnroutableQuery(lacks)
         return torch.cat(tables), self.directory["entity_keys"]
 
+    def _live_answers(self, cq: CrossQueries, start: int, stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Hard and easy answers of the routed rows, as (row among them, union column)."""
+        at = torch.full((stop - start,), -1, dtype=torch.long)
+        at[self._live] = torch.arange(len(self._live))
+        out = []
+        for offsets, keys in ((cq.hard_offsets, cq.hard_keys), (cq.easy_offsets, cq.easy_keys)):
+            rows, cols = self._answers(offsets, keys, start, stop)
+            keep = at[rows] >= 0
+            out += [at[rows][keep], cols[keep]]
+        return tuple(out)
+
     def _rank(self, name: str, start: int, stop: int, replies: dict[str, Message]) -> None:
-        """Holder-mean of the clients' score tables (Eq. 6), then filtered ranks of the hard answers."""
+        """``paper``: holder-mean of the clients' score tables (Eq. 6), then filtered ranks of
+        the hard answers."""
         d = self.directory
         n, b = d["entity_keys"].shape[0], stop - start
         # the union's rows are entities: each client's table [b, n_c] is its rows transposed;
         # an entity no answering client holds keeps -inf (never ranked above a held one)
         clients = list(replies)
-        scores = holder_mean(torch.full((n, b), float("-inf"), dtype=torch.float64),
-                             [d["entity_index"][c] for c in clients],
-                             [replies[c].arrays["scores"].double().T for c in clients]).T
+        live = self._live
+        scores = torch.full((b, n), float("nan"), dtype=torch.float64)
+        if len(live) and clients:
+            scores[live] = holder_mean(torch.full((n, len(live)), float("-inf"), dtype=torch.float64),
+                                       [d["entity_index"][c] for c in clients],
+                                       [replies[c].arrays["scores"].double().T for c in clients]).T
         self.last_scores = scores
         cq = self.cross[name]
         if cq.hard_keys.numel() == 0:  # a query to answer, not to evaluate
             return
-        hard_rows, hard_cols = self._answers(cq.hard_offsets, cq.hard_keys, start, stop)
-        easy_rows, easy_cols = self._answers(cq.easy_offsets, cq.easy_keys, start, stop)
-        answered = ~self._failed & ~torch.isnan(scores).any(1)
-        ranks = filtered_ranks(scores, hard_rows, hard_cols, easy_rows, easy_cols)
-        metrics = per_query_metrics(ranks, hard_rows, b)
+        if not len(live) or not clients:
+            self.results["unanswered"] += b
+            return
+        hard_rows, hard_cols, easy_rows, easy_cols = self._live_answers(cq, start, stop)
+        ranks = filtered_ranks(scores[live], hard_rows, hard_cols, easy_rows, easy_cols)
+        self._count(name, b, ranks, hard_rows, ~torch.isnan(scores[live]).any(1))
+
+    def _revealed(self, name: str, start: int, stop: int, reply: Message | None) -> None:
+        """``private``: the querier's ranks (twice each, as integers) or top answers."""
+        b, n = stop - start, self.directory["entity_keys"].shape[0]
+        self.last_scores = torch.full((b, n), float("nan"), dtype=torch.float64)
+        cq = self.cross[name]
+        if cq.hard_keys.numel() == 0:
+            if reply is not None:
+                revealed = torch.full((len(self._live), n), float("-inf"), dtype=torch.float64)
+                revealed.scatter_(1, reply.arrays["top"], reply.arrays["values"])
+                self.last_scores[self._live] = revealed
+            return
+        if reply is None:  # nothing routed, or the querier failed: the batch is unanswered
+            self.results["unanswered"] += b
+            return
+        hard_rows = self._live_answers(cq, start, stop)[0]
+        ranks = reply.arrays["ranks2"].float() / 2
+        self._count(name, b, ranks, hard_rows, torch.ones(len(self._live), dtype=torch.bool))
+
+    def _count(self, name: str, b: int, ranks: Tensor, hard_rows: Tensor, answered: Tensor) -> None:
+        """Add the ``answered`` routed rows' metrics to the type's sums; the other rows of the
+        ``b`` are unanswered."""
+        metrics = per_query_metrics(ranks, hard_rows, len(answered))
         entry = self.results["by_type"].setdefault(name, {**{k: 0.0 for k in QUERY_METRICS}, "queries": 0})
         for k in QUERY_METRICS:
             entry[k] += float(metrics[k][answered].sum())
         entry["queries"] += int(answered.sum())
-        self.results["unanswered"] += int((~answered).sum())
+        self.results["unanswered"] += b - int(answered.sum())
 
     def _answers(self, offsets: Tensor, keys: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
         """CSR answers of queries ``start..stop-1`` as (row, union column), unknown keys dropped."""
@@ -376,7 +549,9 @@ def _mean_by_type(per_client: list[dict]) -> dict:
 
 
 class RetrievalClient:
-    """Client mixin: answers the server's retrieval steps with its own rows and operators."""
+    """Client mixin: answers the server's retrieval steps with its own rows and operators;
+    under ``task.retrieval: private`` it opens and seals states, pads its score table and,
+    as the querier, takes the pads off and ranks (:mod:`.sealed`)."""
 
     def _own_keys(self, kind: str) -> Tensor:
         cache = self.__dict__.setdefault("_retrieval_keys", {})
@@ -396,37 +571,68 @@ class RetrievalClient:
         kind = message.config["kind"]
         if kind == "keys":
             return Message(arrays={"entity": self._own_keys("entity"), "relation": self._own_keys("relation")})
+        if kind == "reveal":
+            return Message(arrays=self._reveal(message))
         module = self.party.module
         was_training = module.training
         module.eval()
         try:
             if kind == "project":
                 return Message(arrays=self._project(message))
-            return Message(arrays={"scores": self._score(message)})
+            scores = self._score(message)
+            if "columns" not in message.arrays:
+                return Message(arrays={"scores": scores})
+            words, seed = mask_scores(self._key, scores, message.arrays["columns"], message.config["width"],
+                                      f"{message.config['context']}|{self.party.name}")
+            return Message(arrays={"scores": words, "seed": seed})
         finally:
             module.train(was_training)
 
+    def _state(self, message: Message, name: str, queries: Tensor | None, node: int) -> Tensor:
+        """The state ``name`` of ``message``: as it came, or opened when sealed."""
+        state = message.arrays[name]
+        if queries is None:
+            return state
+        return open_states(self._key, message.config["structure"], queries, node, state, self.party.cfg.model.dim)
+
     def _project(self, message: Message) -> dict[str, Tensor]:
         encoder, device = self.party.module.encoder, self.party.module.device
-        slots = num_slots(STRUCTURES[message.config["structure"]])
+        structure = message.config["structure"]
+        slots = num_slots(STRUCTURES[structure])
         out = {}
         for node in message.config["nodes"]:
             nid = node["id"]
             rel = message.arrays[f"{nid}:rel"]
+            queries = message.arrays.get(f"{nid}:q")
             rows = torch.zeros(rel.shape[0], slots, dtype=torch.long)
             local = _lookup(self._own_keys("relation"), rel, "a relation", self.party.name)
             rows[:, node["slot"]] = 2 * local + message.arrays[f"{nid}:inv"].long()
             for a in node["anchors"]:
                 rows[:, a] = _lookup(self._own_keys("entity"), message.arrays[f"{nid}:a{a}"], "an entity",
                                      self.party.name)
-            states = {str(r): message.arrays[f"{nid}:s{r}"].to(device) for r in node["refs"]}
+            states = {str(r): self._state(message, f"{nid}:s{r}", queries, r).to(device) for r in node["refs"]}
             rows = rows.to(device)
             state = encoder.project_state(run_plan(encoder, node["input"], rows, states), rows[:, node["slot"]])
-            out[str(nid)] = state.float().cpu()
+            state = state.float().cpu()
+            out[str(nid)] = state if queries is None else seal_states(self._key, structure, queries, nid, state)
         return out
 
     def _score(self, message: Message) -> Tensor:
         encoder, device = self.party.module.encoder, self.party.module.device
-        states = {k[1:]: v.to(device) for k, v in message.arrays.items() if k.startswith("s")}
+        queries = message.arrays.get("q")
+        states = {k[1:]: self._state(message, k, queries, int(k[1:])).to(device)
+                  for k in message.arrays if k.startswith("s")}
         query = encoder.output(run_plan(encoder, message.config["root"], None, states))
         return encoder.score(query).float().cpu()
+
+    def _reveal(self, message: Message) -> dict[str, Tensor]:
+        """The querier: the holder-mean from the padded sum, then what the server may see:
+        twice each hard answer's filtered rank, or the ``top`` answers and their scores."""
+        a, config = message.arrays, message.config
+        seeds = [(a["seeds"][i], f"{config['context']}|{c}") for i, c in enumerate(config["contributors"])]
+        scores = unmask_mean(self._key, a["total"], seeds, a["counts"])
+        if "top" in config:
+            best = scores.topk(min(int(config["top"]), scores.shape[1]))
+            return {"top": best.indices, "values": best.values}
+        ranks = filtered_ranks(scores, a["hard_rows"], a["hard_cols"], a["easy_rows"], a["easy_cols"])
+        return {"ranks2": torch.round(2 * ranks).long()}

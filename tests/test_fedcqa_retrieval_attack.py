@@ -1,0 +1,187 @@
+"""The server's passive attack on distributed retrieval (issue 36, finding 1).
+
+After one test evaluation of a small UMLS FedCQA federation, the server fits every entity
+row from the states it forwarded and the score tables it got back (GQE scores
+``γ − ‖e − q‖₁``: a sign-linearised least-squares fit of the L1 distances; tree-LSTM scores
+``h·e``: least squares), then, for GQE, each relation row as a first-hop state (anchor +
+relation) minus the recovered anchor. It reads nothing but the recorded cq_step payloads,
+as the server received them: under ``task.retrieval: paper`` it recovers the rows, under
+``private`` (default) no better than chance.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_fedkg.federated.alignment import federation_key, hash_names
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.federated.message import decode
+from lightning_fedkg.methods.fedcqa.retrieval import digest_keys
+
+from conftest import make_small_config
+
+pytest.importorskip("cryptography")
+
+GAMMA = 24.0
+#: (state, score table) pairs per client: queries whose root is one forwarded state.
+PAIRS = {"gqe": 300, "tree_lstm": 400}
+_TRANSFER = re.compile(r"_(server|client_\d+)_to_(server|client_\d+)_cq_step")
+
+
+def tiny_fedcqa(tmp_path, **overrides):
+    """FedCQA (hidden secure aggregate) on the small UMLS federation: GQE in 16 dimensions,
+    one short round, 100 cross-graph queries per type."""
+    settings = {
+        "model.dim": 16, "train.lr": 0.01, "train.batch_size": 64, "train.eval_batch_size": 64,
+        "task.encoder": "gqe", "task.steps_per_epoch": 3, "task.train_per_type": 300,
+        "task.eval_per_type": 30, "task.cross_per_type": 100, "task.cache_dir": str(tmp_path / "queries"),
+        "federated.task": "query_answering", "federated.rounds": 1, "federated.federation_key": "attack-test-key",
+        "federated.secure_aggregation.enabled": "true", "federated.secure_aggregation.hide_aggregate": "true",
+    }
+    return make_small_config("fedcqa", **{**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def query_cache(tmp_path_factory):
+    """One query-set cache for the module (the sets do not depend on the retrieval)."""
+    return tmp_path_factory.mktemp("queries")
+
+
+def evaluated_run(tmp_path, **overrides):
+    """``(run, payload folder)`` after one round and one recorded test evaluation."""
+    run = FederatedRun(tiny_fedcqa(tmp_path, **overrides), None)
+    run.train_round(1)
+    payloads = tmp_path / "payloads"
+    run.channel.open_log(tmp_path / "channel_log.jsonl", payloads)
+    run.evaluate("test", 1)
+    return run, payloads
+
+
+def exchanges(payloads: Path) -> list[tuple[str, object, object]]:
+    """``(client, request, reply)`` of every retrieval step, in the order they crossed."""
+    pending, out = {}, []
+    for path in sorted(payloads.glob("r*_cq_step*.safetensors")):
+        sender, receiver = _TRANSFER.search(path.name).groups()
+        message = decode(path.read_bytes())
+        if sender == "server":
+            pending[receiver] = message
+        else:
+            out.append((sender, pending.pop(sender), message))
+    return out
+
+
+def as_floats(t: torch.Tensor, width: int) -> torch.Tensor:
+    """What the server can read as ``[rows, width]`` float64 from a tensor it holds: floats
+    as they are; anything else (ciphertext bytes, masked words) reinterpreted as float32
+    or as fixed point, non-finite values set to 0."""
+    if t.is_floating_point():
+        out = t.double()
+    elif t.dtype == torch.uint8:  # nonce | ciphertext | tag: the ciphertext part read as float32
+        body = t[:, 12:12 + 4 * width].contiguous()
+        out = body.view(torch.float32).double()
+    else:
+        out = t.double() / 2.0 ** 32
+    out = out.reshape(out.shape[0], -1)[:, :width]
+    return torch.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def fit_l1(states: torch.Tensor, distances: torch.Tensor, iterations: int = 50) -> torch.Tensor:
+    """Rows ``E [n, d]`` with ``‖E[k] − states[j]‖₁ ≈ distances[j, k]``: start at the closest
+    state, then repeatedly fix the signs of ``E[k] − states[j]`` and solve the then linear
+    system by least squares."""
+    rows = states[distances.argmin(0)].clone()
+    for _ in range(iterations):
+        sign = torch.sign(rows[:, None, :] - states[None])
+        sign[sign == 0] = 1
+        target = distances.T + (sign * states[None]).sum(-1)
+        rows = torch.linalg.lstsq(sign, target[..., None]).solution.squeeze(-1)
+    return torch.nan_to_num(rows)
+
+
+def attack(run, payloads: Path) -> dict:
+    """The server's reconstruction from its view; returns per client the recovered entity
+    rows' largest relative error and the share matched to the right entity, and the
+    recovered relation rows' largest relative error and count."""
+    dim = run.cfg.model.dim
+    transfers = exchanges(payloads)
+    out = {}
+    for party in run.clients:
+        name, encoder = party.name, party.module.encoder
+        states, scores = [], []
+        for client, request, reply in transfers:
+            if client != name or request.config.get("kind") != "score" or request.config["root"][0] != "s":
+                continue
+            state = request.arrays[f"s{request.config['root'][1]}"]
+            table = reply.arrays["scores"]
+            if "columns" in request.arrays:  # a table over the union: the client's own columns
+                table = table[:, request.arrays["columns"]]
+            states.append(as_floats(state, dim))
+            scores.append(as_floats(table, table.shape[1]))
+        truth = encoder.entity_emb.detach().double()
+        states, scores = torch.cat(states), torch.cat(scores)[:, :truth.shape[0]]
+        if run.cfg.task.encoder == "tree_lstm":  # the state's first half is h, and s = h·e
+            rows = torch.nan_to_num(torch.linalg.lstsq(states, scores).solution.T)
+        else:
+            rows = fit_l1(states, GAMMA - scores)
+        error = (rows - truth).norm(dim=1) / truth.norm(dim=1)
+        matched = torch.cdist(rows, truth).argmin(1) == torch.arange(truth.shape[0])
+        # first-hop states are anchor + relation: subtract the recovered anchor
+        relations = {}
+        for client, request, reply in transfers:
+            if client != name or request.config.get("kind") != "project" or run.cfg.task.encoder != "gqe":
+                continue
+            for node in request.config["nodes"]:
+                if node["input"][0] != "a" or str(node["id"]) not in reply.arrays:
+                    continue
+                nid = node["id"]
+                anchors = _local(party, "entity", request.arrays[f"{nid}:a{node['input'][1]}"])
+                ids = 2 * _local(party, "relation", request.arrays[f"{nid}:rel"]) + request.arrays[f"{nid}:inv"]
+                guess = as_floats(reply.arrays[str(nid)], dim) - rows[anchors]
+                true = encoder.relation_emb.detach().double()[ids]
+                for i, e in zip(ids.tolist(), ((guess - true).norm(dim=1) / true.norm(dim=1)).tolist()):
+                    relations[i] = max(relations.get(i, 0.0), e)
+        out[name] = {"pairs": states.shape[0], "entity_error": float(error.max()),
+                     "matched": float(matched.double().mean()), "entities": truth.shape[0],
+                     "relation_error": max(relations.values(), default=None), "relations": len(relations)}
+    return out
+
+
+def _local(party, kind: str, keys: torch.Tensor) -> torch.Tensor:
+    """Local ids of ``keys`` at ``party`` (the server knows them from the keys step)."""
+    key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
+    own = digest_keys(hash_names(party.names[kind], key))
+    return (own[None, :] == keys[:, None]).long().argmax(1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoder", ["gqe", "tree_lstm"])
+def test_server_reconstructs_entity_and_relation_rows_under_paper_retrieval(tmp_path, query_cache, encoder):
+    run, payloads = evaluated_run(tmp_path, task__retrieval="paper", task__encoder=encoder,
+                                  task__cache_dir=str(query_cache))
+    result = attack(run, payloads)
+    for name, r in result.items():
+        # 2p, 3p and ip end in one forwarded state (100 each), and up for the tree-LSTM
+        assert r["pairs"] == PAIRS[encoder]
+        assert r["entity_error"] < 1e-5 and r["matched"] == 1.0, (name, r)
+        if encoder == "gqe":
+            assert r["relations"] >= 20 and r["relation_error"] < 1e-5, (name, r)
+    run.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoder", ["gqe", "tree_lstm"])
+def test_the_same_attack_recovers_nothing_under_private_retrieval(tmp_path, query_cache, encoder):
+    run, payloads = evaluated_run(tmp_path, task__encoder=encoder, task__cache_dir=str(query_cache))
+    assert run.cfg.task.retrieval == "private"  # the default
+    result = attack(run, payloads)
+    for name, r in result.items():
+        assert r["pairs"] == PAIRS[encoder], (name, r)  # the same traffic, sealed and padded
+        # chance: a random guess matches 1 in ~100 entities
+        assert r["matched"] <= 0.05 and r["entity_error"] > 0.5, (name, r)
+        if encoder == "gqe":
+            assert r["relations"] >= 20 and r["relation_error"] > 0.5, (name, r)
+    run.close()
