@@ -40,13 +40,14 @@ class RayNotInstalledError(ConfigError, ImportError):
     """``federated.backend=ray`` without Ray installed (a config error for the CLI, an ImportError for code)."""
 
 
-def import_ray():
-    """The ``ray`` module, or :class:`RayNotInstalledError` saying how to install it."""
+def import_ray(key: str = "federated.backend=ray"):
+    """The ``ray`` module, or :class:`RayNotInstalledError` saying that ``key`` (the setting
+    that asked for Ray) needs it and how to install it."""
     try:
         import ray
     except ImportError as err:
         raise RayNotInstalledError(
-            f'federated.backend=ray needs Ray, which is not installed ({err}): pip install "lightning-fedkg[ray]"'
+            f'{key} needs Ray, which is not installed ({err}): pip install "lightning-fedkg[ray]"'
         ) from None
     return ray
 
