@@ -134,3 +134,13 @@ def test_side_by_side_resumes_a_sequential_checkpoint(fede_runs, tmp_path):
     assert resumed["rounds"] == 2
     assert without_timing(resumed) == without_timing(local)
     assert same(final_states(tmp_path), final_states(fede_runs["local"][1]))
+
+
+@pytest.mark.slow
+def test_fedlu_side_by_side_equals_its_sequential_run(ray_started, tmp_path):
+    """FedLU: two models per client, a persistent local optimizer and distillation, all in the actors."""
+    with single_thread():
+        runs = {mode: fit(tiny("fedlu", mode, 2, "federated.fedlu.schedule=always"), tmp_path / mode)
+                for mode in ("local", "ray")}
+    assert without_timing(runs["ray"]) == without_timing(runs["local"])
+    assert same(final_states(tmp_path / "ray"), final_states(tmp_path / "local"))
