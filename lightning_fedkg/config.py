@@ -216,7 +216,9 @@ class TrainerConfig:
     :func:`show_progress_bar`). ``threads`` is the process's CPU thread budget (``None``:
     chosen when the run starts by :func:`lightning_fedkg.runtime.auto_threads`: one thread
     for the bundled tiny KGs, else the cores the 1-minute load average leaves free; set it
-    when several runs share a machine) and ``deterministic`` makes training bit-reproducible
+    when several runs share a machine; with ``federated.clients=ray`` it is each client
+    worker's count, unset that automatic count shared out among the workers,
+    :func:`lightning_fedkg.runtime.worker_threads`) and ``deterministic`` makes training bit-reproducible
     (deterministic algorithms, one thread unless ``threads`` is set); both are applied by
     :func:`lightning_fedkg.runtime.configure_torch`. ``devices``, ``progress_bar`` and
     ``threads`` may change when a run is resumed; ``accelerator``, ``precision`` and

@@ -7,7 +7,9 @@ the figures). For each run it times every training round (``FederatedRun.train_r
 clients' local training and the server's aggregation) and every validation
 (``FederatedRun.evaluate``), and prints the median training round over rounds 2.. (round 1
 warms up), the median validation, the test MRR (the two modes must agree exactly), each
-worker's thread count, and the machine's 1-minute load average before and after.
+worker's thread count, and the machine's 1-minute load average before and after. Sequential
+runs also print each client's CPU seconds of local training per round, whose sum over the
+largest bounds what running them side by side can gain, whatever the machine's load.
 
     python scripts/bench_side_by_side.py -c configs/fede/umls_fede.yaml --rounds 12
     python scripts/bench_side_by_side.py -c configs/fedlu/umls_fedlu.yaml --rounds 12
@@ -32,8 +34,17 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
     from lightning_fedkg.federated.federation import FederatedRun
     from lightning_fedkg.run import fit
 
-    rounds, evals = [], []
-    train_round, evaluate = FederatedRun.train_round, FederatedRun.evaluate
+    from lightning_fedkg.federated.party import Party
+
+    rounds, evals, fit_cpu = [], [], {}
+    train_round, evaluate, party_fit = FederatedRun.train_round, FederatedRun.evaluate, Party.fit
+
+    def timed_fit(self, epochs):  # CPU seconds of each client's local training (this process only)
+        start = time.process_time()
+        try:
+            return party_fit(self, epochs)
+        finally:
+            fit_cpu.setdefault(self.name, []).append(time.process_time() - start)
 
     def timed_train(self, r):
         start = time.perf_counter()
@@ -51,12 +62,13 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
                 evals.append(time.perf_counter() - start)
 
     cfg = load_config(config, [*overrides, "trainer.progress_bar=false", f"federated.clients={mode}"])
-    FederatedRun.train_round, FederatedRun.evaluate = timed_train, timed_evaluate
+    FederatedRun.train_round, FederatedRun.evaluate, Party.fit = timed_train, timed_evaluate, timed_fit
     try:
         metrics = fit(cfg, out)
     finally:
-        FederatedRun.train_round, FederatedRun.evaluate = train_round, evaluate
-    return {"round": statistics.median(rounds[1:] or rounds), "rounds": len(rounds),
+        FederatedRun.train_round, FederatedRun.evaluate, Party.fit = train_round, evaluate, party_fit
+    cpu = {name: statistics.median(v[1:] or v) for name, v in sorted(fit_cpu.items())}
+    return {"round": statistics.median(rounds[1:] or rounds), "rounds": len(rounds), "fit_cpu": cpu,
             "validation": statistics.median(evals) if evals else float("nan"),
             "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads")}
 
@@ -88,6 +100,11 @@ def main() -> None:
                 print(f"{mode:5s} run {i}: {r['round']:.3f} s/round (median of rounds 2-{r['rounds']}), "
                       f"validation {r['validation']:.3f} s, test MRR {r['mrr']:.6f}, "
                       f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}", flush=True)
+                if r["fit_cpu"]:
+                    cpu = list(r["fit_cpu"].values())
+                    print(f"      CPU seconds of each client's local training per round: "
+                          f"{' / '.join(f'{c:.3f}' for c in cpu)}; a round side by side can be at most "
+                          f"{sum(cpu) / max(cpu):.2f}x shorter (sum / largest)", flush=True)
     load_after = machine_load()
     local = statistics.median(r["round"] for r in results["local"])
     side = statistics.median(r["round"] for r in results["ray"])
