@@ -144,3 +144,14 @@ def test_fedlu_side_by_side_equals_its_sequential_run(ray_started, tmp_path):
                 for mode in ("local", "ray")}
     assert without_timing(runs["ray"]) == without_timing(runs["local"])
     assert same(final_states(tmp_path / "ray"), final_states(tmp_path / "local"))
+
+
+@pytest.mark.slow
+def test_a_client_failing_in_its_actor_is_the_same_failure_as_in_process(ray_started, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # tests.plugin_flaky, in the driver and (PYTHONPATH) the actors
+    with single_thread():
+        runs = {mode: fit(tiny("tests.plugin_flaky:FlakyFedE", mode), tmp_path / mode) for mode in ("local", "ray")}
+    expected = [{"round": 1, "stage": "train", "party": "client_1", "error": "RuntimeError: injected crash"}]
+    assert runs["ray"]["failures"] == runs["local"]["failures"] == expected
+    assert without_timing(runs["ray"]) == without_timing(runs["local"])
+    assert (tmp_path / "ray" / "channel_log.jsonl").read_text() == (tmp_path / "local" / "channel_log.jsonl").read_text()
