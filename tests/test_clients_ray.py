@@ -124,6 +124,21 @@ def test_side_by_side_equals_the_sequential_run_to_the_last_bit(fede_runs):
     assert all(any((ray_dir / "tb" / name).iterdir()) for name in CLIENTS)
 
 
+
+@pytest.mark.slow
+def test_a_side_by_side_run_is_tested_again_in_this_process(fede_runs):
+    """``fedkg test`` / ``--from``: the parties are rebuilt here and test as the run did."""
+    from lightning_fedkg.federated.clients import LocalClients
+    from lightning_fedkg.federated.entry import evaluate_federated_checkpoint, restore_finished_run
+
+    ray_, ray_dir = fede_runs["ray"]
+    run, round_ = restore_finished_run(tiny("fede", "ray"), ray_dir)
+    assert isinstance(run.pool, LocalClients) and round_ == ray_["best_round"]
+    with single_thread():
+        tested = evaluate_federated_checkpoint(tiny("fede", "ray"), ray_dir)
+    assert tested["test"] == ray_["test"] and tested["clients"] == ray_["clients"]
+
+
 @pytest.mark.slow
 def test_side_by_side_resumes_a_sequential_checkpoint(fede_runs, tmp_path):
     """One round in this process, the second in the actors: the two-round run's results."""
