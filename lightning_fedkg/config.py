@@ -216,7 +216,9 @@ class TrainerConfig:
     :func:`show_progress_bar`). ``threads`` is the process's CPU thread budget (``None``:
     chosen when the run starts by :func:`lightning_fedkg.runtime.auto_threads`: one thread
     for the bundled tiny KGs, else the cores the 1-minute load average leaves free; set it
-    when several runs share a machine) and ``deterministic`` makes training bit-reproducible
+    when several runs share a machine; with ``federated.clients=ray`` it is each client
+    worker's count, unset that automatic count shared out among the workers,
+    :func:`lightning_fedkg.runtime.worker_threads`) and ``deterministic`` makes training bit-reproducible
     (deterministic algorithms, one thread unless ``threads`` is set); both are applied by
     :func:`lightning_fedkg.runtime.configure_torch`. ``devices``, ``progress_bar`` and
     ``threads`` may change when a run is resumed; ``accelerator``, ``precision`` and
@@ -371,6 +373,15 @@ class FederatedConfig:
     scheduler (``local``) or with one Ray actor process per party (``ray``; the ``ray`` extra).
     A server-client method runs in this process (``local``) or on Flower (``flower``, the
     ``flower`` extra; its settings in ``federated.flower``, :class:`FlowerConfig`).
+    ``clients`` says where the clients of a server-client method train with
+    ``backend=local``: ``local`` (default) one after the other in this process; ``ray``
+    side by side, each in a long-lived Ray actor process of its own (the ``ray`` extra), the
+    replies aggregated in the same client order, so the results equal the sequential run's
+    bit for bit when each client computes with the same thread count. Each worker's thread
+    count is ``trainer.threads``, or unset the automatic count shared out among the clients
+    (:func:`~lightning_fedkg.runtime.worker_threads`), logged and written to ``metrics.json``
+    (``client_workers``). Methods with post-training phases (FedE fusion) need
+    their parties in this process and refuse ``ray``.
     A method's own settings live in its section, ``federated.<strategy name>``, whose
     fields are its strategy's ``config_class`` (added when a config names the strategy; see
     :func:`experiment_class`).
@@ -393,6 +404,7 @@ class FederatedConfig:
     record_payloads: bool = field(default=False, metadata={"resume": "free"})
     federation_key: str = ""
     backend: Literal["local", "ray", "flower"] = field(default="local", metadata={"resume": "free"})
+    clients: Literal["local", "ray"] = field(default="local", metadata={"resume": "free"})
     flower: FlowerConfig = field(default_factory=FlowerConfig)
     parties: Dict[str, Any] = field(default_factory=dict)
     secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)

@@ -32,6 +32,7 @@ __all__ = [
     "machine_load",
     "prepare_process",
     "seed_process",
+    "worker_threads",
 ]
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,29 @@ def effective_threads(trainer: TrainerConfig) -> int | None:
     if trainer.threads is not None:
         return int(trainer.threads)
     return 1 if trainer.deterministic else None
+
+
+def worker_threads(trainer: TrainerConfig, workers: int, table_elements: int | None = None,
+                   cpus: int | None = None, load: float | None = None) -> tuple[int, str]:
+    """The intra-op thread count of each of ``workers`` processes that train side by side
+    (``federated.clients=ray``), and why, as logged.
+
+    ``trainer.threads`` (or ``trainer.deterministic``'s one thread) is taken as it is, per
+    worker. Unset, the count one process would get (:func:`auto_threads`, from ``cpus`` and
+    ``load``, this machine's by default) is shared out: ``max(1, count // workers)``, so that
+    the workers together start no more threads than there are free cores (one each on a
+    2-core machine with 3 clients, and for small tables whatever the cores).
+    """
+    workers = max(1, int(workers))
+    fixed = effective_threads(trainer)
+    if fixed is not None:
+        why = "trainer.threads" if trainer.threads is not None else "trainer.deterministic"
+        return fixed, f"{why}, per worker"
+    cpus = machine_cpus() if cpus is None else cpus
+    load = machine_load() if load is None else load
+    total, facts = _choose(cpus, load, table_elements)
+    threads = max(1, total // workers)
+    return threads, f"{facts}; {total} shared by {workers} worker{'s' if workers != 1 else ''}"
 
 
 #: The count this process's pools were set to by :func:`configure_torch` and why, or None.

@@ -146,7 +146,7 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
         "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",
         "federated.max_retries", "federated.client_timeout", "federated.record_payloads",
-        "federated.backend", "federated.fkge.handshakes_per_kg", "federated.fkge.max_seconds",
+        "federated.backend", "federated.clients", "federated.fkge.handshakes_per_kg", "federated.fkge.max_seconds",
     } | {f"federated.flower.{f.name}" for f in dataclasses.fields(cfg.federated.flower)} | {f"unlearn.{f.name}" for f in dataclasses.fields(cfg.unlearn)}  # a phase: its own resume point
     # Precision and accelerator change what a round computes: they stay.
     assert {"trainer.precision", "trainer.accelerator", "trainer.deterministic", "seed"} <= kept

@@ -2,7 +2,8 @@
 
 :class:`~.federation.FederatedRun` talks to its clients only through a pool.
 :class:`LocalClients` (the default) keeps every party and client half in this process;
-another pool (Flower's) keeps them elsewhere and implements the same operations:
+another pool (:class:`~.clients_ray.RayClients`, ``federated.clients=ray``; Flower's) keeps
+them elsewhere and implements the same operations:
 :meth:`exchange`, :meth:`deliver`, :meth:`states` / :meth:`load_states`, :meth:`close` /
 :meth:`mute`. A pool is built by a factory ``pool(run)`` passed as
 ``FederatedRun(..., clients=pool)``. See docs/DESIGN.md.
@@ -54,6 +55,10 @@ class ClientPool:
         """The clients' :class:`~.party.Party` objects, where they are in this process."""
         raise RuntimeError(f"the clients of this run live outside this process ({type(self).__name__}); "
                            f"their parties cannot be reached from here")
+
+    def report(self) -> dict:
+        """Blocks for ``metrics.json`` about where the clients ran (none by default)."""
+        return {}
 
     def mute(self) -> None:
         """Log nothing more to TensorBoard."""

@@ -10,6 +10,7 @@ committed state.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from lightning_fedkg.config import ExperimentConfig
@@ -80,10 +81,16 @@ def run_subrun(cfg: ExperimentConfig, run_dir: str | Path) -> dict:
 
 def restore_finished_run(cfg: ExperimentConfig, ckpt: str | Path) -> tuple[FederatedRun, int]:
     """The parties of ``cfg`` with the weights of a committed checkpoint (a manifest, or a run
-    folder's best state) of this checkpoint format. Writes nothing. Returns ``(run, round)``."""
+    folder's best state) of this checkpoint format, in this process whatever
+    ``federated.clients`` says. Writes nothing. Returns ``(run, round)``."""
     manifest_path = resolve_manifest(ckpt)
     manifest = read_manifest(manifest_path)
     check_format(manifest_path, manifest, CHECKPOINT_VERSION)
+    if cfg.federated.clients != "local":
+        # Side-by-side clients give the sequential results: the parties are rebuilt in this
+        # process, where the commands that continue from them (unlearn, audit) reach them.
+        cfg = copy.deepcopy(cfg)
+        cfg.federated.clients = "local"
     run = FederatedRun(cfg, run_dir=None)
     run.load_party_states(lambda party: load_party(manifest_path, manifest, party), weights_only=True)
     run.last_round = int(manifest.get("round", 0))

@@ -106,7 +106,14 @@ class FederatedRun:
         self.strategy = STRATEGIES.get(fc.strategy)
         self.task = TASKS.get(fc.task)()
         in_process = self.strategy.in_process_only
-        if clients is not None and in_process:
+        if clients is not None and fc.clients != "local":
+            raise ConfigError(f"federated.clients={fc.clients} places the clients of backend=local; "
+                              f"this run's clients are placed by its backend")
+        if clients is None and fc.clients == "ray":
+            from lightning_fedkg.federated.clients_ray import RayClients
+
+            clients = RayClients
+        elif clients is not None and in_process:
             raise ConfigError(f"{fc.strategy!r} is a centralised reference that runs in one process only "
                               f"(federated.backend=local)")
         # A server whose clients live elsewhere reads no client data; only a trusted evaluator's

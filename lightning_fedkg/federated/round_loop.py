@@ -236,6 +236,7 @@ class RoundLoop(Loop):
             "seconds": round(self.seconds, 3),
         }
         metrics.update(run.server.report())
+        metrics.update(run.pool.report())
         # The federation's test belongs to the state it tested: the best round's step.
         run.log_server({f"test/{k}": v for k, v in {**avg, **run.server.test_scalars()}.items()}, self.stopper.best_round)
         run.log_server({"comm/bytes_total": float(metrics["bytes_sent"])}, self.last_round)

@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Seconds per round with the clients one after the other vs side by side (``federated.clients``).
+
+Runs one config ``--repeats`` times in each mode, alternating (local, ray, local, ray, ...)
+in this process, Ray started once for all of them (its start-up and the actors' are not in
+the figures). For each run it times every training round (``FederatedRun.train_round``: the
+clients' local training and the server's aggregation) and every validation
+(``FederatedRun.evaluate``), and prints the median training round over rounds 2.. (round 1
+warms up), the median validation, the test MRR (the two modes must agree exactly), each
+worker's thread count, and the machine's 1-minute load average before and after. Sequential
+runs also print each client's CPU seconds of local training per round, whose sum over the
+largest bounds what running them side by side can gain, whatever the machine's load.
+
+    python scripts/bench_side_by_side.py -c configs/fede/umls_fede.yaml --rounds 12
+    python scripts/bench_side_by_side.py -c configs/fedlu/umls_fedlu.yaml --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.federation import FederatedRun
+    from lightning_fedkg.run import fit
+
+    from lightning_fedkg.federated.party import Party
+
+    rounds, evals, fit_cpu = [], [], {}
+    train_round, evaluate, party_fit = FederatedRun.train_round, FederatedRun.evaluate, Party.fit
+
+    def timed_fit(self, epochs):  # CPU seconds of each client's local training (this process only)
+        start = time.process_time()
+        try:
+            return party_fit(self, epochs)
+        finally:
+            fit_cpu.setdefault(self.name, []).append(time.process_time() - start)
+
+    def timed_train(self, r):
+        start = time.perf_counter()
+        try:
+            return train_round(self, r)
+        finally:
+            rounds.append(time.perf_counter() - start)
+
+    def timed_evaluate(self, split, r, download=None):
+        start = time.perf_counter()
+        try:
+            return evaluate(self, split, r, download)
+        finally:
+            if split == "val":
+                evals.append(time.perf_counter() - start)
+
+    cfg = load_config(config, [*overrides, "trainer.progress_bar=false", f"federated.clients={mode}"])
+    FederatedRun.train_round, FederatedRun.evaluate, Party.fit = timed_train, timed_evaluate, timed_fit
+    try:
+        metrics = fit(cfg, out)
+    finally:
+        FederatedRun.train_round, FederatedRun.evaluate, Party.fit = train_round, evaluate, party_fit
+    cpu = {name: statistics.median(v[1:] or v) for name, v in sorted(fit_cpu.items())}
+    return {"round": statistics.median(rounds[1:] or rounds), "rounds": len(rounds), "fit_cpu": cpu,
+            "validation": statistics.median(evals) if evals else float("nan"),
+            "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--config", default=str(REPO / "configs" / "fede" / "umls_fede.yaml"))
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="config overrides (key=value)")
+    args = parser.parse_args()
+
+    import torch
+
+    import ray
+    from lightning_fedkg.federated.peer_ray import ray_session
+    from lightning_fedkg.runtime import machine_load
+
+    overrides = [f"federated.rounds={args.rounds}", f"federated.eval_every={args.eval_every}",
+                 "federated.patience=1000", *args.overrides]
+    load_before = machine_load()
+    results: dict[str, list[dict]] = {"local": [], "ray": []}
+    with ray_session(ray, num_cpus=os.cpu_count() or 2), tempfile.TemporaryDirectory() as work:
+        for i in range(args.repeats):
+            for mode in ("local", "ray"):
+                r = timed_runs(args.config, overrides, mode, Path(work) / f"{mode}{i}")
+                results[mode].append(r)
+                print(f"{mode:5s} run {i}: {r['round']:.3f} s/round (median of rounds 2-{r['rounds']}), "
+                      f"validation {r['validation']:.3f} s, test MRR {r['mrr']:.6f}, "
+                      f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}", flush=True)
+                if r["fit_cpu"]:
+                    cpu = list(r["fit_cpu"].values())
+                    print(f"      CPU seconds of each client's local training per round: "
+                          f"{' / '.join(f'{c:.3f}' for c in cpu)}; a round side by side can be at most "
+                          f"{sum(cpu) / max(cpu):.2f}x shorter (sum / largest)", flush=True)
+    load_after = machine_load()
+    local = statistics.median(r["round"] for r in results["local"])
+    side = statistics.median(r["round"] for r in results["ray"])
+    same = {r["mrr"] for r in results["local"] + results["ray"]}
+    print(f"{Path(args.config).name}: sequential {local:.3f} s/round, side by side {side:.3f} s/round, "
+          f"{local / side:.2f}x; test MRR {'identical' if len(same) == 1 else 'DIFFERS: ' + str(sorted(same))}; "
+          f"load average {load_before:.2f} before, {load_after:.2f} after; {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""federated.clients=ray: the clients of a round trained side by side in Ray actors.
+
+The oracle is the sequential in-process run (federated.clients=local) of the same config
+and seed: the side-by-side run must write the same metrics.json (but its own seconds and the
+``client_workers`` block), the same wire log and the same final states, bit for bit, and
+resume the other's checkpoints. Ray runs start one process per client (torch and Lightning
+imported in each), so they are few and marked slow.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest, load_party, read_manifest
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.run import fit
+from lightning_fedkg.runtime import worker_threads
+
+from conftest import make_small_config, single_thread
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = ["client_0", "client_1", "client_2"]
+
+
+def tiny(strategy: str, clients: str, rounds: int = 2, *extra: str):
+    return make_small_config(strategy, "model.dim=16", "train.num_negatives=16", "train.batch_size=128",
+                             f"federated.rounds={rounds}", "federated.eval_every=1", "federated.local_epochs=1",
+                             "trainer.threads=1", f"federated.clients={clients}", *extra)
+
+
+def same(a, b) -> bool:
+    """Equal to the last bit: tensors by value and dtype, containers recursively."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def final_states(run_dir: Path) -> dict:
+    path = latest_manifest(run_dir / CHECKPOINT_DIR)
+    manifest = read_manifest(path)
+    return {name: load_party(path, manifest, name) for name in CLIENTS}
+
+
+def without_timing(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in ("seconds", "client_workers")}
+
+
+# ---------------------------------------------------------------------- without Ray
+def test_the_worker_threads_share_the_free_cores_among_the_workers():
+    trainer = make_small_config().trainer
+    trainer.threads, trainer.deterministic = None, False
+    # a large table on a quiet 16-core machine: 16 free cores, 5 for each of 3 workers
+    assert worker_threads(trainer, 3, 4_000_000, cpus=16, load=0.0)[0] == 5
+    assert worker_threads(trainer, 10, 4_000_000, cpus=16, load=0.0)[0] == 1
+    # 2 cores: one thread each, and for a small table one thread whatever the cores
+    threads, why = worker_threads(trainer, 3, 4_000_000, cpus=2, load=0.0)
+    assert threads == 1 and why.endswith("2 shared by 3 workers")
+    assert worker_threads(trainer, 2, 2_160, cpus=16, load=0.0)[0] == 1
+    trainer.threads = 4
+    assert worker_threads(trainer, 3, 2_160, cpus=2, load=9.0) == (4, "trainer.threads, per worker")
+
+
+def test_sequential_clients_are_the_default():
+    cfg = make_small_config()
+    assert cfg.federated.clients == "local"
+
+
+def test_ray_clients_without_ray_name_the_extra(monkeypatch):
+    from lightning_fedkg.federated.peer_ray import RayNotInstalledError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # "import ray" raises ImportError
+    with pytest.raises(RayNotInstalledError, match=r'federated.clients=ray needs Ray.*lightning-fedkg\[ray\]'):
+        FederatedRun(tiny("fede", "ray"), run_dir=None)
+
+
+def test_methods_that_need_their_parties_here_refuse_ray_clients():
+    with pytest.raises(ConfigError, match="phase.*fusion.*federated.clients=local"):
+        FederatedRun(tiny("fede", "ray", 2, "federated.fede.fusion=true"), run_dir=None)
+    with pytest.raises(ConfigError, match="one process only"):
+        FederatedRun(tiny("entire", "ray"), run_dir=None)
+
+
+# ---------------------------------------------------------------------- with Ray
+@pytest.fixture(scope="module")
+def ray_started():
+    """Ray once for the module; the runs find it started and leave it running."""
+    ray = pytest.importorskip("ray")
+    from lightning_fedkg.federated.peer_ray import ray_session
+
+    with ray_session(ray, num_cpus=3):
+        yield ray
+
+
+@pytest.fixture(scope="module")
+def fede_runs(ray_started, tmp_path_factory):
+    out = tmp_path_factory.mktemp("side_by_side")
+    with single_thread():
+        return {mode: (fit(tiny("fede", mode), out / mode), out / mode) for mode in ("local", "ray")}
+
+
+@pytest.mark.slow
+def test_side_by_side_equals_the_sequential_run_to_the_last_bit(fede_runs):
+    (local, local_dir), (ray_, ray_dir) = fede_runs["local"], fede_runs["ray"]
+    assert "client_workers" not in local
+    assert {k: v for k, v in ray_["client_workers"].items() if k != "why"} == {
+        "clients": "ray", "workers": 3, "threads": 1}
+    assert json.loads((ray_dir / "metrics.json").read_text()) == ray_
+    assert without_timing(ray_) == without_timing(local)
+    assert ray_["rounds"] == 2 and len(ray_["validation"]) == 2 and ray_["bytes_sent"] > 0
+    assert (ray_dir / "channel_log.jsonl").read_text() == (local_dir / "channel_log.jsonl").read_text()
+    local_states, ray_states = final_states(local_dir), final_states(ray_dir)
+    assert same(ray_states, local_states)
+    # the states hold trained weights, optimizer and sampler state: the comparison has teeth
+    assert set(ray_states["client_0"]) >= {"module", "optimizer", "datamodule", "half"}
+    # every client wrote its own TensorBoard sub-run from its actor
+    assert all(any((ray_dir / "tb" / name).iterdir()) for name in CLIENTS)
+
+
+
+@pytest.mark.slow
+def test_a_side_by_side_run_is_tested_again_in_this_process(fede_runs):
+    """``fedkg test`` / ``--from``: the parties are rebuilt here and test as the run did."""
+    from lightning_fedkg.federated.clients import LocalClients
+    from lightning_fedkg.federated.entry import evaluate_federated_checkpoint, restore_finished_run
+
+    ray_, ray_dir = fede_runs["ray"]
+    run, round_ = restore_finished_run(tiny("fede", "ray"), ray_dir)
+    assert isinstance(run.pool, LocalClients) and round_ == ray_["best_round"]
+    with single_thread():
+        tested = evaluate_federated_checkpoint(tiny("fede", "ray"), ray_dir)
+    assert tested["test"] == ray_["test"] and tested["clients"] == ray_["clients"]
+
+
+@pytest.mark.slow
+def test_side_by_side_resumes_a_sequential_checkpoint(fede_runs, tmp_path):
+    """One round in this process, the second in the actors: the two-round run's results."""
+    local = fede_runs["local"][0]
+    with single_thread():
+        fit(tiny("fede", "local", 1), tmp_path)
+        resumed = fit(tiny("fede", "ray", 2), tmp_path)
+    assert resumed["rounds"] == 2
+    assert without_timing(resumed) == without_timing(local)
+    assert same(final_states(tmp_path), final_states(fede_runs["local"][1]))
+
+
+@pytest.mark.slow
+def test_fedlu_side_by_side_equals_its_sequential_run(ray_started, tmp_path):
+    """FedLU: two models per client, a persistent local optimizer and distillation, all in the actors."""
+    with single_thread():
+        runs = {mode: fit(tiny("fedlu", mode, 2, "federated.fedlu.schedule=always"), tmp_path / mode)
+                for mode in ("local", "ray")}
+    assert without_timing(runs["ray"]) == without_timing(runs["local"])
+    assert same(final_states(tmp_path / "ray"), final_states(tmp_path / "local"))
+
+
+@pytest.mark.slow
+def test_a_client_failing_in_its_actor_is_the_same_failure_as_in_process(ray_started, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # tests.plugin_flaky, in the driver and (PYTHONPATH) the actors
+    with single_thread():
+        runs = {mode: fit(tiny("tests.plugin_flaky:FlakyFedE", mode), tmp_path / mode) for mode in ("local", "ray")}
+    expected = [{"round": 1, "stage": "train", "party": "client_1", "error": "RuntimeError: injected crash"}]
+    assert runs["ray"]["failures"] == runs["local"]["failures"] == expected
+    assert without_timing(runs["ray"]) == without_timing(runs["local"])
+    assert (tmp_path / "ray" / "channel_log.jsonl").read_text() == (tmp_path / "local" / "channel_log.jsonl").read_text()
