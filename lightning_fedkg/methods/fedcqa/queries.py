@@ -278,18 +278,23 @@ def sample_queries(structure, graph: QueryGraph, count: int, generator: torch.Ge
     return found[keep]
 
 
-def _edges_into(nodes: Tensor, back: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """Every edge into each of ``nodes``: ``(row of nodes, relation, head)``."""
-    rels, heads, start, counts = back
-    c = counts[nodes]
-    owner = torch.repeat_interleave(torch.arange(nodes.shape[0]), c)
-    offset = torch.arange(int(c.sum())) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
-    edge = start[nodes][owner] + offset
-    return owner, rels[edge], heads[edge]
-
-
 class _TooMany(Exception):
     """An enumeration would exceed its row budget."""
+
+
+def _edges_into(nodes: Tensor, back: tuple[Tensor, Tensor, Tensor, Tensor],
+                max_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Every edge into each of ``nodes``: ``(row of nodes, relation, head)``; counted before
+    anything is built, so a step past ``max_rows`` costs no memory."""
+    rels, heads, start, counts = back
+    c = counts[nodes]
+    total = int(c.sum())
+    if total > max_rows:
+        raise _TooMany
+    owner = torch.repeat_interleave(torch.arange(nodes.shape[0]), c)
+    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+    edge = start[nodes][owner] + offset
+    return owner, rels[edge], heads[edge]
 
 
 def _pair_up(a: tuple[list[Tensor], Tensor], b: tuple[list[Tensor], Tensor], targets: int,
@@ -318,12 +323,10 @@ def _walk_all(node, targets: Tensor, back, single: Tensor, max_rows: int) -> tup
     if is_branch(node):
         owner, nodes, rels = torch.arange(targets.shape[0]), targets, []
         for _ in node[1]:
-            row, rel, nodes_next = _edges_into(nodes, back)
+            row, rel, nodes_next = _edges_into(nodes, back, max_rows)
             if rels:  # never straight back along the relation just taken, unless forced
                 fine = (rel != (rels[-1][row] ^ 1)) | single[nodes[row]]
                 row, rel, nodes_next = row[fine], rel[fine], nodes_next[fine]
-            if row.shape[0] > max_rows:
-                raise _TooMany
             owner, rels, nodes = owner[row], [r[row] for r in rels] + [rel], nodes_next
         rels.reverse()  # chosen from the answer backwards
         if node[0] == E:
