@@ -2,10 +2,10 @@
 
 KGReasoning's structures written with names: a chain ``(e:aspirin, (r:treats, r-:causes))``
 (2p), ``i`` before the sub-queries of an intersection, ``u`` before those of a union (the
-grammar and one example per structure: :func:`parse_query`). The query must have one of the known structures
-(:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`); negation is not supported. An
-unknown name is an error listing the closest names; a malformed query says where it breaks.
-See docs/methods/fedcqa.md.
+grammar and one example per structure: :func:`parse_query`). The query must have one of the
+known structures (:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`); negation is
+not supported. An unknown name is an error listing the closest names; a malformed query says
+where it breaks. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations
