@@ -380,7 +380,9 @@ def run_theirs(args, cfg, info: dict, work: Path, data_name: str) -> dict:
     client_steps = global_steps * E * selected
 
     # the last evaluations
-    types_eval = list(cfg.task.types)
+    from lightning_fedkg.methods.fedcqa.config import query_settings
+
+    types_eval = list(query_settings(cfg.task).types)  # task.query_set resolved
     per_client, weights, pooled = [], [], []
     for i in range(n):
         by_type = {}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Literal
+from typing import List, Literal, Optional
 
 from lightning_fedkg.config import ConfigError, Range
 
 from .queries import STRUCTURES
-from .query_sets import QuerySettings
+from .query_sets import BETAE_TRAIN_TYPES, BETAE_TYPES, QUERY_SETS, QuerySettings
 
 __all__ = ["QueryTaskConfig", "FedCQAConfig", "query_settings", "cache_dir", "default_cache_dir"]
 
@@ -39,11 +39,16 @@ class QueryTaskConfig:
     code's label-smoothed ``softmax`` over all entities or KGReasoning's
     ``negative_sampling`` with ``negatives`` per query. ``gamma`` is GQE's margin,
     ``particles``, ``heads`` and ``dropout`` Q2P's. One local epoch is ``steps_per_epoch``
-    batches. Query sets: ``types`` are evaluated, ``train_types`` trained on;
+    batches. Query sets: ``query_set: betae`` (default) evaluates ``types`` and trains on
+    ``train_types`` (by default BetaE's: nine evaluated, five trained on); ``query_set:
+    paper`` is the FedCQA authors' set: eight types (no 3p), all trained on, and
+    ``require_train_answer`` (valid, test and cross-graph queries need an answer on the
+    training graph, as their sampler requires; default: the query set's, false for betae);
     ``train_per_type`` / ``eval_per_type`` count queries per structure for the whole graph
     (a client samples that divided by the number of clients on its own graph; a central
     party the whole count), ``cross_per_type`` cross-graph test queries per structure
-    (on the union, relations of at least two clients). Sets are sampled with
+    (on the union, relations of at least two clients); a set holds its count, or every
+    query the graph has if fewer. Sets are sampled with
     ``query_seed``, not the run's seed, so seeds share their queries; they are cached in
     ``cache_dir`` (default ``~/.cache/lightning_fedkg/queries``).
 
@@ -65,8 +70,10 @@ class QueryTaskConfig:
     heads: int = field(default=1, metadata={"range": Range(min=1)})
     dropout: float = field(default=0.1, metadata={"range": Range(min=0, max=1)})
     steps_per_epoch: int = field(default=100, metadata={"range": Range(min=1)})
-    types: List[str] = field(default_factory=lambda: ["1p", "2p", "3p", "2i", "3i", "ip", "pi", "2u", "up"])
-    train_types: List[str] = field(default_factory=lambda: ["1p", "2p", "3p", "2i", "3i"])
+    query_set: Literal["betae", "paper"] = "betae"
+    types: List[str] = field(default_factory=lambda: list(BETAE_TYPES))
+    train_types: List[str] = field(default_factory=lambda: list(BETAE_TRAIN_TYPES))
+    require_train_answer: Optional[bool] = None
     train_per_type: int = field(default=149_689, metadata={"range": Range(min=1)})
     eval_per_type: int = field(default=5_000, metadata={"range": Range(min=1)})
     cross_per_type: int = field(default=5_000, metadata={"range": Range(min=0)})
@@ -81,14 +88,25 @@ def default_cache_dir() -> Path:
 
 
 def query_settings(tc: QueryTaskConfig) -> QuerySettings:
-    """The sampler settings of the ``task:`` section."""
+    """The sampler settings of the ``task:`` section, ``query_set`` resolved."""
     unknown = [t for t in (*tc.types, *tc.train_types) if t not in STRUCTURES]
     if unknown:
         raise ConfigError(f"task.types / task.train_types: unknown query types {unknown}; "
                           f"valid: {', '.join(STRUCTURES)}")
-    return QuerySettings(types=tuple(tc.types), train_types=tuple(tc.train_types),
-                         train_per_type=tc.train_per_type, eval_per_type=tc.eval_per_type,
-                         cross_per_type=tc.cross_per_type, seed=tc.query_seed)
+    types, train_types, require = tuple(tc.types), tuple(tc.train_types), QUERY_SETS[tc.query_set][2]
+    if tc.query_set != "betae":
+        preset = QUERY_SETS[tc.query_set][:2]
+        # the preset fixes both lists: types given beside it would be ignored, so they are refused
+        if (types, train_types) not in ((BETAE_TYPES, BETAE_TRAIN_TYPES), preset):
+            raise ConfigError(f"task.query_set: {tc.query_set} sets task.types to {list(preset[0])} and "
+                              f"task.train_types to {list(preset[1])}; leave them out, or choose your own "
+                              f"with task.query_set: betae")
+        types, train_types = preset
+    if tc.require_train_answer is not None:
+        require = tc.require_train_answer
+    return QuerySettings(types=types, train_types=train_types, train_per_type=tc.train_per_type,
+                         eval_per_type=tc.eval_per_type, cross_per_type=tc.cross_per_type, seed=tc.query_seed,
+                         require_train_answer=require)
 
 
 def cache_dir(tc: QueryTaskConfig) -> Path:

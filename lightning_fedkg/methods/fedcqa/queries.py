@@ -9,6 +9,7 @@ edges. See docs/methods/fedcqa.md.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,8 +17,11 @@ import torch
 from torch import Tensor
 
 __all__ = ["STRUCTURES", "QueryGraph", "QuerySet", "num_slots", "anchors_and_relations", "answer", "sample_queries",
+           "enumerate_queries",
            "build_query_set", "SPLITS", "is_branch", "is_union", "split_graphs", "union_split_graphs",
            "relation_owners", "spans_owners"]
+
+log = logging.getLogger("lightning_fedkg")
 
 E, R, U = "e", "r", "u"
 _B1 = (E, (R,))
@@ -251,7 +255,10 @@ def sample_queries(structure, graph: QueryGraph, count: int, generator: torch.Ge
                    batch: int = 4096, max_batches: int = 1000) -> Tensor:
     """``[≤ count, slots]`` distinct instances of ``structure`` sampled on ``graph`` by
     walking back from answers drawn uniformly among the entities with an incoming edge
-    (KGReasoning's procedure, create_queries.py), a batch of walks at a time."""
+    (KGReasoning's procedure, create_queries.py), a batch of walks at a time. Stops at
+    ``count``, or when three batches in a row bring fewer than 1% new instances (the walks
+    stall long before a small graph is exhausted: :func:`build_query_set` completes a
+    short set with :func:`enumerate_queries`), or after ``max_batches``."""
     index = graph.incoming()
     has_incoming = (index[4] > 0).nonzero().squeeze(1)
     found = torch.zeros(0, num_slots(structure), dtype=torch.long)
@@ -269,6 +276,112 @@ def sample_queries(structure, graph: QueryGraph, count: int, generator: torch.Ge
     # unique() sorts rows; a seeded permutation keeps the sample unbiased when it is cut
     keep = torch.randperm(found.shape[0], generator=generator)[:count]
     return found[keep]
+
+
+class _TooMany(Exception):
+    """An enumeration would exceed its row budget."""
+
+
+def _edges_into(nodes: Tensor, back: tuple[Tensor, Tensor, Tensor, Tensor],
+                max_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Every edge into each of ``nodes``: ``(row of nodes, relation, head)``; counted before
+    anything is built, so a step past ``max_rows`` costs no memory."""
+    rels, heads, start, counts = back
+    c = counts[nodes]
+    total = int(c.sum())
+    if total > max_rows:
+        raise _TooMany
+    owner = torch.repeat_interleave(torch.arange(nodes.shape[0]), c)
+    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+    edge = start[nodes][owner] + offset
+    return owner, rels[edge], heads[edge]
+
+
+def _pair_up(a: tuple[list[Tensor], Tensor], b: tuple[list[Tensor], Tensor], targets: int,
+             max_rows: int) -> tuple[list[Tensor], Tensor]:
+    """Every row of ``a`` with every row of ``b`` that has the same target (a join on owner)."""
+    (a_cols, a_owner), (b_cols, b_owner) = a, b
+    order = torch.argsort(b_owner, stable=True)
+    b_cols, b_owner = [c[order] for c in b_cols], b_owner[order]
+    counts = torch.bincount(b_owner, minlength=targets)
+    start = torch.cumsum(counts, 0) - counts
+    c = counts[a_owner]
+    total = int(c.sum())
+    if total > max_rows:
+        raise _TooMany
+    row = torch.repeat_interleave(torch.arange(a_owner.shape[0]), c)
+    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+    other = start[a_owner][row] + offset
+    return [x[row] for x in a_cols] + [x[other] for x in b_cols], a_owner[row]
+
+
+def _walk_all(node, targets: Tensor, back, single: Tensor, max_rows: int) -> tuple[list[Tensor], Tensor]:
+    """:func:`_fill` with every choice taken instead of a random one: all instances of
+    ``node`` a walk back from ``targets`` can draw, as slot columns, and the index of the
+    target each row came from. ``single[v]``: ``v`` has one incoming relation, so a walk
+    there may take the inverse of the relation it just took (it has no other way back)."""
+    if is_branch(node):
+        owner, nodes, rels = torch.arange(targets.shape[0]), targets, []
+        for _ in node[1]:
+            row, rel, nodes_next = _edges_into(nodes, back, max_rows)
+            if rels:  # never straight back along the relation just taken, unless forced
+                fine = (rel != (rels[-1][row] ^ 1)) | single[nodes[row]]
+                row, rel, nodes_next = row[fine], rel[fine], nodes_next[fine]
+            owner, rels, nodes = owner[row], [r[row] for r in rels] + [rel], nodes_next
+        rels.reverse()  # chosen from the answer backwards
+        if node[0] == E:
+            return [nodes, *rels], owner
+        cols, sub = _walk_all(node[0], nodes, back, single, max_rows)
+        return [*cols, *(r[sub] for r in rels)], owner[sub]
+    union = is_union(node)
+    parts = node[:-1] if union else node
+    joined, widths = None, []
+    for part in parts:  # a union's branches, like an intersection's, walk back from one target
+        found = _walk_all(part, targets, back, single, max_rows)
+        joined = found if joined is None else _pair_up(joined, found, targets.shape[0], max_rows)
+        widths.append(len(found[0]))
+    cols, owner = joined
+    ok = torch.ones_like(owner, dtype=torch.bool)
+    bounds = torch.cumsum(torch.tensor([0, *widths]), 0).tolist()
+    for i in range(len(parts)):  # two branches of one shape must differ, as _fill requires
+        for j in range(i + 1, len(parts)):
+            if parts[i] == parts[j]:
+                a = torch.stack(cols[bounds[i]:bounds[i + 1]], 1)
+                ok &= (a != torch.stack(cols[bounds[j]:bounds[j + 1]], 1)).any(1)
+    cols, owner = [c[ok] for c in cols], owner[ok]
+    if union:
+        cols.append(torch.full_like(owner, -1))
+    return cols, owner
+
+
+def enumerate_queries(structure, graph: QueryGraph, max_rows: int = 1 << 22, chunk: int = 64) -> Tensor | None:
+    """``[M, slots]``: every distinct instance of ``structure`` that :func:`sample_queries`
+    can draw on ``graph`` (sorted rows), or None if there are more than ``max_rows`` (or an
+    intermediate step would hold more). The walks' rules, taken exhaustively: from any
+    entity with an incoming edge, back along every edge, never straight back along the
+    inverse of the relation just taken unless it is the node's only incoming relation; the
+    branches of an intersection or a union all walk back from one entity (KGReasoning
+    samples unions so); two branches of one shape differ."""
+    order = torch.argsort(graph.tails, stable=True)
+    counts = torch.bincount(graph.tails, minlength=graph.num_entities)
+    back = (graph.rels[order], graph.heads[order], torch.cumsum(counts, 0) - counts, counts)
+    single = graph.incoming()[4] == 1
+    targets = (counts > 0).nonzero().squeeze(1)
+    found, pending, held = torch.zeros(0, num_slots(structure), dtype=torch.long), [], 0
+    try:
+        for start in range(0, targets.shape[0], chunk):
+            cols, _ = _walk_all(structure, targets[start:start + chunk], back, single, max_rows)
+            pending.append(torch.stack(cols, 1))
+            held += pending[-1].shape[0]
+            last = start + chunk >= targets.shape[0]
+            if held > max_rows or last:  # a query answered by several targets is found once per target
+                found = torch.unique(torch.cat([found, *pending]), dim=0)
+                pending, held = [], found.shape[0]
+                if found.shape[0] > max_rows:
+                    return None
+    except _TooMany:
+        return None
+    return found
 
 
 #: Which graph a split's queries are sampled on, and which earlier graph's answers are easy:
@@ -315,43 +428,71 @@ def _cat_csr(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
 
 
 def build_query_set(name: str, graphs: tuple[QueryGraph, QueryGraph, QueryGraph], split: str, count: int,
-                    generator: torch.Generator, chunk: int = 1024, keep=None) -> QuerySet:
-    """``count`` (or fewer, if the graph has fewer) queries of structure ``name`` for
-    ``split`` with KGReasoning's answer sets (create_queries.py): sampled on the split's graph;
-    for valid and test, ``easy`` = the answers on the previous graph, ``hard`` = the rest,
-    and only queries with a hard answer are kept. ``keep(queries) -> bool [B]`` filters
-    further (cross-graph queries: relations of two owners at least)."""
+                    generator: torch.Generator, chunk: int = 1024, keep=None,
+                    require_train_answer: bool = False) -> QuerySet:
+    """``count`` queries of structure ``name`` for ``split``, or all there are, with
+    KGReasoning's answer sets (create_queries.py): sampled on the split's graph; for valid
+    and test, ``easy`` = the answers on the previous graph, ``hard`` = the rest, and only
+    queries with a hard answer are kept. ``keep(queries) -> bool [B]`` filters further
+    (cross-graph queries: relations of two owners at least). ``require_train_answer``: a
+    valid or test query must also have an answer on the training graph (the FedCQA authors'
+    sampler rejects the others; for a valid query that is an easy answer).
+
+    Sampling runs until ``count`` or exhaustion: random walks first (:func:`sample_queries`,
+    never the same query twice); if they stall short of ``count``, every instance they could
+    still draw (:func:`enumerate_queries`) is taken in a seeded random order until ``count``.
+    A graph with too many instances to enumerate keeps what the walks found (logged)."""
     structure = STRUCTURES[name]
     on, easy_on = SPLITS[split]
     if name == "1p" and keep is None:  # few enough to enumerate: every (anchor, relation) of the graph
         g = graphs[on]
         pairs = torch.unique(torch.stack([g.heads, g.rels], 1), dim=0)
         return _answered(name, pairs[torch.randperm(pairs.shape[0], generator=generator)], graphs, split, count,
-                         chunk)
+                         chunk, require_train_answer)
     parts: list[QuerySet] = []
     have = 0
     seen = torch.zeros(0, num_slots(structure), dtype=torch.long)
     for _ in range(20):
         want = max(2 * (count - have), 64)
         fresh = sample_queries(structure, graphs[on], want, generator)
-        exhausted = fresh.shape[0] < want  # the graph has no more distinct queries to give
+        exhausted = fresh.shape[0] < want  # the walks stalled: few or no distinct queries left to draw
         if seen.numel():  # never the same query twice (exact: rows compared whole)
-            _, inverse = torch.unique(torch.cat([seen, fresh]), dim=0, return_inverse=True)
-            fresh = fresh[~torch.isin(inverse[seen.shape[0]:], inverse[: seen.shape[0]])]
+            fresh = fresh[~_rows_in(fresh, seen)]
         if keep is not None and fresh.numel():
             fresh = fresh[keep(fresh)]
         seen = torch.cat([seen, fresh])
-        part = _answered(name, fresh, graphs, split, count - have, chunk)
+        part = _answered(name, fresh, graphs, split, count - have, chunk, require_train_answer)
         if len(part):
             parts.append(part)
             have += len(part)
         if have >= count or exhausted:
             break
+    if have < count:  # the walks gave up: the rest of what they could draw, exhaustively
+        rest = enumerate_queries(structure, graphs[on])
+        if rest is None:
+            log.warning("queries: %s %s: %d of %d after the walks stalled; too many instances to enumerate "
+                        "the rest", split, name, have, count)
+        else:
+            rest = rest[~_rows_in(rest, seen)] if seen.numel() else rest
+            if keep is not None and rest.numel():
+                rest = rest[keep(rest)]
+            rest = rest[torch.randperm(rest.shape[0], generator=generator)]
+            part = _answered(name, rest, graphs, split, count - have, chunk, require_train_answer)
+            if len(part):
+                parts.append(part)
     return _concat(name, parts, num_slots(structure))
 
 
-def _answered(name: str, candidates: Tensor, graphs, split: str, count: int, chunk: int) -> QuerySet:
-    """The first ``count`` of ``candidates`` (in order) that have a hard answer, answered."""
+def _rows_in(rows: Tensor, among: Tensor) -> Tensor:
+    """``bool [len(rows)]``: whether each row of ``rows`` is also a row of ``among``."""
+    _, inverse = torch.unique(torch.cat([among, rows]), dim=0, return_inverse=True)
+    return torch.isin(inverse[among.shape[0]:], inverse[: among.shape[0]])
+
+
+def _answered(name: str, candidates: Tensor, graphs, split: str, count: int, chunk: int,
+              require_train_answer: bool = False) -> QuerySet:
+    """The first ``count`` of ``candidates`` (in order) that have a hard answer (and, with
+    ``require_train_answer`` outside training, an answer on the training graph), answered."""
     structure = STRUCTURES[name]
     on, easy_on = SPLITS[split]
     chosen, hard_parts, easy_parts, have = [], [], [], 0
@@ -362,7 +503,10 @@ def _answered(name: str, candidates: Tensor, graphs, split: str, count: int, chu
         full = answer(structure, batch, graphs[on])
         easy = answer(structure, batch, graphs[easy_on]) if easy_on is not None else torch.zeros_like(full)
         hard = full & ~easy
-        take = hard.any(1).nonzero().squeeze(1)[: count - have]
+        wanted = hard.any(1)
+        if require_train_answer and easy_on is not None:
+            wanted &= (easy if easy_on == 0 else answer(structure, batch, graphs[0])).any(1)
+        take = wanted.nonzero().squeeze(1)[: count - have]
         if take.numel():
             chosen.append(batch[take])
             hard_parts.append(_csr(hard[take]))

@@ -38,12 +38,25 @@ from lightning_fedkg.methods.fedcqa.queries import (
 from lightning_fedkg.seeding import derive_seed
 
 __all__ = ["QuerySettings", "graph_query_sets", "cross_query_sets", "federated_query_sets", "query_stats",
-           "SAMPLER_VERSION"]
+           "SAMPLER_VERSION", "CACHE_REVISION", "QUERY_SETS", "BETAE_TYPES", "BETAE_TRAIN_TYPES", "PAPER_TYPES"]
 
 log = logging.getLogger("lightning_fedkg")
 
-#: Part of every cache key: bump it when sampling or answering changes what a set holds.
+#: Part of every set's key, which seeds its sampler and names its cache file: bumping it draws
+#: every set anew. Bump it when the sampler's random draws change.
 SAMPLER_VERSION = 2
+#: Part of a cache file's name only: bump it when some sets change while the draws stay
+#: those of SAMPLER_VERSION (3: a set the walks leave short is completed by enumeration).
+CACHE_REVISION = 3
+
+#: BetaE's release (KGReasoning): nine types evaluated, five trained on (ip, pi, 2u and up
+#: test generalisation to unseen structures).
+BETAE_TYPES = ("1p", "2p", "3p", "2i", "3i", "ip", "pi", "2u", "up")
+BETAE_TRAIN_TYPES = ("1p", "2p", "3p", "2i", "3i")
+#: The FedCQA authors' (their sampler, FedNGDB): eight types, no 3p, all trained on.
+PAPER_TYPES = ("1p", "2p", "2i", "3i", "ip", "pi", "2u", "up")
+#: ``task.query_set``: ``name -> (types, train_types, require_train_answer)``.
+QUERY_SETS = {"betae": (BETAE_TYPES, BETAE_TRAIN_TYPES, False), "paper": (PAPER_TYPES, PAPER_TYPES, True)}
 
 
 @dataclass
@@ -52,15 +65,18 @@ class QuerySettings:
     ``train_per_type`` and ``eval_per_type``: queries per structure for the whole graph
     (in-graph sets get them divided by the number of clients; KGReasoning's FB15k-237
     figures are 149,689 and 5,000); ``cross_per_type``: cross-graph test queries per
-    structure (1p has none: one relation cannot span two clients)."""
+    structure (1p has none: one relation cannot span two clients). ``require_train_answer``:
+    valid, test and cross-graph queries must have an answer on the training graph (the
+    FedCQA authors' sampler; :func:`~lightning_fedkg.methods.fedcqa.queries.build_query_set`).
+    Each set holds its count, or every query the graph has if fewer."""
 
-    types: tuple[str, ...] = ("1p", "2p", "3p", "2i", "3i", "ip", "pi", "2u", "up")
-    #: trained on (BetaE's release trains on these five; ip, pi, 2u, up test generalisation)
-    train_types: tuple[str, ...] = ("1p", "2p", "3p", "2i", "3i")
+    types: tuple[str, ...] = BETAE_TYPES
+    train_types: tuple[str, ...] = BETAE_TRAIN_TYPES
     train_per_type: int = 149_689
     eval_per_type: int = 5_000
     cross_per_type: int = 5_000
     seed: int = 0
+    require_train_answer: bool = False
 
 
 def _triples_hash(triples: dict[str, Tensor]) -> "hashlib._Hash":
@@ -89,7 +105,7 @@ def _load(path: Path) -> QuerySet:
 
 
 def _cached(cache_dir: Path | None, key: str, build) -> tuple[QuerySet, bool]:
-    path = None if cache_dir is None else Path(cache_dir) / f"{key}.pt"
+    path = None if cache_dir is None else Path(cache_dir) / f"{key}.r{CACHE_REVISION}.pt"
     if path is not None and path.is_file():
         return _load(path), True
     qs = build()
@@ -123,13 +139,16 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
         for name in settings.train_types if split == "train" else settings.types:
             extra = {"v": SAMPLER_VERSION, "type": name, "split": split, "count": count, "seed": settings.seed,
                      "entities": kg.num_entities, "relations": kg.num_relations}
+            require = settings.require_train_answer and split != "train"  # a training answer is all there is
+            if require:  # only when set, so that the sets of every other setting keep their keys and seeds
+                extra["train_answer"] = True
             key = _digest(graph_hash, extra)
 
-            def build(name=name, split=split, count=count, key=key):
+            def build(name=name, split=split, count=count, key=key, require=require):
                 nonlocal graphs
                 graphs = graphs or split_graphs(triples, kg.num_entities, kg.num_relations)
                 generator = torch.Generator().manual_seed(derive_seed(settings.seed, key, "queries"))
-                return build_query_set(name, graphs, split, count, generator)
+                return build_query_set(name, graphs, split, count, generator, require_train_answer=require)
 
             start = time.perf_counter()
             qs, hit = _cached(cache_dir, key, build)
@@ -157,6 +176,8 @@ def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str 
             continue
         extra = {"v": SAMPLER_VERSION, "type": name, "split": "cross", "count": settings.cross_per_type,
                  "seed": settings.seed, "owners": owners.tolist()}
+        if settings.require_train_answer:
+            extra["train_answer"] = True
         key = _digest(graph_hash, extra)
 
         def build(name=name, key=key):
@@ -164,7 +185,8 @@ def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str 
             union = union or union_split_graphs(fkg)
             generator = torch.Generator().manual_seed(derive_seed(settings.seed, key, "queries"))
             return build_query_set(name, union, "test", settings.cross_per_type, generator,
-                                   keep=spans_owners(STRUCTURES[name], owners))
+                                   keep=spans_owners(STRUCTURES[name], owners),
+                                   require_train_answer=settings.require_train_answer)
 
         start = time.perf_counter()
         qs, hit = _cached(cache_dir, key, build)

@@ -1,16 +1,17 @@
 """Queries typed by a person, answered by a finished federation (``fedkg query``).
 
-KGReasoning's grammar with names: ``(e:NAME, (r:NAME, r-:NAME))`` is a chain,
-``i(q, q, ...)`` an intersection, ``u(q, q, ...)`` a union; names with spaces or commas go in
-double quotes. The query must have one of the known structures
-(:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`). An unknown name is an error listing the
-closest names; a malformed query says where it breaks. The grammar is in
-docs/methods/fedcqa.md.
+KGReasoning's structures written with names: a chain ``(e:aspirin, (r:treats, r-:causes))``
+(2p), ``i`` before the sub-queries of an intersection, ``u`` before those of a union (the
+grammar and one example per structure: :func:`parse_query`). The query must have one of the
+known structures (:data:`~lightning_fedkg.methods.fedcqa.queries.STRUCTURES`); negation is
+not supported. An unknown name is an error listing the closest names; a malformed query says
+where it breaks. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 
 import torch
 
@@ -21,6 +22,11 @@ __all__ = ["QuerySyntaxError", "parse_query", "answer_query"]
 
 #: The forms a query takes, as errors name them.
 QUERY_FORMS = "'(e:NAME, (r:REL, ...))', 'i(Q, Q, ...)' or 'u(Q, Q, ...)'"
+
+
+#: What a negation attempt starts with where a query, a chain's start or a relation is expected:
+#: BetaE's ``n`` (``(e:a, (r:x, n))``, ``n(Q)``), ``not``/``neg``, or a sign (``-``, ``!``, ``~``, ``¬``).
+_NEGATION = re.compile(r"(?:not|neg|n)\b|[-!~\u00ac]", re.IGNORECASE)
 
 
 class QuerySyntaxError(ValueError):
@@ -47,6 +53,13 @@ class _Parser:
         """What stands at the current position (for an error), or "the end"."""
         self.skip()
         return self.text[self.pos:self.pos + 8] or "the end"
+
+    def refuse_negation(self) -> None:
+        """Raise the negation error if a negation starts here (checked where the parser would
+        otherwise give a generic error, so a name like ``notes`` after ``e:`` is never one)."""
+        self.skip()
+        if _NEGATION.match(self.text, self.pos):
+            raise _fail(self.text, self.pos, f"negation is not supported (types: {', '.join(STRUCTURES)})")
 
     def expect(self, token: str) -> None:
         if not self.peek(token):
@@ -84,6 +97,7 @@ class _Parser:
                 shape = tuple(p for p, _ in parts)
                 return (shape + (("u",),), slots + [None]) if op == "u(" else (shape, slots)
         if not self.peek("("):
+            self.refuse_negation()
             raise _fail(self.text, self.pos, f"expected a query ({QUERY_FORMS}), found {self.found()!r}")
         self.pos += 1
         if self.peek("e:"):
@@ -92,6 +106,7 @@ class _Parser:
         elif self.peek("(") or self.peek("i(") or self.peek("u("):
             source, slots = self.query()
         else:
+            self.refuse_negation()
             # A bare name here is the usual slip ("(aspirin, (r:treats))"): say what a chain starts with.
             raise _fail(self.text, self.pos, f"expected an entity 'e:NAME' or a sub-query ({QUERY_FORMS}) "
                                              f"as the chain's start, found {self.found()!r}")
@@ -106,6 +121,7 @@ class _Parser:
                 self.pos += 2
                 rels.append(("r", self.name()))
             else:
+                self.refuse_negation()
                 raise _fail(self.text, self.pos, "expected a relation 'r:name' or 'r-:name'")
             if not self.peek(","):
                 break
@@ -119,7 +135,24 @@ class _Parser:
 
 def parse_query(text: str) -> tuple[str, list]:
     """``(structure name, slots)``: each slot ``("e", name)``, ``("r", name)``, ``("r-", name)``
-    or None (a union marker), in the order of the structure's instances."""
+    or None (a union marker), in the order of the structure's instances.
+
+    Grammar (whitespace is free; a comma may follow the last relation, as in ``(r:x,)``)::
+
+        query  := "(" source "," "(" rel { "," rel } ")" ")"     a chain of projections
+                | "i(" query "," query { "," query } ")"         an intersection
+                | "u(" query "," query { "," query } ")"         a union
+        source := "e:" name | query
+        rel    := "r:" name | "r-:" name                         forward / inverse
+        name   := characters other than ,()" and spaces, or a "double-quoted string"
+
+    One example per structure: ``(e:aspirin, (r:treats))`` (1p),
+    ``(e:aspirin, (r:treats, r-:causes))`` (2p), ``(e:aspirin, (r:treats, r:causes, r:part_of))``
+    (3p), ``i((e:a, (r:x)), (e:b, (r:y)))`` (2i), ``i((e:a, (r:x)), (e:b, (r:y)), (e:c, (r:z)))``
+    (3i), ``(i((e:a, (r:x)), (e:b, (r:y))), (r:z))`` (ip), ``i((e:a, (r:x, r:y)), (e:b, (r:z)))``
+    (pi), ``u((e:a, (r:x)), (e:b, (r:y)))`` (2u), ``(u((e:a, (r:x)), (e:b, (r:y))), (r:z))`` (up).
+    A negation (BetaE's ``n``, ``not``, ``-``) raises "negation is not supported (types: ...)".
+    """
     parser = _Parser(text)
     shape, slots = parser.query()
     parser.skip()

@@ -112,8 +112,9 @@ class QueryAnswering(Task):
     def data_stats(self, cfg, fkg):
         """The query sets of ``cfg`` (FedCQA's Tables 1–2): per set and split the queries of
         each type and their mean number of hard answers."""
-        stats = query_stats(federated_query_sets(fkg, query_settings(cfg.task), cache_dir(cfg.task)))
-        types = [t for t in cfg.task.types if any(t in r for r in stats)]
+        settings = query_settings(cfg.task)  # task.query_set resolved: its types, not task.types
+        stats = query_stats(federated_query_sets(fkg, settings, cache_dir(cfg.task)))
+        types = [t for t in settings.types if any(t in r for r in stats)]
         lines = ["", "queries per type (mean hard answers per query in parentheses)",
                  f"{'set':<12}{'split':<6}" + "".join(f"{t:>15}" for t in types)]
         for r in stats:
