@@ -287,14 +287,19 @@ def _edges_into(nodes: Tensor, back: tuple[Tensor, Tensor, Tensor, Tensor],
     """Every edge into each of ``nodes``: ``(row of nodes, relation, head)``; counted before
     anything is built, so a step past ``max_rows`` costs no memory."""
     rels, heads, start, counts = back
-    c = counts[nodes]
-    total = int(c.sum())
-    if total > max_rows:
-        raise _TooMany
-    owner = torch.repeat_interleave(torch.arange(nodes.shape[0]), c)
-    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+    owner, offset = _expand(counts[nodes], max_rows)
     edge = start[nodes][owner] + offset
     return owner, rels[edge], heads[edge]
+
+
+def _expand(counts: Tensor, max_rows: int) -> tuple[Tensor, Tensor]:
+    """``(row, offset)``: row ``i`` repeated ``counts[i]`` times, with ``0 .. counts[i] - 1``
+    beside it; :class:`_TooMany` before anything is built if the total passes ``max_rows``."""
+    total = int(counts.sum())
+    if total > max_rows:
+        raise _TooMany
+    row = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
+    return row, torch.arange(total) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
 
 
 def _pair_up(a: tuple[list[Tensor], Tensor], b: tuple[list[Tensor], Tensor], targets: int,
@@ -305,12 +310,7 @@ def _pair_up(a: tuple[list[Tensor], Tensor], b: tuple[list[Tensor], Tensor], tar
     b_cols, b_owner = [c[order] for c in b_cols], b_owner[order]
     counts = torch.bincount(b_owner, minlength=targets)
     start = torch.cumsum(counts, 0) - counts
-    c = counts[a_owner]
-    total = int(c.sum())
-    if total > max_rows:
-        raise _TooMany
-    row = torch.repeat_interleave(torch.arange(a_owner.shape[0]), c)
-    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+    row, offset = _expand(counts[a_owner], max_rows)
     other = start[a_owner][row] + offset
     return [x[row] for x in a_cols] + [x[other] for x in b_cols], a_owner[row]
 
