@@ -60,7 +60,7 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
                  module_class: type[KGEModule] = KGEModule, **extra) -> KGEModule:
     """A :class:`KGEModule` (or ``module_class``, a subclass that takes the ``extra`` keyword
     arguments too) with the model and optimisation settings of ``cfg`` (and its training
-    loss compiled when ``trainer.compile`` is set)."""
+    loss compiled when ``trainer.compile`` is set, its step recorded per ``trainer.capture``)."""
     m, t = cfg.model, cfg.train
     module = module_class(
         model=m.name,
@@ -81,4 +81,5 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
         **extra,
     )
     module.compile_training = cfg.trainer.compile
+    module.capture_steps = cfg.trainer.capture
     return module

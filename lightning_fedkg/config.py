@@ -229,7 +229,13 @@ class TrainerConfig:
     ``compile`` runs each training batch's score-and-loss through :func:`torch.compile`
     (:meth:`lightning_fedkg.models.KGEModule.compiled`): the first batches of each shape
     pay the compilation, fused kernels may round differently in the last bits, and the CPU
-    needs a C++ compiler.
+    needs a C++ compiler. ``capture`` records each KGE training batch's whole step (losses,
+    backward, Adam) as a CUDA graph and replays it per batch
+    (:mod:`lightning_fedkg.models.captured`): ``None`` (the default) records on a CUDA
+    device at ``32-true`` or ``bf16-mixed`` unless ``compile`` is on, ``false`` never; on a
+    CPU the eager step runs either way. A recorded step skips Lightning's backward and
+    optimizer-step hooks (``on_before_backward``, ``on_after_backward``,
+    ``on_before_optimizer_step``), so callbacks on them do not fire.
     """
 
     accelerator: str = "auto"
@@ -240,6 +246,7 @@ class TrainerConfig:
     deterministic: bool = False
     keep_on_device: bool = field(default=True, metadata={"resume": "free"})
     compile: bool = field(default=False, metadata={"resume": "free"})
+    capture: bool | None = field(default=None, metadata={"resume": "free"})
 
 
 @dataclass
@@ -792,6 +799,9 @@ def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"model.name: {err}") from None
     if cfg.train.loss not in LOSSES:
         raise ConfigError(f"train.loss: unknown loss {cfg.train.loss!r}; valid: {', '.join(LOSSES)}")
+    if cfg.trainer.compile and cfg.trainer.capture:
+        raise ConfigError("trainer.capture: a recorded step and a compiled loss exclude each other; "
+                          "set trainer.compile=false or trainer.capture=null")
     accepted = model_cls.option_names()
     for key in cfg.model.options():
         if accepted is not None and key not in accepted:

@@ -23,6 +23,7 @@ from lightning_fedkg.evaluation.ranking import (
     filtered_ranks,
     metrics_to_floats,
 )
+from lightning_fedkg.models.captured import StepGraphs, make_capturable
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.kge import KGEModel, build_model
 
@@ -112,6 +113,10 @@ def negative_loss_term(
     else:
         raise ValueError(f"negative_loss_term needs 'self_adversarial' or 'uniform', got {loss!r}")
     return negative_term
+
+
+def _bare_backward(loss: Tensor, **kwargs) -> None:
+    loss.backward(**kwargs)
 
 
 def mixed_scores_on_device(model: KGEModel, batch: dict) -> Tensor:
@@ -274,23 +279,98 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         """The batches of one Lightning step: a batch, or a list of them (``batches_per_step``)."""
         return batch if isinstance(batch, list) else [batch]
 
+    def optimise_batch(self, batch: dict, optimizers: list, backward) -> dict[str, Tensor]:
+        """The whole step of one batch: losses, ``backward(loss, **kwargs)`` and the
+        optimizers' updates; returns ``{name: loss}`` for the epoch log. The eager step passes
+        Lightning's optimizer wrappers and ``manual_backward`` (so precision plugins still
+        scale and unscale); a recorded step passes the bare optimizers and
+        ``Tensor.backward`` (see :mod:`lightning_fedkg.models.captured`)."""
+        (optimizer,) = optimizers
+        loss = self.compiled("training_loss")(batch)
+        optimizer.zero_grad()
+        backward(loss)
+        optimizer.step()
+        return {"train/loss": loss}
+
     def training_step(self, batch: dict | list[dict], batch_idx: int) -> None:
-        # Manual optimisation: one Adam step per batch of the group, through Lightning's
-        # optimizer wrapper (so precision plugins still scale and unscale).
-        optimizer = self.optimizers()
-        training_loss = self.compiled("training_loss")
+        # Manual optimisation: one optimizer step per batch of the group.
+        graphs = self.step_graphs()
+        optimizers = None if graphs is not None else self._optimizer_list(wrapped=True)
         for one in self.step_batches(batch):
-            loss = training_loss(one)
-            optimizer.zero_grad()
-            self.manual_backward(loss)
-            optimizer.step()
-            self.log_epoch_mean("train/loss", loss, one["positive"].shape[0])
+            if graphs is not None:
+                losses = graphs.run(one)
+            else:
+                losses = self.optimise_batch(one, optimizers, self.manual_backward)
+            for name, value in losses.items():
+                self.log_epoch_mean(name, value, one["positive"].shape[0])
+
+    # ------------------------------------------------------------------ recorded steps
+    #: Record each batch's step as a CUDA graph (``trainer.capture``): None records on a CUDA
+    #: device at ``32-true`` or ``bf16-mixed`` without ``compile``, False never, True as None
+    #: (elsewhere the eager step runs: there is nothing to record on a CPU).
+    capture_steps: bool | None = None
+    #: A stand-in recorder (:class:`~lightning_fedkg.models.captured.EagerRecorder`) that
+    #: makes :meth:`step_graphs` active on any device; tests only.
+    step_recorder = None
+
+    def captures(self) -> bool:
+        """Whether this step is recorded (see :attr:`capture_steps`). A regularizer a client
+        half installs (FedProx's term) reads tensors that change every fit, so such fits run
+        eagerly."""
+        if self.capture_steps is False or self.compile_training or self.regularizers:
+            return False
+        if self.step_recorder is not None:
+            return True
+        if self.device.type != "cuda":
+            return False
+        return str(self._trainer.precision) in ("32-true", "bf16-mixed") if self._trainer is not None else False
+
+    def step_graphs(self):
+        """The :class:`~lightning_fedkg.models.captured.StepGraphs` of this module's step, or
+        None when the step runs eagerly (:meth:`captures`)."""
+        if not self.captures():
+            return None
+        graphs = self.__dict__.get("_step_graphs")  # not a submodule, not saved
+        if graphs is None:
+            graphs = StepGraphs(self._bare_step, self._recording_watch, recorder=self.step_recorder)
+            self.__dict__["_step_graphs"] = graphs
+        return graphs
+
+    def _bare_step(self, batch: dict) -> dict[str, Tensor]:
+        return self.optimise_batch(batch, self._optimizer_list(wrapped=False), _bare_backward)
+
+    def capture_key(self) -> tuple:
+        """Plain values besides the batch that :meth:`optimise_batch`'s Python reads and that
+        may change between fits (a subclass's flags); a change records the step afresh."""
+        return ()
+
+    def _recording_watch(self) -> tuple:
+        # Objects compare by identity here, and holding them keeps a dropped optimizer's id
+        # from being reused by the next one while a recording still points at its state.
+        watched: list = [self.capture_key()]
+        for optimizer in self._optimizer_list(wrapped=False):
+            watched.append(optimizer)
+            watched.append(tuple(group["lr"] for group in optimizer.param_groups))
+            watched.append(tuple(value.data_ptr() for state in optimizer.state.values()
+                                 for value in state.values() if isinstance(value, Tensor)))
+        watched.append(tuple(p.data_ptr() for p in self.parameters()))
+        return tuple(watched)
+
+    def _optimizer_list(self, wrapped: bool) -> list:
+        optimizers = self.optimizers(use_pl_optimizer=wrapped)
+        return list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+
+    def _ready_to_record(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """``optimizer``, made capturable when this fit may record its step (CUDA)."""
+        if self.capture_steps is not False and self.device.type == "cuda":
+            make_capturable(optimizer)
+        return optimizer
 
     # ------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.hparams.reset_optimizer or self._optimizer is None:
             self._optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
-        return self._optimizer
+        return self._ready_to_record(self._optimizer)
 
     def optimizer_state_dict(self) -> dict | None:
         """State of the Adam that outlives a ``fit()``; None when each ``fit()`` builds a

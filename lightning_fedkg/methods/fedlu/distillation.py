@@ -186,22 +186,22 @@ class DistillationModule(KGEModule):
         prediction, kl = self.side_losses(batch, "global")
         return prediction + self.hparams.distill_mu * kl
 
-    def training_step(self, batch: dict | list[dict], batch_idx: int) -> None:
-        local_opt, global_opt = self.optimizers()
-        local_loss, avatar_loss = self.compiled("training_loss"), self.compiled("global_loss")
-        for one in self.step_batches(batch):
-            size = one["positive"].shape[0]
-            loss = local_loss(one)
-            local_opt.zero_grad()
-            self.manual_backward(loss)
-            local_opt.step()
-            global_loss = avatar_loss(one)
-            global_opt.zero_grad()
-            # Only the avatar's tensors get gradients: the shared relations stay the local step's.
-            self.manual_backward(global_loss, inputs=self.avatar_parameters())
-            global_opt.step()
-            self.log_epoch_mean("train/loss", loss, size)
-            self.log_epoch_mean("train/loss_global", global_loss, size)
+    def optimise_batch(self, batch: dict, optimizers: list, backward) -> dict[str, Tensor]:
+        """The local side's step, then the avatar's (see :meth:`KGEModule.optimise_batch`)."""
+        local_opt, global_opt = optimizers
+        loss = self.compiled("training_loss")(batch)
+        local_opt.zero_grad()
+        backward(loss)
+        local_opt.step()
+        global_loss = self.compiled("global_loss")(batch)
+        global_opt.zero_grad()
+        # Only the avatar's tensors get gradients: the shared relations stay the local step's.
+        backward(global_loss, inputs=self.avatar_parameters())
+        global_opt.step()
+        return {"train/loss": loss, "train/loss_global": global_loss}
+
+    def capture_key(self) -> tuple:
+        return (self.distill_local, self.distill_global)
 
     # ------------------------------------------------------------------ optimizers
     def local_parameters(self) -> list[torch.nn.Parameter]:
@@ -214,7 +214,7 @@ class DistillationModule(KGEModule):
         # A fresh Adam for the avatar at every fit(): its rows were just overwritten by the
         # aggregate, so moments of the previous rows would be stale (the official code too).
         self._global_optimizer = torch.optim.Adam(self.avatar_parameters(), lr=self.hparams.lr)
-        return [self._optimizer, self._global_optimizer]
+        return [self._ready_to_record(self._optimizer), self._ready_to_record(self._global_optimizer)]
 
     def load_optimizer_state_dict(self, state: dict | None) -> None:
         """Restore the local Adam (the avatar's is rebuilt by every ``fit()``)."""
