@@ -215,15 +215,18 @@ def test_a_federated_run_with_recorded_steps_equals_the_eager_run(strategy, tmp_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("make", [kge, fedlu], ids=["kge", "fedlu"])
 def test_a_cuda_graph_step_trains_as_the_eager_step_within_rounding(make):
+    # Both sides use the capturable Adam, so what differs is only eager kernels against their
+    # replay (the embedding backward's atomics may round differently); one epoch, so that L1
+    # distances do not amplify that rounding through sign changes.
     kg = load_kg("umls")
     eager, recorded = make(kg), make(kg)
-    eager.capture_steps = False
+    eager.step_graphs = lambda: None  # the eager step with the optimizer a recording would get
     for module in (eager, recorded):
-        dm = KGDataModule(kg, UniformSampler(8), LoaderSettings(batch_size=1000), seed=0)
-        L.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        dm = KGDataModule(kg, UniformSampler(8), LoaderSettings(batch_size=500), seed=0)
+        L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                   enable_model_summary=False, accelerator="gpu", devices=1).fit(module, datamodule=dm)
     graphs = recorded.__dict__.get("_step_graphs")
-    assert graphs is not None and graphs.counts["replayed"] > 0
+    assert graphs is not None and graphs.failed is None and graphs.counts["replayed"] >= 5, graphs and graphs.counts
     for (name, a), (_, b) in zip(eager.state_dict().items(), recorded.state_dict().items()):
         if a.is_floating_point():
-            torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-4, atol=1e-5, msg=name)
+            assert (a - b).abs().max().item() < 1e-4, (name, (a - b).abs().max().item())
