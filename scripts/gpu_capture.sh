@@ -44,7 +44,7 @@ if has k8; then  # eight batches per Lightning step: the same updates in the sam
   run_k8() {  # name, seconds, script, overrides...
     local name=$1 limit=$2 script=$3; shift 3
     step timeout "$limit" python3 "scripts/$script" --rounds 2 --threads 1 --json-out "$OUT/$name.json" \
-        train.batches_per_step=8 "$@" 2>&1 | grep -v Warning | tail -8
+        "$@" train.batches_per_step=8 2>&1 | grep -v Warning | tail -8
   }
   run_k8 fede_capture-null_k8 80 bench_fede.py --eval-every 2 trainer.capture=null
   run_k8 fedlu_capture-null_k8 110 bench_fedlu.py --strategies fedlu trainer.capture=null
