@@ -347,14 +347,26 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
     def _recording_watch(self) -> tuple:
         # Objects compare by identity here, and holding them keeps a dropped optimizer's id
         # from being reused by the next one while a recording still points at its state.
+        # Run before every batch, so it walks the optimizers (which hold every trained
+        # table) rather than the module tree.
         watched: list = [self.capture_key()]
         for optimizer in self._optimizer_list(wrapped=False):
             watched.append(optimizer)
-            watched.append(tuple(group["lr"] for group in optimizer.param_groups))
-            watched.append(tuple(value.data_ptr() for state in optimizer.state.values()
-                                 for value in state.values() if isinstance(value, Tensor)))
-        watched.append(tuple(p.data_ptr() for p in self.parameters()))
+            for group in optimizer.param_groups:
+                watched.append(group["lr"])
+                watched.extend(p.data_ptr() for p in group["params"])
+            watched.extend(value.data_ptr() for state in optimizer.state.values()
+                           for value in state.values() if isinstance(value, Tensor))
         return tuple(watched)
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        # The data module makes batches on the module's device already; Lightning's default
+        # walks every batch to move it anyway, a visible share of a recorded step's host time.
+        batches = self.step_batches(batch)
+        if all(isinstance(one, dict) for one in batches) and all(
+                value.device == device for one in batches for value in one.values() if isinstance(value, Tensor)):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def _optimizer_list(self, wrapped: bool) -> list:
         optimizers = self.optimizers(use_pl_optimizer=wrapped)
