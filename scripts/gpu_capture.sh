@@ -18,16 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name())"
 
 step() { echo "== $*"; local t0=$(date +%s%N); "$@"; echo "== rc $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; }
-PARTS=${PARTS:-"tests rounds bf16 steps k8"}
+PARTS=${PARTS:-"tests rounds bf16 steps k8"}  # e.g. PARTS="tests k8" CAPTURES=null for a short call
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 has tests && step timeout 60 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_captured_step.py -k cuda 2>&1 | tail -30
 if has rounds; then
-  for capture in null false; do
+  for capture in ${CAPTURES:-null false}; do
     step timeout 150 python3 scripts/bench_fede.py --rounds 2 --eval-every 2 --threads 1 \
         --json-out "$OUT/fede_capture-$capture.json" trainer.capture=$capture 2>&1 | grep -v Warning | tail -8
   done
-  for capture in null false; do
+  for capture in ${CAPTURES:-null false}; do
     step timeout 170 python3 scripts/bench_fedlu.py --rounds 2 --threads 1 --strategies fedlu \
         --json-out "$OUT/fedlu_capture-$capture.json" trainer.capture=$capture 2>&1 | grep -v Warning | tail -8
   done
