@@ -15,7 +15,14 @@ step; FedLU: one local and one avatar step) four ways:
   ``bare - bare_cached`` is what sampling and the host-to-device copy add;
 * ``bare_steps_only``: the bare loop over fresh batches again, timing only the steps (a
   device synchronisation around each), so ``bare_steps_only - bare_cached`` is what fresh
-  batches cost the step itself, apart from making them.
+  batches cost the step itself, apart from making them;
+* ``recorded_cached`` (when ``trainer.capture`` recorded the step, i.e. on a GPU): the
+  recorded step alone over the cached batches, so ``lightning - recorded_cached`` is what
+  Lightning and the loader add to a recorded step.
+
+It also counts the ATen operators the host dispatches per batch in ``Party.fit``
+(``ops_per_batch``): with a recorded step only the copies into its buffers and the epoch
+log remain, the replay being one launch.
 
 Run it once with ``train.fixed_negatives=true`` to see the official code's sampling (one
 epoch drawn once, replayed). A small ``model.dim`` shows the per-batch overhead that a GPU
@@ -142,6 +149,12 @@ def main() -> int:
         "bare_cached": timed(bare_cached),
         "bare_steps_only": bare_steps_only(),
     }
+    graphs = module.__dict__.get("_step_graphs")  # trainer.capture recorded Party.fit's step
+    if graphs is not None and graphs.counts["replayed"]:
+        # The recorded step alone over the cached batches: copies into its buffers and replays,
+        # no Lightning and no loader; lightning - recorded_cached is what those two add.
+        result["recorded_cached"] = timed(lambda: [graphs.run(batch) for batch in cached])
+    result["ops_per_batch"] = dispatched_ops_per_batch(lambda: party.fit(1), n)
     setting = {"config": Path(args.config).name, "client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
                "batches": n, "threads": args.threads, "device": str(device),
                "dim": cfg.model.dim, "batch_size": cfg.train.batch_size, "num_negatives": cfg.train.num_negatives,
@@ -155,11 +168,31 @@ def main() -> int:
         setting["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     print(" ".join(f"{k}={v}" for k, v in setting.items() if k != "overrides"))
     for mode, ms in result.items():
-        print(f"{mode:>12}: {ms:8.2f} ms per batch")
+        if mode != "ops_per_batch":
+            print(f"{mode:>12}: {ms:8.2f} ms per batch")
+    print(f"{'dispatched':>12}: {result['ops_per_batch']:8.1f} ATen operators per batch in Party.fit "
+          f"(the host's; a replayed recording is one launch, not counted)")
     print(f"{'framework':>12}: {result['lightning'] - result['bare']:8.2f} ms per batch (lightning - bare)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"setting": setting, "ms_per_batch": result}, indent=1))
     return 0
+
+
+def dispatched_ops_per_batch(run, batches: int) -> float:
+    """ATen operators the host dispatches per batch while ``run()`` trains ``batches``
+    batches (a ``TorchDispatchMode`` counts every call that reaches the kernels' dispatcher)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        run()
+    return Count.calls / batches
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ if has rounds; then
 fi
 has bf16 && step timeout 120 python3 scripts/bench_fede.py --rounds 2 --eval-every 2 --threads 1 \
     --json-out "$OUT/fede_capture-null_bf16.json" trainer.capture=null trainer.precision=bf16-mixed 2>&1 | grep -v Warning | tail -8
-if has steps; then
+if has steps; then  # ms per batch of one client, where it goes, and operators dispatched per batch
   for capture in null false; do
-    step timeout 90 python3 scripts/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --threads 1 \
-        --batches 200 trainer.capture=$capture --json-out "$OUT/step_fede_capture-$capture.json" 2>&1 | grep -v Warning | tail -4
+    step timeout 60 python3 scripts/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --threads 1 \
+        --batches 200 trainer.capture=$capture --json-out "$OUT/step_fede_capture-$capture.json" 2>&1 | grep -v Warning | tail -9
+    step timeout 60 python3 scripts/bench_step.py -c configs/fedlu/fb15k237_r10_fedlu.yaml --client 4 --threads 1 \
+        --batches 200 trainer.capture=$capture --json-out "$OUT/step_fedlu_capture-$capture.json" 2>&1 | grep -v Warning | tail -9
   done
 fi
 if has k8; then  # eight batches per Lightning step: the same updates in the same order
