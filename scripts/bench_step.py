@@ -34,6 +34,7 @@ does not hide; on a GPU every timing ends with a device synchronisation.
     python scripts/bench_step.py --threads 1 --batches 500 trainer.accelerator=gpu
     python scripts/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --threads 1 model.dim=8 \
         trainer.compile=true
+    python scripts/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --profile   # costliest kernels
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=200, help="timed batches per mode (after a warm-up)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json-out")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one Party.fit of the timed batches and print its 15 costliest kernels")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. train.fixed_negatives=true")
     args = parser.parse_args()
 
@@ -155,6 +158,16 @@ def main() -> int:
         # no Lightning and no loader; lightning - recorded_cached is what those two add.
         result["recorded_cached"] = timed(lambda: [graphs.run(batch) for batch in cached])
     result["ops_per_batch"] = dispatched_ops_per_batch(lambda: party.fit(1), n)
+    if args.profile:  # which kernels a step spends its time in (on a GPU: device time)
+        from torch.profiler import ProfilerActivity, profile
+
+        on_gpu = device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        with profile(activities=activities) as prof:
+            party.fit(1)
+            sync()
+        print(prof.key_averages().table(sort_by="cuda_time_total" if on_gpu else "self_cpu_time_total",
+                                        row_limit=15, max_name_column_width=60))
     setting = {"config": Path(args.config).name, "client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
                "batches": n, "threads": args.threads, "device": str(device),
                "dim": cfg.model.dim, "batch_size": cfg.train.batch_size, "num_negatives": cfg.train.num_negatives,
