@@ -8,8 +8,9 @@ entities, and the loss is
     L = ½ [Σ w_q (−log σ(s(pos))) + Σ w_q (−mean_j log σ(−s(neg_j)))] / Σ w_q,
 
 with ``w_q = (4 + |answers(q)|)^(-1/2)``. ``loss="softmax"`` is the FedCQA code's instead: a
-cross-entropy over every entity's score, label-smoothed. Which reproduces the published
-figures better is for the benchmark to say (not yet measured). Evaluation ranks every hard answer with the other
+cross-entropy over every entity's score, label-smoothed. A step's randomness (negatives,
+dropout) comes from a seed its batch carries, never from the process's RNG as left by
+whatever ran before. Evaluation ranks every hard answer with the other
 answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR and HR@1/3/10 per
 structure, and their mean over structures.
 """
@@ -26,6 +27,7 @@ from lightning_fedkg.methods.fedcqa.queries import QuerySet
 from lightning_fedkg.methods.fedcqa.ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
+from lightning_fedkg.seeding import derive_seed
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
@@ -37,7 +39,9 @@ LOSSES = ("negative_sampling", "softmax")
 
 class QueryBatches(IterableDataset):
     """Endless batches of training queries, each of one structure drawn in proportion to its
-    set's size: ``{"structure", "queries", "positive", "weight"}`` (use ``batch_size=None``)."""
+    set's size: ``{"structure", "queries", "positive", "weight", "seed"}`` (use
+    ``batch_size=None``); ``seed`` seeds the step's negatives and dropout
+    (:meth:`QueryAnsweringModule.training_step`)."""
 
     def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0, steps: int | None = None) -> None:
         self.sets = {k: v for k, v in sets.items() if len(v)}
@@ -47,6 +51,8 @@ class QueryBatches(IterableDataset):
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed)
+        # A stream of its own: the batches drawn from ``generator`` stay what they were.
+        noise = torch.Generator().manual_seed(derive_seed(self.seed, "batches", "noise"))
         names = sorted(self.sets)
         sizes = torch.tensor([len(self.sets[n]) for n in names], dtype=torch.float)
         step = 0
@@ -58,7 +64,7 @@ class QueryBatches(IterableDataset):
             counts = (qs.hard_offsets[rows + 1] - qs.hard_offsets[rows])
             pick = qs.hard_offsets[rows] + (torch.rand(rows.shape[0], generator=generator) * counts).long()
             yield {"structure": name, "queries": qs.queries[rows], "positive": qs.hard_ids[pick],
-                   "weight": (4.0 + counts.float()).rsqrt()}
+                   "weight": (4.0 + counts.float()).rsqrt(), "seed": int(torch.randint(2**62, (), generator=noise))}
 
 
 class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
@@ -127,6 +133,19 @@ class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
         }
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        """The loss of one batch, its negatives and dropout drawn from the batch's ``seed``
+        (without one, from the process's RNG). The process's RNG is left as it was: a client's
+        training does not depend on which clients trained before it in the same process, or
+        on anything else that drew from it (a run's result is the same with its clients side
+        by side, ``federated.clients: ray``, and in a test process)."""
+        if "seed" not in batch:
+            return self._loss(batch)
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(batch["seed"])
+            return self._loss(batch)
+
+    def _loss(self, batch: dict) -> Tensor:
         q = self.encoder.embed(batch["structure"], batch["queries"])
         b = q.shape[0]
         if self.hparams.loss == "softmax":
