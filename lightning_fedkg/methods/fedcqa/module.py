@@ -1,19 +1,16 @@
 """Complex query answering on one KG as a LightningModule (a plain ``Trainer`` trains it).
 
 Training (``loss="negative_sampling"``) follows KGReasoning (its models.py): each batch holds
-queries of one structure;
-every query gets one of its answers as the positive and ``negatives`` uniformly drawn
-entities, and the loss is
+queries of one structure; every query gets one of its answers as the positive and
+``negatives`` uniformly drawn entities, and the loss is
 
     L = ½ [Σ w_q (−log σ(s(pos))) + Σ w_q (−mean_j log σ(−s(neg_j)))] / Σ w_q,
 
 with ``w_q = (4 + |answers(q)|)^(-1/2)``. ``loss="softmax"`` is the FedCQA code's instead: a
-cross-entropy over every entity's score, label-smoothed. A step's randomness (negatives,
-dropout) comes from a seed its batch carries, never from the process's RNG as left by
-whatever ran before. Evaluation ranks every hard answer with the other
-answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR and HR@1/3/10 per
-structure, and their mean over structures.
-"""
+cross-entropy over every entity's score, label-smoothed. A step's negatives and dropout
+come from a seed its batch carries, not from the process's RNG. Evaluation ranks every hard
+answer with the other answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR
+and HR@1/3/10 per structure, and their mean over structures."""
 
 from __future__ import annotations
 
