@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, DeepSetsGQE, TreeLSTM
 from lightning_fedkg.methods.fedcqa.queries import QuerySet
 from lightning_fedkg.methods.fedcqa.ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
@@ -28,7 +28,8 @@ from lightning_fedkg.seeding import derive_seed
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
-ENCODERS = {"gqe": GQE, "q2p": Q2P, "tree_lstm": TreeLSTM}
+#: ``gqe_fedngdb`` is the FedCQA authors' code's "GQE" (dot-product scores, DeepSets ∩ and ∪).
+ENCODERS = {"gqe": GQE, "q2p": Q2P, "tree_lstm": TreeLSTM, "gqe_fedngdb": DeepSetsGQE}
 #: ``negative_sampling`` (KGReasoning's) or ``softmax`` (label-smoothed cross-entropy over
 #: all entities, the FedCQA code's).
 LOSSES = ("negative_sampling", "softmax")
@@ -65,9 +66,10 @@ class QueryBatches(IterableDataset):
 
 
 class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
-    """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``) over ``num_entities`` entities and ``num_relations`` relation
-    ids (inverses included); ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's
-    ``particles``, ``heads``, ``dropout``)."""
+    """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``, ``"gqe_fedngdb"``) over
+    ``num_entities`` entities and ``num_relations`` relation ids (inverses included);
+    ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's ``particles``, ``heads``,
+    ``dropout``)."""
 
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
                  lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
