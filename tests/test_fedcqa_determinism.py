@@ -76,6 +76,24 @@ def test_each_batch_carries_its_own_seed_and_the_batches_are_unchanged():
         assert torch.equal(batch["queries"], qs.queries[rows])
 
 
+@pytest.mark.parametrize("encoder, loss", DRAWING, ids=[e for e, _ in DRAWING])
+def test_a_step_is_a_function_of_its_batch_and_leaves_the_process_rng_alone(encoder, loss):
+    from lightning_fedkg.methods.fedcqa.module import QueryAnsweringModule
+
+    torch.manual_seed(0)
+    module = QueryAnsweringModule(20, 8, encoder=encoder, dim=16, loss=loss, negatives=8)
+    batch = {"structure": "2i", "queries": torch.tensor([[1, 2, 3, 4], [5, 0, 6, 2]]), "positive": torch.tensor([7, 9]),
+             "weight": torch.ones(2)}
+    losses = []
+    for disturbance in (1, 2):
+        torch.manual_seed(disturbance)
+        state = torch.get_rng_state()
+        losses.append([float(module.training_step({**batch, "seed": seed}, 0).detach()) for seed in (11, 12)])
+        assert torch.equal(torch.get_rng_state(), state)  # nothing drawn from the process RNG
+    assert losses[0] == losses[1]  # the process RNG's state does not matter
+    assert losses[0][0] != losses[0][1]  # the batch's seed does: the step draws from it
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("encoder, loss", DRAWING, ids=[e for e, _ in DRAWING])
 def test_same_seed_same_metrics_whatever_the_process_rng_held(tmp_path, cache, monkeypatch, encoder, loss):
