@@ -3,7 +3,7 @@
 The oracle is the sequential in-process run (federated.clients=local) of the same config
 and seed: the side-by-side run must write the same metrics.json (but its own seconds and the
 ``client_workers`` block), the same wire log and the same final states, bit for bit, and
-resume the other's checkpoints. Ray runs start one process per client (torch and Lightning
+resume the other's checkpoints (FedE, FedLU, and FedCQA with Q2P). Ray runs start one process per client (torch and Lightning
 imported in each), so they are few and marked slow.
 """
 
@@ -170,3 +170,24 @@ def test_a_client_failing_in_its_actor_is_the_same_failure_as_in_process(ray_sta
     assert runs["ray"]["failures"] == runs["local"]["failures"] == expected
     assert without_timing(runs["ray"]) == without_timing(runs["local"])
     assert (tmp_path / "ray" / "channel_log.jsonl").read_text() == (tmp_path / "local" / "channel_log.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_fedcqa_q2p_side_by_side_equals_its_sequential_run(ray_started, tmp_path):
+    """FedCQA with Q2P (dropout) under the hidden secure aggregate, cross-graph retrieval
+    included: each training step draws from a seed its batch carries, so a client trains
+    alike in its actor and after other clients in this process."""
+    with single_thread():
+        runs = {mode: fit(make_small_config(
+            "fedcqa", "model.dim=16", "train.batch_size=64", "train.eval_batch_size=64", "task.encoder=q2p",
+            "task.steps_per_epoch=4", "task.train_per_type=300", "task.eval_per_type=30", "task.cross_per_type=30",
+            f"task.cache_dir={tmp_path / 'queries'}", "federated.task=query_answering", "federated.rounds=2",
+            "federated.eval_every=1", "federated.federation_key=ray-test-key", "trainer.threads=1",
+            "federated.secure_aggregation.enabled=true", "federated.secure_aggregation.hide_aggregate=true",
+            f"federated.clients={mode}"), tmp_path / mode) for mode in ("local", "ray")}
+    local, ray_ = (without_timing(runs[m]) for m in ("local", "ray"))
+    for m in (local, ray_):
+        del m["cross_graph"]["seconds"]  # retrieval wall times
+    assert ray_ == local
+    assert runs["local"]["cross_graph"]["mrr"] > 0 and runs["local"]["rounds"] == 2
+    assert same(final_states(tmp_path / "ray"), final_states(tmp_path / "local"))

@@ -17,7 +17,7 @@ from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fedcqa.config import query_settings
 from lightning_fedkg.methods.fedcqa.retrieval import stage_plan
-from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM, run_plan
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, DeepSetsGQE, TreeLSTM, run_plan
 
 from conftest import make_small_config
 
@@ -62,7 +62,7 @@ def test_stage_plan_splits_projections_into_hops_by_depth():
     assert hops[1] == [(2, ("u", [("s", 0), ("s", 1)]), 5)] and root == ("s", 2)
 
 
-@pytest.mark.parametrize("encoder", [GQE, Q2P, TreeLSTM])
+@pytest.mark.parametrize("encoder", [GQE, Q2P, TreeLSTM, DeepSetsGQE])
 def test_plans_compute_what_embed_computes(encoder):
     torch.manual_seed(0)
     enc = encoder(20, 8, 16).eval()

@@ -4,9 +4,12 @@ After one test evaluation of a small UMLS FedCQA federation, the server fits eve
 row from the states it forwarded and the score tables it got back (GQE scores
 ``γ − ‖e − q‖₁``: a sign-linearised least-squares fit of the L1 distances; tree-LSTM scores
 ``h·e``: least squares), then, for GQE, each relation row as a first-hop state (anchor +
-relation) minus the recovered anchor. It reads nothing but the recorded cq_step payloads,
-as the server received them: under ``task.retrieval: paper`` it recovers the rows, under
-``private`` (default) no better than chance.
+relation) minus the recovered anchor. Q2P scores ``max_k p_k·e + b_e`` of particles that a
+LayerNorm leaves on one hyperplane: a max-affine fit recovers each entity row but for its
+component along the hyperplane's normal, which no score depends on (docs/privacy.md). It
+reads nothing but the recorded cq_step payloads, as the server received them: under
+``task.retrieval: paper`` it recovers what the scores expose, under ``private`` (default)
+no better than chance.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ pytest.importorskip("cryptography")
 
 GAMMA = 24.0
 #: (state, score table) pairs per client: queries whose root is one forwarded state.
-PAIRS = {"gqe": 300, "tree_lstm": 400}
+PAIRS = {"gqe": 300, "tree_lstm": 400, "q2p": 300}
 _TRANSFER = re.compile(r"_(server|client_\d+)_to_(server|client_\d+)_cq_step")
 
 
@@ -184,4 +187,107 @@ def test_the_same_attack_recovers_nothing_under_private_retrieval(tmp_path, quer
         assert r["matched"] <= 0.05 and r["entity_error"] > 0.5, (name, r)
         if encoder == "gqe":
             assert r["relations"] >= 20 and r["relation_error"] > 0.5, (name, r)
+    run.close()
+
+
+def fit_max_affine(particles: torch.Tensor, scores: torch.Tensor, iterations: int = 20) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
+    """Rows ``E [n, d]`` and offsets ``c [n]`` with ``max_k particles[j, k]·E[i] + c[i] ≈
+    scores[j, i]``: start from the least-squares fit to the mean particle, then take each
+    entity's best particle under the current rows and solve the then linear system by
+    least squares (the minimum-norm solution, where it is not determined), until the best
+    particles stop changing."""
+    m, _, d = particles.shape
+    ones = torch.ones(m, 1, dtype=torch.float64)
+    w = torch.linalg.lstsq(torch.cat([particles.mean(1), ones], 1), scores).solution.T  # [n, d + 1]
+    best = None
+    for _ in range(iterations):
+        new = torch.einsum("mkd,nd->nmk", particles, w[:, :d]).argmax(-1)  # [n, m]
+        if best is not None and torch.equal(new, best):
+            break
+        best = new
+        design = torch.cat([particles[torch.arange(m)[None, :], best], ones[None].expand(w.shape[0], m, 1)], -1)
+        w = torch.nan_to_num((torch.linalg.pinv(design) @ scores.T[..., None]).squeeze(-1))
+    return w[:, :d], w[:, d]
+
+
+def q2p_attack(run, payloads: Path) -> dict:
+    """The server's fit of Q2P's entity rows from the particles it forwarded (roots that are
+    one state: 2p, 3p, ip) and the score tables it got back. It finds the hyperplane the
+    particles lie on (its normal ``u``: the smallest principal axis of the particles) and
+    compares the recovered rows with the true ones along that plane (``e − (e·u)u``), and the
+    offsets ``b_e + e·p₀`` (``p₀`` the particles' mean, a point of the plane). Returns per
+    client those errors, the share of entities matched, the fit's largest residual, how flat
+    the particles are (smallest over second-smallest singular value) and the largest change
+    of any score when every true row moves by its own norm along ``u`` (with its bias
+    compensated): what the server cannot see."""
+    dim, k = run.cfg.model.dim, run.cfg.task.particles
+    transfers = exchanges(payloads)
+    out = {}
+    for party in run.clients:
+        name, encoder = party.name, party.module.encoder
+        particles, scores = [], []
+        for client, request, reply in transfers:
+            if client != name or request.config.get("kind") != "score" or request.config["root"][0] != "s":
+                continue
+            table = reply.arrays["scores"]
+            if "columns" in request.arrays:
+                table = table[:, request.arrays["columns"]]
+            particles.append(as_floats(request.arrays[f"s{request.config['root'][1]}"], k * dim).view(-1, k, dim))
+            scores.append(as_floats(table, table.shape[1]))
+        truth, bias = encoder.entity_emb.detach().double(), encoder.entity_bias.detach().double()
+        particles, scores = torch.cat(particles), torch.cat(scores)[:, :truth.shape[0]]
+        rows, offsets = fit_max_affine(particles, scores)
+        flat = particles.reshape(-1, dim)
+        centre = flat.mean(0)
+        singular = torch.linalg.svd(flat - centre, full_matrices=False)
+        u = singular.Vh[-1]
+
+        def along_plane(x):
+            return x - (x @ u)[:, None] * u[None]
+
+        plane_error = (along_plane(rows) - along_plane(truth)).norm(dim=1) / along_plane(truth).norm(dim=1)
+        offset_error = (offsets + rows @ centre) - (bias + truth @ centre)
+        matched = torch.cdist(along_plane(rows), along_plane(truth)).argmin(1) == torch.arange(truth.shape[0])
+
+        def predict(e, b):
+            return torch.einsum("mkd,nd->mnk", particles, e).max(-1).values + b[None]
+
+        shift = truth.norm(dim=1, keepdim=True) * u[None]
+        hidden = predict(truth + shift, bias - shift @ centre) - predict(truth, bias)
+        out[name] = {"pairs": particles.shape[0], "plane_error": float(plane_error.max()),
+                     "offset_error": float(offset_error.abs().max() / scores.abs().max()),
+                     "matched": float(matched.double().mean()),
+                     "residual": float((predict(rows, offsets) - scores).abs().max() / scores.abs().max()),
+                     "flatness": float(singular.S[-1] / singular.S[-2]), "hidden": float(hidden.abs().max()),
+                     "normal": u}
+    return out
+
+
+@pytest.mark.slow
+def test_server_recovers_q2p_entity_rows_but_one_direction_under_paper_retrieval(tmp_path, query_cache):
+    run, payloads = evaluated_run(tmp_path, task__retrieval="paper", task__encoder="q2p",
+                                  task__cache_dir=str(query_cache))
+    for name, r in q2p_attack(run, payloads).items():
+        assert r["pairs"] == PAIRS["q2p"], (name, r)
+        # the particles lie on one hyperplane (project_norm's LayerNorm), its normal found
+        assert r["flatness"] < 1e-4, (name, r)
+        # rows along the plane and the offsets: recovered, every entity matched, scores refit
+        assert r["plane_error"] < 1e-5 and r["offset_error"] < 1e-5 and r["matched"] == 1.0, (name, r)
+        assert r["residual"] < 1e-5, (name, r)
+        # moving a row along the normal changes no score the server saw: that part stays hidden
+        assert r["hidden"] < 1e-4, (name, r)
+        # that normal is 1/γ of the LayerNorm (its outputs sum to zero before the affine step)
+        gamma = run.parties[name].module.encoder.project_norm.weight.detach().double()
+        assert abs(float(r["normal"] @ (1 / gamma))) / float((1 / gamma).norm()) > 1 - 1e-6, (name, r)
+    run.close()
+
+
+@pytest.mark.slow
+def test_the_q2p_attack_recovers_nothing_under_private_retrieval(tmp_path, query_cache):
+    run, payloads = evaluated_run(tmp_path, task__encoder="q2p", task__cache_dir=str(query_cache))
+    for name, r in q2p_attack(run, payloads).items():
+        assert r["pairs"] == PAIRS["q2p"], (name, r)
+        assert r["flatness"] > 0.1, (name, r)  # the sealed bytes lie on no plane
+        assert r["matched"] <= 0.05 and r["plane_error"] > 0.5, (name, r)
     run.close()

@@ -8,7 +8,7 @@ import torch
 
 from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, num_slots
 from lightning_fedkg.methods.fedcqa.ranking import filtered_ranks, per_query_metrics
-from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM, dnf
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, DeepSetsGQE, TreeLSTM, dnf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,7 +73,8 @@ def test_filtered_ranks_match_a_brute_force():
     ("gqe", "softmax", {"gamma": 12.0}),
     ("q2p", "softmax", {"particles": 2}),
     ("tree_lstm", "softmax", {}),
-], ids=["gqe_negative_sampling", "gqe_softmax", "q2p_softmax", "tree_lstm_softmax"])
+    ("gqe_fedngdb", "softmax", {}),
+], ids=["gqe_negative_sampling", "gqe_softmax", "q2p_softmax", "tree_lstm_softmax", "gqe_fedngdb_softmax"])
 @pytest.mark.slow
 def test_encoders_learn_to_answer_queries_on_umls(encoder, loss, options):
     """End to end with a plain Trainer: an encoder trained on 1p/2p/2i queries of UMLS
@@ -133,6 +134,33 @@ def test_tree_lstm_nodes_by_hand():
     assert not torch.allclose(both, either)
     # the forget gates are per child: swapping the children changes nothing (a sum)
     assert torch.allclose(model.combine([(h2, c2), (h, c)], 0)[0], both, atol=1e-6)
+
+
+def test_fedngdb_gqe_by_hand():
+    """The FedCQA authors' GQE: projections add, ∩ and ∪ are DeepSets operators with weights
+    of their own (a union is a node, not DNF), an entity scores the dot product."""
+    torch.manual_seed(0)
+    model = DeepSetsGQE(6, 4, 8)
+    e, r = model.entity_emb.detach(), model.relation_emb.detach()
+    one = model.embed("1p", torch.tensor([[2, 1]]))
+    assert one.shape == (1, 1, 8) and torch.allclose(one[0, 0], e[2] + r[1])
+    a, b = e[2] + r[1], e[5] + r[3]
+
+    def deep_sets(mlp, out):
+        return out((mlp(a) + mlp(b)) / 2)
+
+    both = deep_sets(model.intersect_mlp, model.intersect_out)
+    either = deep_sets(model.union_mlp, model.union_out)
+    assert torch.allclose(model.embed("2i", torch.tensor([[2, 1, 5, 3]]))[0, 0], both, atol=1e-6)
+    assert torch.allclose(model.embed("2u", torch.tensor([[2, 1, 5, 3, -1]]))[0, 0], either, atol=1e-6)
+    assert not torch.allclose(both, either)
+    # up: the union of two branches, then the shared last relation added
+    up = model.embed("up", torch.tensor([[2, 1, 5, 3, -1, 0]]))
+    assert torch.allclose(up[0, 0], either + r[0], atol=1e-6)
+    assert torch.allclose(model.score(up)[0], e @ (either + r[0]), atol=1e-5)
+    assert torch.allclose(model.score_candidates(up, torch.tensor([[4, 0]]))[0], model.score(up)[0, [4, 0]])
+    # the operators' first layer halves the width, as the authors' code has it
+    assert model.intersect_mlp[0].out_features == 4 and model.union_out.bias is None
 
 
 def test_a_persistent_optimizer_outlives_fits_and_resumes_exactly():

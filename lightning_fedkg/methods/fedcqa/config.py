@@ -34,7 +34,8 @@ class FedCQAConfig:
 class QueryTaskConfig:
     """Complex query answering (``federated.task: query_answering``).
 
-    The encoder (``gqe``, ``q2p``, ``tree_lstm``) works in ``model.dim`` dimensions with
+    The encoder (``gqe``, ``q2p``, ``tree_lstm``; ``gqe_fedngdb``, the FedCQA authors' code's
+    GQE: dot-product scores, MLP intersection and union) works in ``model.dim`` dimensions with
     ``train.lr``, ``train.batch_size`` and ``train.eval_batch_size``; ``loss`` is the FedCQA
     code's label-smoothed ``softmax`` over all entities or KGReasoning's
     ``negative_sampling`` with ``negatives`` per query. ``gamma`` is GQE's margin,
@@ -60,7 +61,7 @@ class QueryTaskConfig:
     row: for comparison only.
     """
 
-    encoder: Literal["gqe", "q2p", "tree_lstm"] = "gqe"
+    encoder: Literal["gqe", "q2p", "tree_lstm", "gqe_fedngdb"] = "gqe"
     loss: Literal["softmax", "negative_sampling"] = "softmax"
     label_smoothing: float = field(default=0.1, metadata={"range": Range(min=0, max=1)})
     negatives: int = field(default=128, metadata={"range": Range(min=1)})

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, is_branch, is_union
 from lightning_fedkg.models.shareable import InitSpec
 
-__all__ = ["dnf", "tree_plan", "run_plan", "DNFEncoder", "GQE", "Q2P", "TreeLSTM"]
+__all__ = ["dnf", "tree_plan", "run_plan", "DNFEncoder", "GQE", "Q2P", "TreeLSTM", "DeepSetsGQE"]
 
 E = "e"
 
@@ -335,6 +335,76 @@ class TreeLSTM(nn.Module):
         return state[:, :1]
 
     def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
+        table = self.entity_emb if entities is None else self.entity_emb[entities]
+        return (embeddings @ table.T).max(1).values
+
+    def score_candidates(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
+        return torch.einsum("bkd,bmd->bkm", embeddings, self.entity_emb[candidates]).max(1).values
+
+
+class DeepSetsGQE(nn.Module):
+    """The "GQE" of the FedCQA authors' code (HKUST-KnowComp/FedNGDB, model/gqe.py), for a
+    like-with-like comparison with it: an anchor is its entity row, a projection adds the
+    relation row, and an intersection or a union is a DeepSets operator: a two-layer MLP
+    (``d → d/2 → d``, ReLU) on every branch, their mean, then a linear map without bias
+    (one set of weights for ∩, another for ∪); unions are nodes of the tree, not DNF
+    alternatives. An entity scores ``q·e`` (the decoder is the entity table). Tables start
+    at N(0, 1), as that code's embeddings do. A state is ``[B, 1, d]``."""
+
+    def __init__(self, num_entities: int, num_relations: int, dim: int) -> None:
+        super().__init__()
+        self.entity_emb = nn.Parameter(torch.empty(num_entities, dim).normal_(0, 1))
+        self.relation_emb = nn.Parameter(torch.empty(num_relations, dim).normal_(0, 1))
+        # the uniform with N(0, 1)'s variance (a server draws uniform rows)
+        self.table_inits = {n: InitSpec("uniform", (-3.0 ** 0.5, 3.0 ** 0.5)) for n in ("entity_emb", "relation_emb")}
+        self.intersect_mlp = nn.Sequential(nn.Linear(dim, dim // 2), nn.ReLU(), nn.Linear(dim // 2, dim))
+        self.intersect_out = nn.Linear(dim, dim, bias=False)
+        self.union_mlp = nn.Sequential(nn.Linear(dim, dim // 2), nn.ReLU(), nn.Linear(dim // 2, dim))
+        self.union_out = nn.Linear(dim, dim, bias=False)
+
+    def combine(self, branches: list[Tensor], kind: str) -> Tensor:
+        """Branch states ``[B, 1, d]`` each -> ``[B, 1, d]`` (``kind`` ``"i"`` or ``"u"``)."""
+        mlp, out = (self.union_mlp, self.union_out) if kind == "u" else (self.intersect_mlp, self.intersect_out)
+        return out(mlp(torch.cat(branches, 1)).mean(1, keepdim=True))
+
+    def _encode(self, node, rows: Tensor, pos: int) -> tuple[Tensor, int]:
+        if node == E:
+            return self.anchor_state(rows[:, pos]), pos + 1
+        if is_branch(node):
+            state, pos = self._encode(node[0], rows, pos)
+            for _ in node[1]:
+                state, pos = self.project_state(state, rows[:, pos]), pos + 1
+            return state, pos
+        union = is_union(node)
+        children = []
+        for part in (node[:-1] if union else node):
+            state, pos = self._encode(part, rows, pos)
+            children.append(state)
+        return self.combine(children, "u" if union else "i"), pos + (1 if union else 0)
+
+    def embed(self, structure: str, queries: Tensor) -> Tensor:
+        """``[B, 1, d]``: the root's state."""
+        return self._encode(STRUCTURES[structure], queries, 0)[0]
+
+    @classmethod
+    def plan(cls, structure: str) -> tuple:
+        """The query's tree (:func:`tree_plan`): unions are nodes, not DNF alternatives."""
+        return tree_plan(STRUCTURES[structure])[0]
+
+    def anchor_state(self, entities: Tensor) -> Tensor:
+        return self.entity_emb[entities][:, None, :]
+
+    def project_state(self, state: Tensor, relations: Tensor) -> Tensor:
+        return state + self.relation_emb[relations][:, None, :]
+
+    def combine_state(self, states: list[Tensor], kind: str) -> Tensor:
+        return self.combine(states, kind)
+
+    def output(self, state: Tensor) -> Tensor:
+        return state
+
+    def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
+        """``[B, n]``: ``q·e`` for every entity (or the ``entities`` given)."""
         table = self.entity_emb if entities is None else self.entity_emb[entities]
         return (embeddings @ table.T).max(1).values
 

@@ -1,18 +1,16 @@
 """Complex query answering on one KG as a LightningModule (a plain ``Trainer`` trains it).
 
 Training (``loss="negative_sampling"``) follows KGReasoning (its models.py): each batch holds
-queries of one structure;
-every query gets one of its answers as the positive and ``negatives`` uniformly drawn
-entities, and the loss is
+queries of one structure; every query gets one of its answers as the positive and
+``negatives`` uniformly drawn entities, and the loss is
 
     L = ½ [Σ w_q (−log σ(s(pos))) + Σ w_q (−mean_j log σ(−s(neg_j)))] / Σ w_q,
 
 with ``w_q = (4 + |answers(q)|)^(-1/2)``. ``loss="softmax"`` is the FedCQA code's instead: a
-cross-entropy over every entity's score, label-smoothed. Which reproduces the published
-figures better is for the benchmark to say (not yet measured). Evaluation ranks every hard answer with the other
-answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR and HR@1/3/10 per
-structure, and their mean over structures.
-"""
+cross-entropy over every entity's score, label-smoothed. A step's negatives and dropout
+come from a seed its batch carries, not from the process's RNG. Evaluation ranks every hard
+answer with the other answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR
+and HR@1/3/10 per structure, and their mean over structures."""
 
 from __future__ import annotations
 
@@ -21,15 +19,17 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, TreeLSTM
+from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, DeepSetsGQE, TreeLSTM
 from lightning_fedkg.methods.fedcqa.queries import QuerySet
 from lightning_fedkg.methods.fedcqa.ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
+from lightning_fedkg.seeding import derive_seed
 
 __all__ = ["QueryBatches", "QueryAnsweringModule", "ENCODERS", "LOSSES"]
 
-ENCODERS = {"gqe": GQE, "q2p": Q2P, "tree_lstm": TreeLSTM}
+#: ``gqe_fedngdb`` is the FedCQA authors' code's "GQE" (dot-product scores, DeepSets ∩ and ∪).
+ENCODERS = {"gqe": GQE, "q2p": Q2P, "tree_lstm": TreeLSTM, "gqe_fedngdb": DeepSetsGQE}
 #: ``negative_sampling`` (KGReasoning's) or ``softmax`` (label-smoothed cross-entropy over
 #: all entities, the FedCQA code's).
 LOSSES = ("negative_sampling", "softmax")
@@ -37,7 +37,9 @@ LOSSES = ("negative_sampling", "softmax")
 
 class QueryBatches(IterableDataset):
     """Endless batches of training queries, each of one structure drawn in proportion to its
-    set's size: ``{"structure", "queries", "positive", "weight"}`` (use ``batch_size=None``)."""
+    set's size: ``{"structure", "queries", "positive", "weight", "seed"}`` (use
+    ``batch_size=None``); ``seed`` seeds the step's negatives and dropout
+    (:meth:`QueryAnsweringModule.training_step`)."""
 
     def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0, steps: int | None = None) -> None:
         self.sets = {k: v for k, v in sets.items() if len(v)}
@@ -47,6 +49,8 @@ class QueryBatches(IterableDataset):
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed)
+        # A stream of its own: the batches drawn from ``generator`` stay what they were.
+        noise = torch.Generator().manual_seed(derive_seed(self.seed, "batches", "noise"))
         names = sorted(self.sets)
         sizes = torch.tensor([len(self.sets[n]) for n in names], dtype=torch.float)
         step = 0
@@ -58,13 +62,14 @@ class QueryBatches(IterableDataset):
             counts = (qs.hard_offsets[rows + 1] - qs.hard_offsets[rows])
             pick = qs.hard_offsets[rows] + (torch.rand(rows.shape[0], generator=generator) * counts).long()
             yield {"structure": name, "queries": qs.queries[rows], "positive": qs.hard_ids[pick],
-                   "weight": (4.0 + counts.float()).rsqrt()}
+                   "weight": (4.0 + counts.float()).rsqrt(), "seed": int(torch.randint(2**62, (), generator=noise))}
 
 
 class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
-    """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``) over ``num_entities`` entities and ``num_relations`` relation
-    ids (inverses included); ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's
-    ``particles``, ``heads``, ``dropout``)."""
+    """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``, ``"gqe_fedngdb"``) over
+    ``num_entities`` entities and ``num_relations`` relation ids (inverses included);
+    ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's ``particles``, ``heads``,
+    ``dropout``)."""
 
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
                  lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
@@ -127,6 +132,19 @@ class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
         }
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        """The loss of one batch, its negatives and dropout drawn from the batch's ``seed``
+        (without one, from the process's RNG). The process's RNG is left as it was: a client's
+        training does not depend on which clients trained before it in the same process, or
+        on anything else that drew from it (a run's result is the same with its clients side
+        by side, ``federated.clients: ray``, and in a test process)."""
+        if "seed" not in batch:
+            return self._loss(batch)
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(batch["seed"])
+            return self._loss(batch)
+
+    def _loss(self, batch: dict) -> Tensor:
         q = self.encoder.embed(batch["structure"], batch["queries"])
         b = q.shape[0]
         if self.hparams.loss == "softmax":

@@ -69,7 +69,7 @@ class QueryAnswering(Task):
                               "encoders are not compiled: leave trainer.compile=false for task query_answering")
         tc = cfg.task
         options = {"gqe": {"gamma": tc.gamma}, "q2p": {"particles": tc.particles, "heads": tc.heads,
-                                                        "dropout": tc.dropout}, "tree_lstm": {}}[tc.encoder]
+                                                        "dropout": tc.dropout}, "tree_lstm": {}, "gqe_fedngdb": {}}[tc.encoder]
         return QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, encoder=tc.encoder, dim=cfg.model.dim,
                                     lr=cfg.train.lr, negatives=tc.negatives, eval_batch_size=cfg.train.eval_batch_size,
                                     loss=tc.loss, label_smoothing=tc.label_smoothing, weight_decay=tc.weight_decay,
