@@ -9,7 +9,7 @@
 #   EXTRA="data.name=/abs/path/FB15k-237-Fed3 task.cache_dir=runs/qcache" scripts/fedcqa_fb15k237_loss.sh 100
 # Every run's start, end, wall seconds and load average go to OUT/runs.log.
 set -euo pipefail
-steps=${1:-100}
+steps=${1:-40}
 out=${2:-runs/fedcqa_fb_loss}
 py=${PYTHON:-python}
 # one round of STEPS steps: one validation, then the test (in-graph and cross-graph)
