@@ -24,7 +24,7 @@ run() {  # run LOSS SEED
     echo "$(date -u +%FT%T) end $1 seed $2 wall $((SECONDS - start)) s load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
 }
 
-# a softmax step costs ~15 negative-sampling steps on CPU (an L1 distance to all 14,505
+# a softmax step costs ~20 negative-sampling steps on CPU (an L1 distance to all 14,505
 # entities and its backward), so one worker takes two softmax runs, the other the rest
 ( run softmax 0; run softmax 1 ) &
 ( run softmax 2; run negative_sampling 0; run negative_sampling 1; run negative_sampling 2 ) &
