@@ -49,8 +49,9 @@ from lightning_fedkg.runtime import config_table_elements, configure_torch  # no
 
 CONFIGS = REPO / "configs" / "fedcqa"
 DEFAULT_VARIANTS = ["umls_local_gqe", "umls_central_gqe", "umls_fede_gqe", "umls_fedr_gqe", "umls_fedcqa_gqe"]
-KEYS = (("in MRR", "in_graph", "mrr"), ("in HR@3", "in_graph", "hits@3"),
-        ("cross MRR", "cross_graph", "mrr"), ("cross HR@3", "cross_graph", "hits@3"))
+KEYS = (("in MRR", "in_graph", "mrr"), ("in HR@3", "in_graph", "hits@3"), ("in HR@10", "in_graph", "hits@10"),
+        ("cross MRR", "cross_graph", "mrr"), ("cross HR@3", "cross_graph", "hits@3"),
+        ("cross HR@10", "cross_graph", "hits@10"))
 
 
 def peak_rss_mib() -> float:
@@ -76,6 +77,10 @@ def quality(args) -> None:
         row["seconds"] = statistics.mean(m["seconds"] for m in runs)
         row["cross_by_type_mrr"] = {t: statistics.mean(m["cross_graph"]["by_type"][t]["mrr"] for m in runs)
                                     for t in runs[0].get("cross_graph", {}).get("by_type", {})}
+        row["in_by_type_mrr"] = {t: statistics.mean(m["in_graph"]["by_type"][t]["mrr"] for m in runs)
+                                 for t in runs[0].get("in_graph", {}).get("by_type", {})}
+        # every seed's own numbers, so a reader can count in how many seeds one variant wins
+        row["per_seed"] = [_seed_row(seed, m) for seed, m in zip(args.seeds, runs)]
         rows[variant] = row
     print(f"{'variant':24s}" + "".join(f"{label:>18s}" for label, _, _ in KEYS) + f"{'rounds':>8s}{'s':>8s}")
     for variant, row in rows.items():
@@ -85,6 +90,18 @@ def quality(args) -> None:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps({"overrides": args.overrides, "variants": rows}, indent=1))
+
+
+def _seed_row(seed: int, metrics: dict) -> dict:
+    """One run's overall metrics and, per block, MRR and HR@10 by query type."""
+    row = {"seed": seed, "seconds": metrics["seconds"], "rounds": metrics["rounds"]}
+    for label, block, key in KEYS:
+        row[label] = metrics[block][key] if block in metrics else None
+    for block in ("in_graph", "cross_graph"):
+        if block in metrics:
+            row[f"{block}_by_type"] = {t: {"mrr": v["mrr"], "hits@10": v["hits@10"]}
+                                       for t, v in metrics[block]["by_type"].items()}
+    return row
 
 
 def speed_once(cfg, rounds: int) -> dict:
