@@ -262,6 +262,26 @@ class Q2P(DNFEncoder):
         return torch.einsum("bkd,bmd->bkm", embeddings, rows).max(1).values + self.entity_bias[candidates]
 
 
+def fold_tree(node, rows: Tensor, pos: int, leaf, project, combine):
+    """Evaluate a query tree whose unions are nodes (the tree-LSTM's and ``gqe_fedngdb``'s
+    walk), its anchors and relations read from ``rows`` in slot order from ``pos``:
+    ``leaf(entities)``, ``project(state, relations)``, ``combine(children, union)``.
+    Returns ``(state, next position)``."""
+    if node == E:
+        return leaf(rows[:, pos]), pos + 1
+    if is_branch(node):
+        state, pos = fold_tree(node[0], rows, pos, leaf, project, combine)
+        for _ in node[1]:
+            state, pos = project(state, rows[:, pos]), pos + 1
+        return state, pos
+    union = is_union(node)
+    children = []
+    for part in (node[:-1] if union else node):
+        state, pos = fold_tree(part, rows, pos, leaf, project, combine)
+        children.append(state)
+    return combine(children, union), pos + (1 if union else 0)
+
+
 class TreeLSTM(nn.Module):
     """The tree-LSTM query encoder of SQE (Bai, Zheng, Song, "Sequential Query Encoding for
     Complex Query Answering on Knowledge Graphs", TMLR 2023; HKUST-KnowComp/SQE,
@@ -295,20 +315,12 @@ class TreeLSTM(nn.Module):
         return torch.sigmoid(o) * torch.tanh(cell), cell
 
     def _encode(self, node, rows: Tensor, pos: int) -> tuple[tuple[Tensor, Tensor], int]:
-        if node == E:
-            h = self.entity_emb[rows[:, pos]]
-            return (h, torch.zeros_like(h)), pos + 1
-        if is_branch(node):
-            state, pos = self._encode(node[0], rows, pos)
-            for _ in node[1]:
-                state, pos = self.cell(self.relation_emb[rows[:, pos]], state), pos + 1
-            return state, pos
-        union = is_union(node)
-        children = []
-        for part in (node[:-1] if union else node):
-            state, pos = self._encode(part, rows, pos)
-            children.append(state)
-        return self.combine(children, 1 if union else 0), pos + (1 if union else 0)
+        def leaf(entities: Tensor) -> tuple[Tensor, Tensor]:
+            h = self.entity_emb[entities]
+            return h, torch.zeros_like(h)
+
+        return fold_tree(node, rows, pos, leaf, lambda state, r: self.cell(self.relation_emb[r], state),
+                         lambda children, union: self.combine(children, 1 if union else 0))
 
     def embed(self, structure: str, queries: Tensor) -> Tensor:
         """``[B, 1, d]``: the root's hidden state."""
@@ -368,19 +380,8 @@ class DeepSetsGQE(nn.Module):
         return out(mlp(torch.cat(branches, 1)).mean(1, keepdim=True))
 
     def _encode(self, node, rows: Tensor, pos: int) -> tuple[Tensor, int]:
-        if node == E:
-            return self.anchor_state(rows[:, pos]), pos + 1
-        if is_branch(node):
-            state, pos = self._encode(node[0], rows, pos)
-            for _ in node[1]:
-                state, pos = self.project_state(state, rows[:, pos]), pos + 1
-            return state, pos
-        union = is_union(node)
-        children = []
-        for part in (node[:-1] if union else node):
-            state, pos = self._encode(part, rows, pos)
-            children.append(state)
-        return self.combine(children, "u" if union else "i"), pos + (1 if union else 0)
+        return fold_tree(node, rows, pos, self.anchor_state, self.project_state,
+                         lambda children, union: self.combine(children, "u" if union else "i"))
 
     def embed(self, structure: str, queries: Tensor) -> Tensor:
         """``[B, 1, d]``: the root's state."""
