@@ -159,6 +159,56 @@ def worker_threads(trainer: TrainerConfig, workers: int, table_elements: int | N
     return threads, f"{facts}; {total} shared by {workers} worker{'s' if workers != 1 else ''}"
 
 
+def machine_core_ids() -> list[int] | None:
+    """The ids of the cores this process may run on, or None where the OS cannot pin
+    processes to cores (macOS, Windows)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def place_workers(work: list[float], threads: int, cores: list[int]) -> list[list[int]]:
+    """The cores each of ``len(work)`` workers is pinned to, balancing their ``work``.
+
+    The cores are cut into slots of ``threads`` consecutive ids (one slot of all of them
+    when there are fewer). Each worker, the largest ``work`` first (ties: lower index
+    first), goes to the slot with the least work so far (ties: the lower slot): the
+    longest-processing-time rule. With more workers than slots, the workers of a slot
+    share it, and a round lasts about its busiest slot. Left to the OS's fair share instead,
+    three clients on two cores run each at two thirds of a core until one finishes, so the
+    largest client, which bounds the round, gets no core of its own.
+    """
+    if not work:
+        return []
+    threads = max(1, int(threads))
+    slots = [cores[i:i + threads] for i in range(0, len(cores) - threads + 1, threads)] or [list(cores)]
+    load = [0.0] * len(slots)
+    placed: list[list[int]] = [[] for _ in work]
+    for w in sorted(range(len(work)), key=lambda i: (-work[i], i)):
+        s = min(range(len(slots)), key=lambda j: (load[j], j))
+        load[s] += work[w]
+        placed[w] = list(slots[s])
+    return placed
+
+
+def pin_process(cores: list[int]) -> bool:
+    """Pin every thread of this process, and the threads it starts later, to ``cores``;
+    False where the OS cannot (then nothing changes)."""
+    try:
+        os.sched_setaffinity(0, cores)
+        # sched_setaffinity(0) moves only the calling thread on Linux; threads that exist
+        # already (torch's pools, the RPC threads of a Ray worker) are moved one by one.
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
 #: The count this process's pools were set to by :func:`configure_torch` and why, or None.
 _configured: tuple[int, str] | None = None
 

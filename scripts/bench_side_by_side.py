@@ -2,7 +2,8 @@
 """Seconds per round with the clients one after the other vs side by side (``federated.clients``).
 
 Runs one config ``--repeats`` times in each mode, alternating (local, ray, local, ray, ...)
-in this process, Ray started once for all of them (its start-up and the actors' are not in
+in this process (``--modes``; ``ray-unpinned`` is the control without
+:func:`~lightning_fedkg.runtime.place_workers`), Ray started once for all of them (its start-up and the actors' are not in
 the figures). For each run it times every training round (``FederatedRun.train_round``: the
 clients' local training and the server's aggregation) and every validation
 (``FederatedRun.evaluate``), and prints the median training round over rounds 2.. (round 1
@@ -13,6 +14,7 @@ largest bounds what running them side by side can gain, whatever the machine's l
 
     python scripts/bench_side_by_side.py -c configs/fede/umls_fede.yaml --rounds 12
     python scripts/bench_side_by_side.py -c configs/fedlu/umls_fedlu.yaml --rounds 12
+    python scripts/bench_side_by_side.py --modes local,ray,ray-unpinned --repeats 3
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 
 def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
+    import lightning_fedkg.runtime as runtime
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated.federation import FederatedRun
     from lightning_fedkg.run import fit
@@ -61,16 +64,22 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
             if split == "val":
                 evals.append(time.perf_counter() - start)
 
-    cfg = load_config(config, [*overrides, "trainer.progress_bar=false", f"federated.clients={mode}"])
+    clients = "ray" if mode.startswith("ray") else mode
+    cfg = load_config(config, [*overrides, "trainer.progress_bar=false", f"federated.clients={clients}"])
+    core_ids = runtime.machine_core_ids
     FederatedRun.train_round, FederatedRun.evaluate, Party.fit = timed_train, timed_evaluate, timed_fit
+    if mode == "ray-unpinned":  # the control: the OS schedules the workers, as before placement
+        runtime.machine_core_ids = lambda: None
     try:
         metrics = fit(cfg, out)
     finally:
         FederatedRun.train_round, FederatedRun.evaluate, Party.fit = train_round, evaluate, party_fit
+        runtime.machine_core_ids = core_ids
     cpu = {name: statistics.median(v[1:] or v) for name, v in sorted(fit_cpu.items())}
     return {"round": statistics.median(rounds[1:] or rounds), "rounds": len(rounds), "fit_cpu": cpu,
             "validation": statistics.median(evals) if evals else float("nan"),
-            "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads")}
+            "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads"),
+            "cores": metrics.get("client_workers", {}).get("cores")}
 
 
 def main() -> None:
@@ -79,6 +88,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--modes", default="local,ray", help="comma-separated, alternated in this order: local "
+                        "(sequential), ray (side by side, pinned to cores by place_workers), ray-unpinned "
+                        "(side by side, scheduled by the OS)")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value)")
     args = parser.parse_args()
 
@@ -91,26 +103,29 @@ def main() -> None:
     overrides = [f"federated.rounds={args.rounds}", f"federated.eval_every={args.eval_every}",
                  "federated.patience=1000", *args.overrides]
     load_before = machine_load()
-    results: dict[str, list[dict]] = {"local": [], "ray": []}
+    modes = args.modes.split(",")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
     with ray_session(ray, num_cpus=os.cpu_count() or 2), tempfile.TemporaryDirectory() as work:
         for i in range(args.repeats):
-            for mode in ("local", "ray"):
+            for mode in modes:
                 r = timed_runs(args.config, overrides, mode, Path(work) / f"{mode}{i}")
                 results[mode].append(r)
                 print(f"{mode:5s} run {i}: {r['round']:.3f} s/round (median of rounds 2-{r['rounds']}), "
                       f"validation {r['validation']:.3f} s, test MRR {r['mrr']:.6f}, "
-                      f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}", flush=True)
+                      f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}"
+                      + (f", cores {r['cores']}" if r["cores"] else ""), flush=True)
                 if r["fit_cpu"]:
                     cpu = list(r["fit_cpu"].values())
                     print(f"      CPU seconds of each client's local training per round: "
                           f"{' / '.join(f'{c:.3f}' for c in cpu)}; a round side by side can be at most "
                           f"{sum(cpu) / max(cpu):.2f}x shorter (sum / largest)", flush=True)
     load_after = machine_load()
-    local = statistics.median(r["round"] for r in results["local"])
-    side = statistics.median(r["round"] for r in results["ray"])
-    same = {r["mrr"] for r in results["local"] + results["ray"]}
-    print(f"{Path(args.config).name}: sequential {local:.3f} s/round, side by side {side:.3f} s/round, "
-          f"{local / side:.2f}x; test MRR {'identical' if len(same) == 1 else 'DIFFERS: ' + str(sorted(same))}; "
+    median = {m: statistics.median(r["round"] for r in rs) for m, rs in results.items()}
+    same = {r["mrr"] for rs in results.values() for r in rs}
+    base = median.get("local")
+    rows = ", ".join(f"{m} {t:.3f} s/round" + (f" ({base / t:.2f}x)" if base and m != "local" else "")
+                     for m, t in median.items())
+    print(f"{Path(args.config).name}: {rows}; test MRR {'identical' if len(same) == 1 else 'DIFFERS: ' + str(sorted(same))}; "
           f"load average {load_before:.2f} before, {load_after:.2f} after; {os.cpu_count()} cores")
 
 

@@ -7,7 +7,10 @@ resume the other's checkpoints (FedE, FedLU, and FedCQA with Q2P). Ray runs star
 imported in each), so they are few and marked slow.
 """
 
+import itertools
 import json
+import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest, load_party, read_manifest
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.run import fit
-from lightning_fedkg.runtime import worker_threads
+from lightning_fedkg.runtime import machine_core_ids, pin_process, place_workers, worker_threads
 
 from conftest import make_small_config, single_thread
 
@@ -68,6 +71,53 @@ def test_the_worker_threads_share_the_free_cores_among_the_workers():
     assert worker_threads(trainer, 3, 2_160, cpus=2, load=9.0) == (4, "trainer.threads, per worker")
 
 
+def test_workers_are_placed_on_cores_by_their_work():
+    # the UMLS quick start's clients (CPU seconds per round .07 / .09 / .18) on 2 cores: the
+    # largest alone on core 0, the two others together on core 1 (.16 of work)
+    assert place_workers([0.07, 0.09, 0.18], 1, [0, 1]) == [[1], [1], [0]]
+    # 2 threads each on 4 cores: two slots, the third worker shares the first
+    assert place_workers([1, 1, 1], 2, [0, 1, 2, 3]) == [[0, 1], [2, 3], [0, 1]]
+    # the slots are cut from the ids this process may use, whatever they are
+    assert place_workers([3, 2, 1], 2, [2, 5, 7, 9]) == [[2, 5], [7, 9], [7, 9]]
+    # more threads than cores: one slot of all of them
+    assert place_workers([1, 2], 4, [0, 1]) == [[0, 1], [0, 1]]
+    # ten equal clients on two cores: five each
+    placed = place_workers([1.0] * 10, 1, [0, 1])
+    assert sorted(c for (c,) in placed) == [0] * 5 + [1] * 5
+    assert place_workers([], 1, [0, 1]) == []
+
+
+def test_the_placement_is_within_grahams_bound_of_the_best():
+    """LPT's busiest slot is at most (4/3 - 1/(3m)) times the best placement's (Graham,
+    1969), the best found here by trying every assignment."""
+    rng = random.Random(0)
+    for _ in range(200):
+        slots = rng.randint(1, 3)
+        work = [rng.choice([0.5, 1, 2, 3, 5, 8]) * rng.uniform(0.9, 1.1) for _ in range(rng.randint(1, 7))]
+        placed = place_workers(work, 1, list(range(slots)))
+        busiest = max(sum(w for w, (c,) in zip(work, placed) if c == s) for s in range(slots))
+        best = min(max(sum(w for w, s in zip(work, pick) if s == j) for j in range(slots))
+                   for pick in itertools.product(range(slots), repeat=len(work)))
+        assert busiest <= (4 / 3 - 1 / (3 * slots)) * best + 1e-9
+
+
+@pytest.mark.skipif(machine_core_ids() is None, reason="this OS cannot pin a process to cores")
+def test_pinning_moves_every_thread_of_the_process():
+    # in a child process: pinning the test process would slow the rest of the suite
+    code = (
+        "import os, threading, time\n"
+        "from lightning_fedkg.runtime import pin_process\n"
+        "ev = threading.Event(); t = threading.Thread(target=ev.wait); t.start()\n"
+        "core = min(os.sched_getaffinity(0)); assert pin_process([core])\n"
+        "u = threading.Thread(target=ev.wait); u.start()\n"
+        "tids = [int(x) for x in os.listdir('/proc/self/task')]\n"
+        "print(len(tids), all(os.sched_getaffinity(x) == {core} for x in tids)); ev.set()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    count, pinned = out.stdout.split()
+    assert int(count) >= 3 and pinned == "True"  # the main thread, one started before, one after
+
+
 def test_sequential_clients_are_the_default():
     cfg = make_small_config()
     assert cfg.federated.clients == "local"
@@ -110,8 +160,13 @@ def fede_runs(ray_started, tmp_path_factory):
 def test_side_by_side_equals_the_sequential_run_to_the_last_bit(fede_runs):
     (local, local_dir), (ray_, ray_dir) = fede_runs["local"], fede_runs["ray"]
     assert "client_workers" not in local
-    assert {k: v for k, v in ray_["client_workers"].items() if k != "why"} == {
+    workers = ray_["client_workers"]
+    assert {k: v for k, v in workers.items() if k not in ("why", "cores")} == {
         "clients": "ray", "workers": 3, "threads": 1}
+    cores = machine_core_ids()
+    if cores is not None:  # each actor runs on the cores placed for it, by its training triples
+        work = [len(kg.triples("train")) for kg in FederatedRun(tiny("fede", "local"), run_dir=None).fkg.clients]
+        assert workers["cores"] == dict(zip(CLIENTS, place_workers(work, 1, cores)))
     assert json.loads((ray_dir / "metrics.json").read_text()) == ray_
     assert without_timing(ray_) == without_timing(local)
     assert ray_["rounds"] == 2 and len(ray_["validation"]) == 2 and ray_["bytes_sent"] > 0

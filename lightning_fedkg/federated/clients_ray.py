@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,16 @@ class ClientActor:
     """
 
     def __init__(self, cfg: ExperimentConfig, name: str, threads: int, run_dir: str | None,
-                 purge_step: int | None) -> None:
+                 purge_step: int | None, cores: list[int] | None = None, host: str | None = None) -> None:
         from lightning_fedkg.federated.party import build_client_parties, load_federated_kg
         from lightning_fedkg.federated.protections import protected_halves
         from lightning_fedkg.federated.strategy import STRATEGIES
         from lightning_fedkg.federated.tasks import TASKS
-        from lightning_fedkg.runtime import config_table_elements, configure_torch, seed_process
+        from lightning_fedkg.runtime import config_table_elements, configure_torch, pin_process, seed_process
+
+        # The cores the driver placed this client on are its machine's: an actor that Ray
+        # started on another node keeps the OS's scheduling.
+        self.cores = cores if cores and host == socket.gethostname() and pin_process(cores) else None
 
         # The thread count the driver chose for every worker, not this process's own guess
         # (the load average lags while the workers start).
@@ -57,11 +62,11 @@ class ClientActor:
                                              purge_step, only=name)
         self.half = half(self.party, strategy)
 
-    def ready(self) -> tuple[int, int]:
-        """``(process id, intra-op threads)``: built."""
+    def ready(self) -> tuple[int, int, list[int] | None]:
+        """``(process id, intra-op threads, the cores it runs on if pinned, else None)``: built."""
         import torch
 
-        return os.getpid(), torch.get_num_threads()
+        return os.getpid(), torch.get_num_threads(), sorted(os.sched_getaffinity(0)) if self.cores else None
 
     def handle(self, stage: str, data: bytes | None, round: int) -> tuple[bytes | None, str | None, float]:
         """``(reply bytes or None for an empty reply, error or None, seconds)`` of one stage;
@@ -116,8 +121,9 @@ class RayClients(ClientPool):
     def __init__(self, run) -> None:
         import contextlib
 
+        from lightning_fedkg.federated.party import load_federated_kg
         from lightning_fedkg.federated.peer_ray import actor_options, import_ray, ray_session
-        from lightning_fedkg.runtime import config_table_elements, worker_threads
+        from lightning_fedkg.runtime import config_table_elements, machine_core_ids, place_workers, worker_threads
 
         cfg, fc = run.cfg, run.cfg.federated
         if run.strategy.in_process_only:
@@ -129,7 +135,8 @@ class RayClients(ClientPool):
                               f"clients' parties in this process: use federated.clients=local")
         ray = import_ray("federated.clients=ray")
         self.ray = ray
-        self.names = client_names(cfg, run.fkg)
+        fkg = run.fkg if run.fkg is not None else load_federated_kg(cfg)
+        self.names = client_names(cfg, fkg)
         sa = fc.secure_aggregation
         if sa.enabled and sa.active:
             if run.run_dir is None:
@@ -140,20 +147,31 @@ class RayClients(ClientPool):
 
             provision_identities(run.run_dir / IDENTITIES, cfg, self.names)
         self.threads, self.why = worker_threads(cfg.trainer, len(self.names), config_table_elements(cfg))
+        # Each client pinned to cores of its own where it can have them, else sharing them
+        # with clients of about the same total work (training triples stand for a client's
+        # work per round): see place_workers.
+        cores = machine_core_ids()
+        work = [float(len(kg.triples("train"))) for kg in fkg.clients]
+        placed = place_workers(work, self.threads, cores) if cores else [None] * len(self.names)
         self.actors: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         try:
             self._stack.enter_context(ray_session(ray, num_cpus=len(self.names)))
             Actor = ray.remote(ClientActor).options(**actor_options(ray, cfg, len(self.names)))
             run_dir = str(run.run_dir) if run.run_dir is not None else None
-            self.actors = {n: Actor.remote(cfg, n, self.threads, run_dir, run._purge) for n in self.names}
+            host = socket.gethostname()
+            self.actors = {n: Actor.remote(cfg, n, self.threads, run_dir, run._purge, c, host)
+                           for n, c in zip(self.names, placed)}
             ready = ray.get([self.actors[n].ready.remote() for n in self.names])
         except BaseException:
             self.close()
             raise
-        self.pids = [pid for pid, _ in ready]
-        log.info("clients side by side: %d Ray workers, %d thread%s each (%s)", len(self.names), self.threads,
-                 "s" if self.threads != 1 else "", self.why)
+        self.pids = [pid for pid, _, _ in ready]
+        self.cores = {n: c for n, (_, _, c) in zip(self.names, ready)}
+        pinned = "; cores " + ", ".join(f"{n}: {','.join(map(str, c))}" for n, c in self.cores.items() if c) \
+            if any(self.cores.values()) else "; not pinned to cores"
+        log.info("clients side by side: %d Ray workers, %d thread%s each (%s%s)", len(self.names), self.threads,
+                 "s" if self.threads != 1 else "", self.why, pinned)
 
     def exchange(self, round, stage, messages, wire, channel, timeout):
         down, up = wire
@@ -189,7 +207,7 @@ class RayClients(ClientPool):
 
     def report(self) -> dict:
         return {"client_workers": {"clients": "ray", "workers": len(self.names), "threads": self.threads,
-                                   "why": self.why}}
+                                   "why": self.why, "cores": self.cores}}
 
     def mute(self):
         self.ray.get([a.mute.remote() for a in self.actors.values()])
