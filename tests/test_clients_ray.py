@@ -118,6 +118,50 @@ def test_pinning_moves_every_thread_of_the_process():
     assert int(count) >= 3 and pinned == "True"  # the main thread, one started before, one after
 
 
+def test_each_stage_places_the_clients_it_addresses():
+    """A round that samples some clients (fraction < 1) spreads those over the cores: the
+    placement is made per exchange, for the addressed clients only."""
+    from lightning_fedkg.federated.channel import Channel
+    from lightning_fedkg.federated.clients_ray import RayClients
+    from lightning_fedkg.federated.message import Message
+
+    calls = []
+
+    class Handle:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, stage, data, round, cores):
+            calls.append((self.name, cores))
+            return self.name
+
+    class Actor:
+        def __init__(self, name):
+            self.handle = Handle(name)
+
+    class FakeRay:
+        @staticmethod
+        def get(refs):
+            return [(None, None, 0.0) for _ in refs]
+
+    pool = RayClients.__new__(RayClients)
+    pool.ray, pool.threads, pool.core_ids = FakeRay, 1, [0, 1]
+    pool.work = {"client_0": 20.0, "client_1": 10.0, "client_2": 30.0, "client_3": 10.0}
+    pool.actors = {n: Actor(n) for n in pool.work}
+    # clients 0, 1 and 3 sampled: the largest alone, the other two together (placed once for
+    # all four, clients 0 and 1 would share core 1 and client 3 have core 0)
+    pool.exchange(0, "train", {n: Message() for n in ("client_0", "client_1", "client_3")}, ("d", "u"), Channel(),
+                  None)
+    assert calls == [("client_0", [0]), ("client_1", [1]), ("client_3", [1])]
+    calls.clear()
+    pool.exchange(1, "train", {n: Message() for n in ("client_0", "client_2")}, ("d", "u"), Channel(), None)
+    assert calls == [("client_0", [1]), ("client_2", [0])]
+    calls.clear()
+    pool.core_ids = None  # an OS that cannot pin: the OS schedules
+    pool.exchange(2, "train", {"client_1": Message()}, ("d", "u"), Channel(), None)
+    assert calls == [("client_1", None)]
+
+
 def test_sequential_clients_are_the_default():
     cfg = make_small_config()
     assert cfg.federated.clients == "local"

@@ -23,6 +23,7 @@ from lightning_fedkg.config import ConfigError, ExperimentConfig
 from lightning_fedkg.federated.clients import ClientPool
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.strategy import SERVER
+from lightning_fedkg.runtime import place_workers
 
 __all__ = ["ClientActor", "RayClients"]
 
@@ -43,11 +44,13 @@ class ClientActor:
         from lightning_fedkg.federated.protections import protected_halves
         from lightning_fedkg.federated.strategy import STRATEGIES
         from lightning_fedkg.federated.tasks import TASKS
-        from lightning_fedkg.runtime import config_table_elements, configure_torch, pin_process, seed_process
+        from lightning_fedkg.runtime import config_table_elements, configure_torch, seed_process
 
-        # The cores the driver placed this client on are its machine's: an actor that Ray
+        # The cores the driver places this client on are its machine's: an actor that Ray
         # started on another node keeps the OS's scheduling.
-        self.cores = cores if cores and host == socket.gethostname() and pin_process(cores) else None
+        self.pinnable = host == socket.gethostname()
+        self.cores: list[int] | None = None
+        self.pin(cores)
 
         # The thread count the driver chose for every worker, not this process's own guess
         # (the load average lags while the workers start).
@@ -68,9 +71,18 @@ class ClientActor:
 
         return os.getpid(), torch.get_num_threads(), sorted(os.sched_getaffinity(0)) if self.cores else None
 
-    def handle(self, stage: str, data: bytes | None, round: int) -> tuple[bytes | None, str | None, float]:
-        """``(reply bytes or None for an empty reply, error or None, seconds)`` of one stage;
-        ``data`` None is an empty message (nothing crossed)."""
+    def pin(self, cores: list[int] | None) -> None:
+        """Run on ``cores`` from now on (None: stay where it is); only on the driver's machine."""
+        from lightning_fedkg.runtime import pin_process
+
+        if cores and self.pinnable and cores != self.cores and pin_process(cores):
+            self.cores = list(cores)
+
+    def handle(self, stage: str, data: bytes | None, round: int,
+               cores: list[int] | None = None) -> tuple[bytes | None, str | None, float]:
+        """``(reply bytes or None for an empty reply, error or None, seconds)`` of one stage,
+        run on ``cores`` (see :meth:`pin`); ``data`` None is an empty message (nothing crossed)."""
+        self.pin(cores)
         received = Message() if data is None else decode(data)
         start = time.perf_counter()
         try:
@@ -123,7 +135,7 @@ class RayClients(ClientPool):
 
         from lightning_fedkg.federated.party import load_federated_kg
         from lightning_fedkg.federated.peer_ray import actor_options, import_ray, ray_session
-        from lightning_fedkg.runtime import config_table_elements, machine_core_ids, place_workers, worker_threads
+        from lightning_fedkg.runtime import config_table_elements, machine_core_ids, worker_threads
 
         cfg, fc = run.cfg, run.cfg.federated
         if run.strategy.in_process_only:
@@ -149,10 +161,11 @@ class RayClients(ClientPool):
         self.threads, self.why = worker_threads(cfg.trainer, len(self.names), config_table_elements(cfg))
         # Each client pinned to cores of its own where it can have them, else sharing them
         # with clients of about the same total work (training triples stand for a client's
-        # work per round): see place_workers.
-        cores = machine_core_ids()
-        work = [float(len(kg.triples("train"))) for kg in fkg.clients]
-        placed = place_workers(work, self.threads, cores) if cores else [None] * len(self.names)
+        # work per round): see place_workers. Placed again for each stage's addressed
+        # clients, so that a round that samples some clients (fraction < 1) spreads them.
+        self.core_ids = machine_core_ids()
+        self.work = {n: float(len(kg.triples("train"))) for n, kg in zip(self.names, fkg.clients)}
+        placed = self.placement(self.names)
         self.actors: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         try:
@@ -176,7 +189,9 @@ class RayClients(ClientPool):
     def exchange(self, round, stage, messages, wire, channel, timeout):
         down, up = wire
         sent = {name: None if m.is_empty() else encode(m) for name, m in messages.items()}
-        refs = {name: self.actors[name].handle.remote(stage, data, round) for name, data in sent.items()}
+        cores = self.placement(list(sent))
+        refs = {name: self.actors[name].handle.remote(stage, data, round, c) for (name, data), c in
+                zip(sent.items(), cores)}
         answers = dict(zip(refs, self.ray.get(list(refs.values()))))
         # The wire log in LocalClients' order: each client's download, then its upload.
         replies, failures = {}, {}
@@ -194,6 +209,12 @@ class RayClients(ClientPool):
                 continue
             replies[name] = Message() if reply is None else decode(channel.relay(name, SERVER, up, reply, round))
         return replies, failures
+
+    def placement(self, names: list[str]) -> list[list[int] | None]:
+        """The cores each of ``names`` runs on while they work at once (None: not pinned)."""
+        if not self.core_ids:
+            return [None] * len(names)
+        return place_workers([self.work[n] for n in names], self.threads, self.core_ids)
 
     def deliver(self, round, name, message, down, channel):
         data = None if message.is_empty() else channel.relay(SERVER, name, down, encode(message), round)
