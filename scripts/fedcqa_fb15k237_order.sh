@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The paper's ordering on FB15k-237 in 3 clients (GQE, negative sampling): Local, FedR-style,
+# FedE-style and FedCQA at the same steps per client, 3 seeds each, two single-thread runs at
+# a time (a 2-core machine), then one JSON under docs/results/fedcqa/. Runs already finished
+# in OUT are reused.
+#
+#   scripts/fedcqa_fb15k237_order.sh [ROUNDS [STEPS [OUT]]]     (from the repository root)
+#
+# Every client takes ROUNDS x STEPS steps of 512 queries (default 4 x 50 = 200), FedCQA and
+# the FedE/FedR-style baselines aggregating after each round; one validation at the end, then
+# the test (in-graph and cross-graph). PYTHON picks the interpreter; EXTRA adds overrides to
+# every run, e.g. EXTRA="data.name=/abs/path/FB15k-237-Fed3 task.cache_dir=runs/qcache".
+# Every run's start, end, wall seconds and load average go to OUT/runs.log.
+set -euo pipefail
+rounds=${1:-4}
+steps=${2:-50}
+out=${3:-runs/fedcqa_fb_order_$((rounds * steps))}
+py=${PYTHON:-python}
+common=(federated.rounds="$rounds" task.steps_per_epoch="$steps" federated.eval_every="$rounds"
+        task.loss=negative_sampling trainer.threads=1 ${EXTRA:-})
+variants=(fb15k237_fed3_local_gqe fb15k237_fed3_fedr_gqe fb15k237_fed3_fede_gqe fb15k237_fed3_fedcqa_gqe)
+mkdir -p "$out"
+
+run() {  # run VARIANT SEED
+    local start=$SECONDS
+    echo "$(date -u +%FT%T) start $1 seed $2 load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
+    nice -n 10 "$py" scripts/bench_fedcqa.py quality --variants "$1" --seeds "$2" --out "$out" "${common[@]}" \
+        > "$out/$1_seed$2.log" 2>&1
+    echo "$(date -u +%FT%T) end $1 seed $2 wall $((SECONDS - start)) s load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
+}
+
+# seed by seed, so that a session cut short leaves whole seeds; two workers, each takes every
+# other run of the list
+jobs=()
+for seed in 0 1 2; do for v in "${variants[@]}"; do jobs+=("$v $seed"); done; done
+( for ((i = 0; i < ${#jobs[@]}; i += 2)); do run ${jobs[i]}; done ) &
+( for ((i = 1; i < ${#jobs[@]}; i += 2)); do run ${jobs[i]}; done ) &
+wait
+
+"$py" scripts/bench_fedcqa.py quality --variants "${variants[@]}" --seeds 0 1 2 --out "$out" \
+    --json-out "docs/results/fedcqa/fb15k237_fed3_order_$((rounds * steps))steps.json" "${common[@]}"
