@@ -327,7 +327,9 @@ def run_theirs(args, cfg, info: dict, work: Path, data_name: str) -> dict:
     script = Path(args.original).resolve() / "model" / "train_fed.py"
     if not script.is_file():
         raise SystemExit(f"{script} not found: --original must be a FedNGDB checkout")
-    cmd = [args.python, str(script), "--query_dir", str(work / "queries"), "-dn", data_name,
+    # a relative interpreter path names a file from here, not from the run's folder
+    python = str(Path(args.python).absolute()) if os.sep in args.python else args.python
+    cmd = [python, str(script), "--query_dir", str(work / "queries"), "-dn", data_name,
            "-m", "gqe", "-d", str(cfg.model.dim), "-b", str(cfg.train.batch_size), "-lr", str(cfg.train.lr),
            "--n_clients", str(n), "--global_steps", str(global_steps), "--local_epochs", str(E),
            "--log_steps", str(log_steps), "--fraction", str(cfg.federated.fraction),
@@ -591,8 +593,9 @@ def main() -> None:
     try:
         overrides = [*args.overrides, f"task.cache_dir={work / 'cache'}", f"federated.rounds={args.rounds}"]
         cfg = load_config(args.config, overrides)
-        if cfg.task.encoder != "gqe":
-            raise SystemExit("this harness compares GQE (their -m gqe); set task.encoder=gqe")
+        if cfg.task.encoder not in ("gqe", "gqe_fedngdb"):
+            raise SystemExit("this harness compares GQE (their -m gqe): set task.encoder=gqe (KGReasoning's) "
+                             "or gqe_fedngdb (theirs, in our code)")
         fkg = load_federated_kg(cfg)
         start = time.perf_counter()
         sets = federated_query_sets(fkg, query_settings(cfg.task), work / "cache")
