@@ -386,7 +386,7 @@ class FederatedConfig:
     replies aggregated in the same client order, so the results equal the sequential run's
     bit for bit when each client computes with the same thread count. Each worker's thread
     count is ``trainer.threads``, or unset the automatic count shared out among the clients
-    (:func:`~lightning_fedkg.runtime.worker_threads`); on Linux each worker is pinned to the
+    (:func:`~lightning_fedkg.runtime.worker_threads`); on Linux each worker runs on the
     cores :func:`~lightning_fedkg.runtime.place_workers` gives it. Both are logged and written
     to ``metrics.json`` (``client_workers``). Methods with post-training phases (FedE fusion) need
     their parties in this process and refuse ``ray``.
