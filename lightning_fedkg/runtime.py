@@ -181,8 +181,8 @@ def shared_finish(work: list[float], slots: int) -> float:
 
 
 def _placements(work: list[float], slots: int):
-    """Candidate placements ``(predicted seconds, pins, slot of each worker or None for
-    the shared pool, shared slots)``: the ``k`` largest workers on slots of their own and
+    """Candidate placements ``(predicted end, workers pinned, {worker: its own slot}, the
+    slots the other workers share)``: the ``k`` largest workers on slots of their own and
     the others sharing the rest, for every ``k``; and each worker pinned by the
     longest-processing-time rule (the least-loaded slot, largest first)."""
     order = sorted(range(len(work)), key=lambda i: (-work[i], i))
