@@ -2,9 +2,9 @@
 """Seconds per round with the clients one after the other vs side by side (``federated.clients``).
 
 Runs one config ``--repeats`` times in each mode, alternating (local, ray, local, ray, ...)
-in this process (``--modes``; ``ray-unpinned`` is the control without
-:func:`~lightning_fedkg.runtime.place_workers`), Ray started once for all of them (its start-up and the actors' are not in
-the figures). For each run it times every training round (``FederatedRun.train_round``: the
+in this process (``--modes``; ``ray-unpinned`` is the control that leaves every worker to
+the OS, without :func:`~lightning_fedkg.runtime.place_workers`), Ray started once for all of
+them (its start-up and the actors' are not in the figures). For each run it times every training round (``FederatedRun.train_round``: the
 clients' local training and the server's aggregation) and every validation
 (``FederatedRun.evaluate``), and prints the median training round over rounds 2.. (round 1
 warms up), the median validation, the test MRR (the two modes must agree exactly), each
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--modes", default="local,ray", help="comma-separated, alternated in this order: local "
-                        "(sequential), ray (side by side, pinned to cores by place_workers), ray-unpinned "
+                        "(sequential), ray (side by side, placed on cores by place_workers), ray-unpinned "
                         "(side by side, scheduled by the OS)")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value)")
     args = parser.parse_args()
