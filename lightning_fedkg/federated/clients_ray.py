@@ -159,10 +159,11 @@ class RayClients(ClientPool):
 
             provision_identities(run.run_dir / IDENTITIES, cfg, self.names)
         self.threads, self.why = worker_threads(cfg.trainer, len(self.names), config_table_elements(cfg))
-        # Each client pinned to cores of its own where it can have them, else sharing them
-        # with clients of about the same total work (training triples stand for a client's
-        # work per round): see place_workers. Placed again for each stage's addressed
-        # clients, so that a round that samples some clients (fraction < 1) spreads them.
+        # Cores for each client from its work (training triples stand for a client's work
+        # per round): a client that would bound the round alone on a core, clients of about
+        # equal work left to the OS; see place_workers. Placed again for each stage's
+        # addressed clients, so that a round that samples some clients (fraction < 1)
+        # spreads them; self.cores (logged, in metrics.json) is the placement of all of them.
         self.core_ids = machine_core_ids()
         self.work = {n: float(len(kg.triples("train"))) for n, kg in zip(self.names, fkg.clients)}
         placed = self.placement(self.names)
