@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json-out")
     parser.add_argument("--profile", action="store_true",
-                        help="also profile one Party.fit of the timed batches and print its 15 costliest kernels")
+                        help="also profile one Party.fit of the timed batches and print its 25 costliest kernels")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. train.fixed_negatives=true")
     args = parser.parse_args()
 
@@ -167,16 +167,18 @@ def main() -> int:
             party.fit(1)
             sync()
         print(prof.key_averages().table(sort_by="cuda_time_total" if on_gpu else "self_cpu_time_total",
-                                        row_limit=15, max_name_column_width=60))
+                                        row_limit=25, max_name_column_width=60))
     setting = {"config": Path(args.config).name, "client": args.client, "entities": kg.num_entities, "train_triples": int(kg.triples("train").shape[0]),
                "batches": n, "threads": args.threads, "device": str(device),
                "dim": cfg.model.dim, "batch_size": cfg.train.batch_size, "num_negatives": cfg.train.num_negatives,
                "negative_mode": cfg.train.negative_mode, "fixed_negatives": cfg.train.fixed_negatives, "batches_per_step": k,
                "precision": cfg.trainer.precision, "compile": cfg.trainer.compile, "overrides": args.overrides,
                "warm_up_seconds": round(warm_up, 2)}
-    if cfg.trainer.compile:  # what dynamo captured: graphs, and breaks (none, or the compile is partial)
-        from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters
 
+    if counters["frames"]:  # what dynamo captured (trainer.compile, compiled pieces such as the L1
+        # distances on CUDA): frames, graphs and breaks (none, or the compile is partial)
+        setting["dynamo_frames"] = dict(counters["frames"])
         setting["dynamo_graphs"] = counters["stats"]["unique_graphs"]
         setting["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     print(" ".join(f"{k}={v}" for k, v in setting.items() if k != "overrides"))

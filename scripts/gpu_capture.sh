@@ -54,6 +54,8 @@ if has k8; then  # eight batches per Lightning step: the same updates in the sam
   run_k8 fede_capture-false_k8 80 bench_fede.py --eval-every 2 trainer.capture=false
   run_k8 fedlu_capture-false_k8 120 bench_fedlu.py --strategies fedlu trainer.capture=false
 fi
+# not in the default PARTS: the step's pieces in candidate forms (bench_kernels.py)
+has kernels && step timeout 90 python3 scripts/bench_kernels.py --json-out "$OUT/kernels.json" 2>&1 | grep -v Warning | tail -12
 if has profile; then  # not in the default PARTS: which kernels the recorded step spends its GPU time in
   step timeout 60 python3 scripts/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --threads 1 \
       --batches 100 --profile 2>&1 | grep -v Warning | tail -40

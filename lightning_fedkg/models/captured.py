@@ -172,6 +172,10 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
         if group.get("capturable"):
             continue
         group["capturable"] = True
+        # One fused kernel per update instead of a foreach pass per arithmetic operation.
+        if not group.get("foreach") and not group.get("differentiable") and all(
+                p.is_cuda and p.is_floating_point() for p in group["params"]):
+            group["fused"] = True
         for param in group["params"]:
             state = optimizer.state.get(param)
             if state and "step" in state:

@@ -3,6 +3,8 @@ Trans* family a special case) and bilinear models (``<query, candidate>``)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -10,6 +12,8 @@ from torch import Tensor
 from lightning_fedkg.models.kge.base import KGEModel
 
 __all__ = ["DistanceModel", "TranslationalModel", "BilinearModel", "relation_space_width", "soft_unit_norm"]
+
+log = logging.getLogger("lightning_fedkg")
 
 
 def relation_space_width(dim: int, relation_dim: int | None) -> int:
@@ -51,6 +55,10 @@ class TranslationalModel(DistanceModel):
         return torch.linalg.vector_norm(x - y, ord=self.p_norm, dim=-1)
 
     def _compare_shared(self, query: Tensor, cand: Tensor) -> Tensor:
+        if self.p_norm == 1.0 and query.is_cuda and torch.is_grad_enabled():
+            dist = fused_l1_distances(query, cand)
+            if dist is not None:
+                return self.gamma - dist
         # cdist never materialises [B, n, w] and is ~20x faster than broadcasting; its
         # matmul shortcut for p=2 trades exactness, so it is disabled.
         dist = torch.cdist(query, cand, p=self.p_norm, compute_mode="donot_use_mm_for_euclid_dist")
@@ -58,6 +66,34 @@ class TranslationalModel(DistanceModel):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", p_norm={self.p_norm:g}"
+
+
+def _l1_distances(query: Tensor, cand: Tensor) -> Tensor:
+    return (query.unsqueeze(1) - cand.unsqueeze(0)).abs().sum(-1)
+
+
+_FUSED_L1: dict = {}
+
+
+def fused_l1_distances(query: Tensor, cand: Tensor) -> Tensor | None:
+    """``[B, n]`` L1 distances of ``query [B, w]`` to ``cand [n, w]`` through
+    :func:`torch.compile`, or None where compiling failed (then cdist serves; warned once).
+
+    Used for training on CUDA only: cdist's backward writes a ``[B, n, w]`` buffer twice (once
+    per input), where the compiled backward reduces the signs in registers; on a CPU cdist
+    stays, bit for bit as before.
+    """
+    fn = _FUSED_L1.get("fn")
+    if fn is False:
+        return None
+    if fn is None:
+        fn = _FUSED_L1["fn"] = torch.compile(_l1_distances)
+    try:
+        return fn(query, cand)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: cdist is always there
+        log.warning("compiled L1 distances unavailable (%s: %s); using torch.cdist", type(exc).__name__, exc)
+        _FUSED_L1["fn"] = False
+        return None
 
 
 class BilinearModel(KGEModel):

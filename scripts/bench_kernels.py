@@ -1,0 +1,124 @@
+"""GPU microseconds of the pieces of a shared-negative TransE step, each in candidate forms.
+
+A recorded FedLU step on an H100 is GPU-bound (``bench_step.py``: replays of cached batches
+take as long as Party.fit's batches), so its time is the sum of its kernels. This script
+times, at the step's own shapes, the pieces a profile names, each recorded as a CUDA graph
+and replayed (so launch overhead is out of the figure):
+
+- the L1 distance of ``B`` queries to ``n`` shared candidates, forward and backward:
+  ``torch.cdist`` (today), the same function through ``torch.compile`` (fused kernels that
+  never materialise ``[B, n, dim]``);
+- one Adam update of a ``[entities, dim]`` table: capturable ``foreach`` (today) and
+  ``fused``.
+
+Prints microseconds per call and each candidate's largest difference from today's form.
+
+    python scripts/bench_kernels.py                  # FB15k-237-R10 client shapes
+    python scripts/bench_kernels.py --entities 12567 # an FB15k-237-Fed3 client
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--negatives", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--entities", type=int, default=10020)
+    parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_kernels.py times CUDA kernels; no CUDA device here", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def timed_graph(fn) -> float:
+        """Microseconds per replay of ``fn`` recorded as a CUDA graph (after eager warm-up)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / args.replays * 1000
+
+    results: dict[str, float] = {}
+
+    # ---- L1 distance to shared candidates, forward + backward
+    q = torch.randn(args.batch, args.dim, device=dev, generator=gen, requires_grad=True)
+    c = torch.randn(args.negatives, args.dim, device=dev, generator=gen, requires_grad=True)
+    g = torch.randn(args.batch, args.negatives, device=dev, generator=gen)
+
+    def cdist_l1(x, y):
+        return torch.cdist(x, y, p=1.0, compute_mode="donot_use_mm_for_euclid_dist")
+
+    def broadcast_l1(x, y):
+        return (x.unsqueeze(1) - y.unsqueeze(0)).abs().sum(-1)
+
+    forms = {"cdist": cdist_l1, "broadcast": broadcast_l1}
+    try:
+        forms["compiled"] = torch.compile(broadcast_l1, dynamic=False, fullgraph=True)
+    except Exception as exc:  # noqa: BLE001 - report and go on with the others
+        print(f"torch.compile unavailable: {exc}")
+    reference = None
+    for name, fn in forms.items():
+        def fwd_bwd(fn=fn):
+            q.grad = None
+            c.grad = None
+            fn(q, c).backward(g)
+        try:
+            results[f"l1_fwd_bwd_{name}_us"] = timed_graph(fwd_bwd)
+            fwd_bwd()
+            grads = (q.grad.clone(), c.grad.clone())
+            if reference is None:
+                reference = grads
+            else:
+                results[f"l1_{name}_max_grad_diff"] = max(
+                    (a - b).abs().max().item() for a, b in zip(grads, reference))
+        except Exception as exc:  # noqa: BLE001
+            print(f"{name}: failed: {type(exc).__name__}: {exc}")
+
+    # ---- one Adam update of an entity table and a small relation table
+    for impl in ("foreach", "fused"):
+        table = torch.nn.Parameter(torch.randn(args.entities, args.dim, device=dev, generator=gen))
+        rel = torch.nn.Parameter(torch.randn(240, args.dim, device=dev, generator=gen))
+        table.grad = torch.randn_like(table)
+        rel.grad = torch.randn_like(rel)
+        kwargs = {"capturable": True, "foreach": impl == "foreach", "fused": impl == "fused"}
+        opt = torch.optim.Adam([table, rel], lr=1e-4, **kwargs)
+        try:
+            results[f"adam_{impl}_us"] = timed_graph(opt.step)
+        except Exception as exc:  # noqa: BLE001
+            print(f"adam {impl}: failed: {type(exc).__name__}: {exc}")
+
+    for key, value in results.items():
+        print(f"{key:>32}: {value:.4g}")
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump({"setting": vars(args), "device": torch.cuda.get_device_name(), "results": results}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
