@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name())"
 
 step() { echo "== $*"; local t0=$(date +%s%N); "$@"; echo "== rc $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; }
-PARTS=${PARTS:-"tests rounds bf16 steps k8"}  # e.g. PARTS="tests k8" CAPTURES=null for a short call
+PARTS=${PARTS-"tests rounds bf16 steps k8"}  # e.g. PARTS="tests k8" CAPTURES=null; PARTS="" only installs
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 has tests && step timeout 60 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_captured_step.py -k cuda 2>&1 | tail -30
