@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's ordering on FB15k-237 in 3 clients (GQE, negative sampling): Local, FedR-style,
+# The paper's ordering on FB15k-237 in 3 or 5 clients (GQE, negative sampling): Local, FedR-style,
 # FedE-style and FedCQA at the same steps per client, 3 seeds each, two single-thread runs at
 # a time (a 2-core machine), then one JSON under docs/results/fedcqa/. Runs already finished
 # in OUT are reused.
@@ -10,15 +10,19 @@
 # the FedE/FedR-style baselines aggregating after each round; one validation at the end, then
 # the test (in-graph and cross-graph). PYTHON picks the interpreter; EXTRA adds overrides to
 # every run, e.g. EXTRA="data.name=/abs/path/FB15k-237-Fed3 task.cache_dir=runs/qcache".
+# CLIENTS=5 runs the fb15k237_fed5_* configs (FB15k-237-Fed5) instead of fed3.
 # Every run's start, end, wall seconds and load average go to OUT/runs.log.
 set -euo pipefail
 rounds=${1:-4}
 steps=${2:-50}
-out=${3:-runs/fedcqa_fb_order_$((rounds * steps))}
+clients=${CLIENTS:-3}
+suffix=$([[ $clients == 3 ]] || echo "_fed$clients")  # the 3-client folder keeps its name
+out=${3:-runs/fedcqa_fb_order_$((rounds * steps))$suffix}
 py=${PYTHON:-python}
 common=(federated.rounds="$rounds" task.steps_per_epoch="$steps" federated.eval_every="$rounds"
         task.loss=negative_sampling trainer.threads=1 ${EXTRA:-})
-variants=(fb15k237_fed3_local_gqe fb15k237_fed3_fedr_gqe fb15k237_fed3_fede_gqe fb15k237_fed3_fedcqa_gqe)
+variants=(fb15k237_fed${clients}_local_gqe fb15k237_fed${clients}_fedr_gqe fb15k237_fed${clients}_fede_gqe
+          fb15k237_fed${clients}_fedcqa_gqe)
 mkdir -p "$out"
 
 run() {  # run VARIANT SEED
@@ -38,4 +42,4 @@ for seed in 0 1 2; do for v in "${variants[@]}"; do jobs+=("$v $seed"); done; do
 wait
 
 "$py" scripts/bench_fedcqa.py quality --variants "${variants[@]}" --seeds 0 1 2 --out "$out" \
-    --json-out "docs/results/fedcqa/fb15k237_fed3_order_$((rounds * steps))steps.json" "${common[@]}"
+    --json-out "docs/results/fedcqa/fb15k237_fed${clients}_order_$((rounds * steps))steps.json" "${common[@]}"
