@@ -11,7 +11,8 @@ from torch import Tensor
 
 from lightning_fedkg.models.kge.base import KGEModel
 
-__all__ = ["DistanceModel", "TranslationalModel", "BilinearModel", "relation_space_width", "soft_unit_norm"]
+__all__ = ["DistanceModel", "TranslationalModel", "BilinearModel", "fused_l1_distances", "relation_space_width",
+           "soft_unit_norm"]
 
 log = logging.getLogger("lightning_fedkg")
 
