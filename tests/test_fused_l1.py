@@ -1,5 +1,5 @@
 """The L1 distances a CUDA training step compiles (``fused_l1_distances``): same values and
-gradients as ``torch.cdist``, a compiler failure falls back to cdist, and on a CPU the
+gradients as ``torch.cdist``, a failing compiled call falls back to cdist, and on a CPU the
 shared-candidate scores stay cdist's bit for bit."""
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ _FUSED_L1: dict = {}
 
 def fused_l1_distances(query: Tensor, cand: Tensor) -> Tensor | None:
     """``[B, n]`` L1 distances of ``query [B, w]`` to ``cand [n, w]`` through
-    :func:`torch.compile`, or None where compiling failed (then cdist serves; warned once).
+    :func:`torch.compile`, or None where the compiled call failed (then cdist serves from
+    now on; warned once). torch compiles a static graph's backward at its first backward
+    pass, outside this call: a failure there is raised, not caught here.
 
     Used for training on CUDA only: cdist's backward writes a ``[B, n, w]`` buffer twice (once
     per input), where the compiled backward reduces the signs in registers (one H100, 512 x 256
@@ -94,7 +96,7 @@ def fused_l1_distances(query: Tensor, cand: Tensor) -> Tensor | None:
         fn = _FUSED_L1["fn"] = torch.compile(_l1_distances)
     try:
         return fn(query, cand)
-    except Exception as exc:  # noqa: BLE001 - any compiler failure: cdist is always there
+    except Exception as exc:  # noqa: BLE001 - whatever the compiler raised: cdist is always there
         log.warning("compiled L1 distances unavailable (%s: %s); using torch.cdist", type(exc).__name__, exc)
         _FUSED_L1["fn"] = False
         return None
