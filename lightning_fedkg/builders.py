@@ -13,6 +13,7 @@ from lightning_fedkg.config import ExperimentConfig, TrainerConfig
 from lightning_fedkg.data import (BernoulliSampler, KGDataModule, KnowledgeGraph, LoaderSettings, NegativeSampler,
                                   UniformSampler)
 from lightning_fedkg.models import KGEModule
+from lightning_fedkg.models.kge.families import TranslationalModel
 
 __all__ = ["trainer_kwargs", "negative_sampler", "datamodule_kwargs", "build_datamodule", "build_module"]
 
@@ -60,7 +61,8 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
                  module_class: type[KGEModule] = KGEModule, **extra) -> KGEModule:
     """A :class:`KGEModule` (or ``module_class``, a subclass that takes the ``extra`` keyword
     arguments too) with the model and optimisation settings of ``cfg`` (and its training
-    loss compiled when ``trainer.compile`` is set, its step recorded per ``trainer.capture``)."""
+    loss compiled when ``trainer.compile`` is true, its Trans* L1 distances compiled where that
+    pays when it is unset, its step recorded per ``trainer.capture``)."""
     m, t = cfg.model, cfg.train
     module = module_class(
         model=m.name,
@@ -80,6 +82,9 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
         model_kwargs=m.options(),
         **extra,
     )
-    module.compile_training = cfg.trainer.compile
+    module.compile_training = bool(cfg.trainer.compile)
+    for model in module.modules():  # FedLU's avatar too
+        if isinstance(model, TranslationalModel):
+            model.compile_distances = cfg.trainer.compile
     module.capture_steps = cfg.trainer.capture
     return module

@@ -226,13 +226,17 @@ class TrainerConfig:
     runs on an accelerator) leaves each client's module and optimizer state on the device
     between its ``fit``/``validate``/``test`` calls instead of Lightning's move back to CPU
     after each; turn it off when the clients together do not fit in device memory.
-    ``compile`` runs each training batch's score-and-loss through :func:`torch.compile`
-    (:meth:`lightning_fedkg.models.KGEModule.compiled`): the first batches of each shape
-    pay the compilation, fused kernels may round differently in the last bits, and the CPU
-    needs a C++ compiler. ``capture`` records each KGE training batch's whole step (losses,
+    ``compile``: unset (the default), the Trans* models' L1 distances to a batch's shared
+    candidates are compiled in training where that pays
+    (:func:`lightning_fedkg.models.kge.families.compiling_pays`: on CUDA; on a CPU with a C++
+    compiler, for blocks of at least 2M elements, unless ``deterministic``); ``true`` runs each
+    training batch's whole score-and-loss through :func:`torch.compile`
+    (:meth:`lightning_fedkg.models.KGEModule.compiled`); ``false`` compiles nothing. Compiled
+    kernels may round differently from eager ones in the last bits, and the first batches of
+    each shape pay the compilation (seconds per process). ``capture`` records each KGE training batch's whole step (losses,
     backward, Adam) as a CUDA graph and replays it per batch
     (:mod:`lightning_fedkg.models.captured`): ``None`` (the default) records on a CUDA
-    device at ``32-true`` or ``bf16-mixed`` unless ``compile`` is on, ``false`` never; on a
+    device at ``32-true`` or ``bf16-mixed`` unless ``compile`` is true, ``false`` never; on a
     CPU the eager step runs either way. A recorded step skips Lightning's backward and
     optimizer-step hooks (``on_before_backward``, ``on_after_backward``,
     ``on_before_optimizer_step``), so callbacks on them do not fire.
@@ -245,7 +249,7 @@ class TrainerConfig:
     threads: int | None = field(default=None, metadata={"range": Range(min=1), "resume": "free"})
     deterministic: bool = False
     keep_on_device: bool = field(default=True, metadata={"resume": "free"})
-    compile: bool = field(default=False, metadata={"resume": "free"})
+    compile: bool | None = field(default=None, metadata={"resume": "free"})
     capture: bool | None = field(default=None, metadata={"resume": "free"})
 
 

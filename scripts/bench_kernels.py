@@ -1,4 +1,4 @@
-"""GPU microseconds of the pieces of a shared-negative TransE step, each in candidate forms.
+"""Microseconds of the pieces of a shared-negative TransE step (GPU, or ``--cpu``), each in candidate forms.
 
 A recorded FedLU step on an H100 is GPU-bound (``bench_step.py``: replays of cached batches
 take as long as Party.fit's batches), so its time is the sum of its kernels. This script
@@ -12,9 +12,12 @@ and replayed (so launch overhead is out of the figure):
   ``fused``.
 
 Prints microseconds per call and each candidate's largest difference from today's form.
+``--cpu`` times the same pieces on the CPU instead (``--threads`` threads, eager calls in a
+loop; Adam's ``fused`` is then the CPU's fused kernel).
 
     python scripts/bench_kernels.py                  # FB15k-237-R10 client shapes
     python scripts/bench_kernels.py --entities 12567 # an FB15k-237-Fed3 client
+    python scripts/bench_kernels.py --cpu --threads 1 --dim 32 --entities 9796 --replays 50  # a Fed10 client
 """
 
 from __future__ import annotations
@@ -31,16 +34,31 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--entities", type=int, default=10020)
     parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument("--cpu", action="store_true", help="time the pieces on the CPU")
+    parser.add_argument("--threads", type=int, default=1, help="with --cpu: torch's intra-op threads")
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
+    import time
+
     import torch
 
-    if not torch.cuda.is_available():
-        print("bench_kernels.py times CUDA kernels; no CUDA device here", file=sys.stderr)
+    if args.cpu:
+        torch.set_num_threads(args.threads)
+    elif not torch.cuda.is_available():
+        print("bench_kernels.py times CUDA kernels; no CUDA device here (--cpu times the CPU's)", file=sys.stderr)
         return 2
-    dev = torch.device("cuda")
+    dev = torch.device("cpu" if args.cpu else "cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
+
+    def timed_loop(fn) -> float:
+        """Microseconds per call of ``fn`` on the CPU (after three warm-up calls)."""
+        for _ in range(3):
+            fn()
+        start = time.perf_counter()
+        for _ in range(args.replays):
+            fn()
+        return (time.perf_counter() - start) / args.replays * 1e6
 
     def timed_graph(fn) -> float:
         """Microseconds per replay of ``fn`` recorded as a CUDA graph (after eager warm-up)."""
@@ -63,6 +81,7 @@ def main() -> int:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / args.replays * 1000
 
+    timed = timed_loop if args.cpu else timed_graph
     results: dict[str, float] = {}
 
     # ---- L1 distance to shared candidates, forward + backward
@@ -88,7 +107,7 @@ def main() -> int:
             c.grad = None
             fn(q, c).backward(g)
         try:
-            results[f"l1_fwd_bwd_{name}_us"] = timed_graph(fwd_bwd)
+            results[f"l1_fwd_bwd_{name}_us"] = timed(fwd_bwd)
             fwd_bwd()
             grads = (q.grad.clone(), c.grad.clone())
             if reference is None:
@@ -105,10 +124,10 @@ def main() -> int:
         rel = torch.nn.Parameter(torch.randn(240, args.dim, device=dev, generator=gen))
         table.grad = torch.randn_like(table)
         rel.grad = torch.randn_like(rel)
-        kwargs = {"capturable": True, "foreach": impl == "foreach", "fused": impl == "fused"}
+        kwargs = {"capturable": not args.cpu, "foreach": impl == "foreach", "fused": impl == "fused"}
         opt = torch.optim.Adam([table, rel], lr=1e-4, **kwargs)
         try:
-            results[f"adam_{impl}_us"] = timed_graph(opt.step)
+            results[f"adam_{impl}_us"] = timed(opt.step)
         except Exception as exc:  # noqa: BLE001
             print(f"adam {impl}: failed: {type(exc).__name__}: {exc}")
 
@@ -116,7 +135,8 @@ def main() -> int:
         print(f"{key:>32}: {value:.4g}")
     if args.json_out:
         with open(args.json_out, "w") as fh:
-            json.dump({"setting": vars(args), "device": torch.cuda.get_device_name(), "results": results}, fh, indent=1)
+            device = f"cpu, {args.threads} thread(s)" if args.cpu else torch.cuda.get_device_name()
+            json.dump({"setting": vars(args), "device": device, "results": results}, fh, indent=1)
     return 0
 
 

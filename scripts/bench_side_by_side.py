@@ -7,7 +7,7 @@ the OS, without :func:`~lightning_fedkg.runtime.place_workers`), Ray started onc
 them (its start-up and the actors' are not in the figures). For each run it times every training round (``FederatedRun.train_round``: the
 clients' local training and the server's aggregation) and every validation
 (``FederatedRun.evaluate``), and prints the median training round over rounds 2.. (round 1
-warms up), the median validation, the test MRR (the two modes must agree exactly), each
+warms up; its time is printed too), the median validation, the test MRR (the two modes must agree exactly), each
 worker's thread count, and the machine's 1-minute load average before and after. Sequential
 runs also print each client's CPU seconds of local training per round, whose sum over the
 largest bounds what running them side by side can gain, whatever the machine's load.
@@ -15,6 +15,13 @@ largest bounds what running them side by side can gain, whatever the machine's l
     python scripts/bench_side_by_side.py -c configs/fede/umls_fede.yaml --rounds 12
     python scripts/bench_side_by_side.py -c configs/fedlu/umls_fedlu.yaml --rounds 12
     python scripts/bench_side_by_side.py --modes local,ray,ray-unpinned --repeats 3
+    python scripts/bench_side_by_side.py -c configs/fede/fb15k237_fed10_fede.yaml --rounds 6 \
+        --modes control,local,ray --control trainer.compile=false \
+        data.name=../shared/data/FB15k-237-Fed10 model.dim=32
+
+``control`` is a sequential run with the ``--control`` overrides added (e.g. the previous
+default, to time a change of default against it); when it is among the modes, the summary's
+ratios are against it instead of ``local``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
+def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control: list[str]) -> dict:
     import lightning_fedkg.runtime as runtime
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated.federation import FederatedRun
@@ -64,8 +71,9 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
             if split == "val":
                 evals.append(time.perf_counter() - start)
 
-    clients = "ray" if mode.startswith("ray") else mode
-    cfg = load_config(config, [*overrides, "trainer.progress_bar=false", f"federated.clients={clients}"])
+    clients = "ray" if mode.startswith("ray") else "local"
+    extra = control if mode == "control" else []
+    cfg = load_config(config, [*overrides, *extra, "trainer.progress_bar=false", f"federated.clients={clients}"])
     core_ids = runtime.machine_core_ids
     FederatedRun.train_round, FederatedRun.evaluate, Party.fit = timed_train, timed_evaluate, timed_fit
     if mode == "ray-unpinned":  # the control: the OS schedules the workers, as before placement
@@ -76,7 +84,7 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path) -> dict:
         FederatedRun.train_round, FederatedRun.evaluate, Party.fit = train_round, evaluate, party_fit
         runtime.machine_core_ids = core_ids
     cpu = {name: statistics.median(v[1:] or v) for name, v in sorted(fit_cpu.items())}
-    return {"round": statistics.median(rounds[1:] or rounds), "rounds": len(rounds), "fit_cpu": cpu,
+    return {"round": statistics.median(rounds[1:] or rounds), "first": rounds[0], "all": rounds, "rounds": len(rounds), "fit_cpu": cpu,
             "validation": statistics.median(evals) if evals else float("nan"),
             "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads"),
             "cores": metrics.get("client_workers", {}).get("cores")}
@@ -90,7 +98,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--modes", default="local,ray", help="comma-separated, alternated in this order: local "
                         "(sequential), ray (side by side, placed on cores by place_workers), ray-unpinned "
-                        "(side by side, scheduled by the OS)")
+                        "(side by side, scheduled by the OS), control (sequential, with --control)")
+    parser.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the control mode (repeatable), e.g. --control trainer.compile=false")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value)")
     args = parser.parse_args()
 
@@ -108,12 +118,13 @@ def main() -> None:
     with ray_session(ray, num_cpus=os.cpu_count() or 2), tempfile.TemporaryDirectory() as work:
         for i in range(args.repeats):
             for mode in modes:
-                r = timed_runs(args.config, overrides, mode, Path(work) / f"{mode}{i}")
+                r = timed_runs(args.config, overrides, mode, Path(work) / f"{mode}{i}", args.control)
                 results[mode].append(r)
-                print(f"{mode:5s} run {i}: {r['round']:.3f} s/round (median of rounds 2-{r['rounds']}), "
+                print(f"{mode:5s} run {i}: {r['round']:.3f} s/round (median of rounds 2-{r['rounds']}; round 1 {r['first']:.3f} s), "
                       f"validation {r['validation']:.3f} s, test MRR {r['mrr']:.6f}, "
                       f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}"
                       + (f", cores {r['cores']}" if r["cores"] else ""), flush=True)
+                print(f"      every round: {' '.join(f'{t:.2f}' for t in r['all'])} s", flush=True)
                 if r["fit_cpu"]:
                     cpu = list(r["fit_cpu"].values())
                     print(f"      CPU seconds of each client's local training per round: "
@@ -121,11 +132,14 @@ def main() -> None:
                           f"{sum(cpu) / max(cpu):.2f}x shorter (sum / largest)", flush=True)
     load_after = machine_load()
     median = {m: statistics.median(r["round"] for r in rs) for m, rs in results.items()}
-    same = {r["mrr"] for rs in results.values() for r in rs}
-    base = median.get("local")
-    rows = ", ".join(f"{m} {t:.3f} s/round" + (f" ({base / t:.2f}x)" if base and m != "local" else "")
+    same = {r["mrr"] for m, rs in results.items() if m != "control" for r in rs}
+    control_mrr = sorted({r["mrr"] for r in results.get("control", [])})
+    base_mode = "control" if "control" in median else "local"
+    base = median.get(base_mode)
+    rows = ", ".join(f"{m} {t:.3f} s/round" + (f" ({base / t:.2f}x)" if base and m != base_mode else "")
                      for m, t in median.items())
-    print(f"{Path(args.config).name}: {rows}; test MRR {'identical' if len(same) == 1 else 'DIFFERS: ' + str(sorted(same))}; "
+    print(f"{Path(args.config).name}: {rows}; test MRR {'identical' if len(same) == 1 else 'DIFFERS: ' + str(sorted(same))}"
+          + (f" (control: {', '.join(f'{v:.6f}' for v in control_mrr)})" if control_mrr else "") + "; "
           f"load average {load_before:.2f} before, {load_after:.2f} after; {os.cpu_count()} cores")
 
 

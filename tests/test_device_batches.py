@@ -229,7 +229,8 @@ def test_compiled_training_goes_through_torch_compile_and_learns_the_same(strate
     """``trainer.compile=true`` hands every training loss of the module to ``torch.compile``
     (once per module) and changes nothing else: with dynamo's ``eager`` backend (the graph
     is captured, run as is: no C++ compiler needed here) the weights after two epochs equal
-    the uncompiled run's bit for bit."""
+    the uncompiled run's up to rounding: the traced loss takes the L1 distances in their
+    broadcast form, which sums in another order than cdist."""
     compiled = []
 
     def eager_compile(fn, **kwargs):
@@ -249,8 +250,11 @@ def test_compiled_training_goes_through_torch_compile_and_learns_the_same(strate
         weights.append((fit_losses, {n: p.detach().clone() for n, p in party.module.named_parameters()}))
     assert set(compiled) == losses and len(compiled) == len(losses)  # compiled once, reused across fits
     (loss_a, a), (loss_b, b) = weights
-    assert loss_a == loss_b
-    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=0)
+    assert a.keys() == b.keys()
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], rtol=0, atol=1e-5)
+    assert any(not torch.equal(a[n], b[n]) for n in a)  # the traced loss did take the other form
 
 
 def test_compile_is_refused_where_it_would_do_nothing():

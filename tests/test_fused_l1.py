@@ -1,6 +1,7 @@
-"""The L1 distances a CUDA training step compiles (``fused_l1_distances``): same values and
-gradients as ``torch.cdist``, a failing compiled call falls back to cdist, and on a CPU the
-shared-candidate scores stay cdist's bit for bit."""
+"""The L1 distances a training step compiles (``fused_l1_distances``): same values and
+gradients as ``torch.cdist``, a failing compiled call falls back to cdist, where they are
+compiled (``compiling_pays``, ``trainer.compile``), and small CPU blocks stay cdist's bit for
+bit."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 from lightning_fedkg.models.captured import make_capturable
 from lightning_fedkg.models.kge import families
-from lightning_fedkg.models.kge.families import _l1_distances, fused_l1_distances
+from lightning_fedkg.models.kge.families import (CPU_COMPILE_MIN_ELEMENTS, _l1_distances, compiling_pays,
+                                                 fused_l1_distances)
 from lightning_fedkg.models.kge.transe import TransE
 
 
@@ -75,9 +77,9 @@ def test_a_compiler_failure_is_warned_once_and_leaves_cdist_in_place(monkeypatch
         "compiled L1 distances unavailable (RuntimeError: no backend); using torch.cdist"]
 
 
-def test_on_a_cpu_training_scores_are_cdists_bit_for_bit(monkeypatch):
+def test_small_cpu_blocks_train_with_cdist_bit_for_bit(monkeypatch):
     def not_here(*args):
-        raise AssertionError("the compiled distances are for CUDA only")
+        raise AssertionError("a 3 x 4 x 6 block is below the CPU's threshold")
 
     monkeypatch.setattr(families, "fused_l1_distances", not_here)
     torch.manual_seed(0)
@@ -103,3 +105,78 @@ def test_with_dynamo_disabled_cdist_serves(monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "disable", True)
     q, c = _pair()
     assert fused_l1_distances(q, c) is None
+
+
+def _block(rows, cands, width):
+    return torch.empty(rows, width), torch.empty(cands, width)
+
+
+def test_a_cpu_compiles_large_blocks_only_with_a_compiler_and_never_when_deterministic(monkeypatch):
+    assert CPU_COMPILE_MIN_ELEMENTS == 2 ** 21
+    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
+    assert compiling_pays(*_block(512, 256, 32))       # FB15k-237-Fed10 at dim 32: 4.2M
+    assert compiling_pays(*_block(512, 128, 32))       # exactly 2M
+    assert not compiling_pays(*_block(511, 128, 32))   # one row under
+    assert not compiling_pays(*_block(256, 64, 64))    # the UMLS quick starts: 1M
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not compiling_pays(*_block(512, 256, 32))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: False)
+    assert not compiling_pays(*_block(512, 256, 32))
+
+
+def _large_transe():
+    torch.manual_seed(0)
+    model = TransE(600, 3, 32)
+    query = model._tail_query(torch.arange(512) % 600, torch.arange(512) % 3)
+    return model, query, model.entity_emb[torch.arange(256)]
+
+
+def test_large_cpu_blocks_train_through_the_compiled_distances_unless_compile_is_false(monkeypatch):
+    calls = []
+
+    def fused(q, c):
+        calls.append((tuple(q.shape), tuple(c.shape)))
+        return _l1_distances(q, c)
+
+    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
+    monkeypatch.setattr(families, "fused_l1_distances", fused)
+    model, query, cand = _large_transe()
+    oracle = model.gamma - torch.cdist(query, cand, p=1.0)
+    torch.testing.assert_close(model._compare_shared(query, cand), oracle)
+    assert calls == [((512, 32), (256, 32))]
+    with torch.no_grad():  # evaluation: cdist
+        model._compare_shared(query, cand)
+    model.compile_distances = False  # trainer.compile=false: nothing compiled
+    assert torch.equal(model._compare_shared(query, cand), model.gamma - torch.cdist(
+        query, cand, p=1.0, compute_mode="donot_use_mm_for_euclid_dist"))
+    assert len(calls) == 1
+
+
+def test_inside_a_compiled_loss_the_distances_are_the_broadcast_form(monkeypatch):
+    # trainer.compile=true traces the whole loss; the compiler fuses the broadcast, not cdist
+    def no_cdist(*args, **kwargs):
+        raise AssertionError("cdist traced inside a compiled loss")
+
+    model, query, cand = _large_transe()
+    expected = model.gamma - _l1_distances(query, cand)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch, "cdist", no_cdist)
+    assert torch.equal(model._compare_shared(query, cand), expected)
+
+
+@pytest.mark.parametrize("flag,expected", [(None, None), ("false", False), ("true", True)])
+def test_trainer_compile_reaches_every_trans_model_fedlus_avatar_included(flag, expected):
+    from lightning_fedkg.builders import build_module
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.methods.fedlu.distillation import DistillationModule
+
+    cfg = load_config("configs/fedlu/umls_fedlu.yaml", [] if flag is None else [f"trainer.compile={flag}"])
+    module = build_module(cfg, 30, 4, DistillationModule)
+    models = [m for m in module.modules() if isinstance(m, families.TranslationalModel)]
+    assert len(models) == 2  # the local model and the avatar
+    assert all(m.compile_distances is expected for m in models)
+    assert module.compile_training is (expected is True)
