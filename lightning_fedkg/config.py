@@ -233,9 +233,9 @@ class TrainerConfig:
     training batch's whole score-and-loss through :func:`torch.compile`
     (:meth:`lightning_fedkg.models.KGEModule.compiled`); ``false`` compiles nothing. Compiled
     kernels may round differently from eager ones in the last bits, and the first batches of
-    each shape pay the compilation (seconds per process). ``capture`` records each KGE training batch's whole step (losses,
-    backward, Adam) as a CUDA graph and replays it per batch
-    (:mod:`lightning_fedkg.models.captured`): ``None`` (the default) records on a CUDA
+    each shape pay the compilation (seconds per process). ``capture`` records each KGE
+    training batch's whole step (losses, backward, Adam) as a CUDA graph and replays it per
+    batch (:mod:`lightning_fedkg.models.captured`): ``None`` (the default) records on a CUDA
     device at ``32-true`` or ``bf16-mixed`` unless ``compile`` is true, ``false`` never; on a
     CPU the eager step runs either way. A recorded step skips Lightning's backward and
     optimizer-step hooks (``on_before_backward``, ``on_after_backward``,

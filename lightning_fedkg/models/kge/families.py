@@ -130,9 +130,10 @@ def fused_l1_distances(query: Tensor, cand: Tensor) -> Tensor | None:
     Used in training where :func:`compiling_pays`: cdist's backward writes a ``[B, n, w]``
     buffer twice (once per input), where the compiled backward reduces the signs in registers
     (one H100, 512 x 256 x 256, forward and backward: 72 us against cdist's 484; a CPU thread
-    at dim 256: 21 ms against 50). Batch shapes are left to dynamo's automatic dynamic shapes: one graph per shape
-    (``dynamic=False``) ran the function eagerly in a measured run, and eagerly the broadcast
-    is slower than cdist (632 us), so with dynamo disabled cdist serves.
+    at dim 256: 21 ms against 50). Batch shapes are left to dynamo's automatic dynamic
+    shapes: one graph per shape (``dynamic=False``) ran the function eagerly in a measured
+    run, and eagerly the broadcast is slower than cdist (632 us on the H100), so with dynamo
+    disabled cdist serves.
     """
     fn = _FUSED_L1.get("fn")
     if fn is False or getattr(torch._dynamo.config, "disable", False):
