@@ -61,8 +61,9 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
                  module_class: type[KGEModule] = KGEModule, **extra) -> KGEModule:
     """A :class:`KGEModule` (or ``module_class``, a subclass that takes the ``extra`` keyword
     arguments too) with the model and optimisation settings of ``cfg`` (and its training
-    loss compiled when ``trainer.compile`` is true, its Trans* L1 distances compiled where that
-    pays when it is unset, its step recorded per ``trainer.capture``)."""
+    loss compiled when ``trainer.compile`` is true, its Trans* L1 distances compiled on CUDA
+    (and on a CPU with ``trainer.compile_cpu``) when it is unset, its step recorded per
+    ``trainer.capture``)."""
     m, t = cfg.model, cfg.train
     module = module_class(
         model=m.name,
@@ -86,5 +87,6 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
     for model in module.modules():  # FedLU's avatar too
         if isinstance(model, TranslationalModel):
             model.compile_distances = cfg.trainer.compile
+            model.compile_on_cpu = cfg.trainer.compile_cpu
     module.capture_steps = cfg.trainer.capture
     return module

@@ -227,9 +227,9 @@ class TrainerConfig:
     between its ``fit``/``validate``/``test`` calls instead of Lightning's move back to CPU
     after each; turn it off when the clients together do not fit in device memory.
     ``compile``: unset (the default), the Trans* models' L1 distances to a batch's shared
-    candidates are compiled in training where that pays
-    (:func:`lightning_fedkg.models.kge.families.compiling_pays`: on CUDA; on a CPU with a C++
-    compiler, for blocks of at least 2M elements, unless ``deterministic``); ``true`` runs each
+    candidates are compiled in training on CUDA, and on a CPU with ``compile_cpu``
+    (:func:`lightning_fedkg.models.kge.families.compiling_pays`: a C++ compiler found, blocks
+    of at least 2M elements, not ``deterministic``; faster, not bit for bit cdist's); ``true`` runs each
     training batch's whole score-and-loss through :func:`torch.compile`
     (:meth:`lightning_fedkg.models.KGEModule.compiled`); ``false`` compiles nothing. Compiled
     kernels may round differently from eager ones in the last bits, and the first batches of
@@ -250,6 +250,7 @@ class TrainerConfig:
     deterministic: bool = False
     keep_on_device: bool = field(default=True, metadata={"resume": "free"})
     compile: bool | None = field(default=None, metadata={"resume": "free"})
+    compile_cpu: bool = field(default=False, metadata={"resume": "free"})
     capture: bool | None = field(default=None, metadata={"resume": "free"})
 
 

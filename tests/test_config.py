@@ -142,7 +142,8 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
     kept = _leaf_keys(resume_fingerprint(cfg))
     assert everything - kept == {
         "name", "out_dir", "train.max_epochs", "train.batches_per_step",
-        "trainer.devices", "trainer.progress_bar", "trainer.threads", "trainer.keep_on_device", "trainer.compile", "trainer.capture",
+        "trainer.devices", "trainer.progress_bar", "trainer.threads", "trainer.keep_on_device", "trainer.compile", "trainer.compile_cpu",
+        "trainer.capture",
         "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",
         "federated.max_retries", "federated.client_timeout", "federated.record_payloads",

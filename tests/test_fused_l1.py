@@ -1,7 +1,7 @@
 """The L1 distances a training step compiles (``fused_l1_distances``): same values and
 gradients as ``torch.cdist``, a failing compiled call falls back to cdist, where they are
-compiled (``compiling_pays``, ``trainer.compile``), and small CPU blocks stay cdist's bit for
-bit."""
+compiled (``compiling_pays``, ``trainer.compile``, ``trainer.compile_cpu``), and a CPU keeps
+cdist's scores bit for bit unless asked."""
 
 from __future__ import annotations
 
@@ -102,30 +102,32 @@ def test_make_capturable_fuses_adam_only_for_cuda_tensors():
 def test_with_dynamo_disabled_cdist_serves(monkeypatch):
     # torch.compile would then run the broadcast eagerly, slower than cdist
     monkeypatch.setattr(families, "_FUSED_L1", {})
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     q, c = _pair()
-    assert fused_l1_distances(q, c) is None
+    # torch's own patch: monkeypatch's undo leaves dynamo's config module broken for later tests
+    with torch._dynamo.config.patch(disable=True):
+        assert fused_l1_distances(q, c) is None
 
 
 def _block(rows, cands, width):
     return torch.empty(rows, width), torch.empty(cands, width)
 
 
-def test_a_cpu_compiles_large_blocks_only_with_a_compiler_and_never_when_deterministic(monkeypatch):
+def test_a_cpu_compiles_large_blocks_only_when_asked_with_a_compiler_and_never_when_deterministic(monkeypatch):
     assert CPU_COMPILE_MIN_ELEMENTS == 2 ** 21
     monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
-    assert compiling_pays(*_block(512, 256, 32))       # FB15k-237-Fed10 at dim 32: 4.2M
-    assert compiling_pays(*_block(512, 128, 32))       # exactly 2M
-    assert not compiling_pays(*_block(511, 128, 32))   # one row under
-    assert not compiling_pays(*_block(256, 64, 64))    # the UMLS quick starts: 1M
+    assert not compiling_pays(*_block(512, 256, 32))             # not asked (the default): cdist
+    assert compiling_pays(*_block(512, 256, 32), cpu=True)       # FB15k-237-Fed10 at dim 32: 4.2M
+    assert compiling_pays(*_block(512, 128, 32), cpu=True)       # exactly 2M
+    assert not compiling_pays(*_block(511, 128, 32), cpu=True)   # one row under
+    assert not compiling_pays(*_block(256, 64, 64), cpu=True)    # the UMLS quick starts: 1M
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert not compiling_pays(*_block(512, 256, 32))
+        assert not compiling_pays(*_block(512, 256, 32), cpu=True)
     finally:
         torch.use_deterministic_algorithms(previous)
     monkeypatch.setattr(families, "_cpu_compiler_found", lambda: False)
-    assert not compiling_pays(*_block(512, 256, 32))
+    assert not compiling_pays(*_block(512, 256, 32), cpu=True)
 
 
 def _large_transe():
@@ -135,7 +137,7 @@ def _large_transe():
     return model, query, model.entity_emb[torch.arange(256)]
 
 
-def test_large_cpu_blocks_train_through_the_compiled_distances_unless_compile_is_false(monkeypatch):
+def test_large_cpu_blocks_train_through_the_compiled_distances_only_with_compile_cpu(monkeypatch):
     calls = []
 
     def fused(q, c):
@@ -145,8 +147,11 @@ def test_large_cpu_blocks_train_through_the_compiled_distances_unless_compile_is
     monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
     monkeypatch.setattr(families, "fused_l1_distances", fused)
     model, query, cand = _large_transe()
-    oracle = model.gamma - torch.cdist(query, cand, p=1.0)
-    torch.testing.assert_close(model._compare_shared(query, cand), oracle)
+    cdist = model.gamma - torch.cdist(query, cand, p=1.0, compute_mode="donot_use_mm_for_euclid_dist")
+    assert torch.equal(model._compare_shared(query, cand), cdist)  # the default: cdist, bit for bit
+    assert calls == []
+    model.compile_on_cpu = True  # trainer.compile_cpu=true
+    torch.testing.assert_close(model._compare_shared(query, cand), cdist)
     assert calls == [((512, 32), (256, 32))]
     with torch.no_grad():  # evaluation: cdist
         model._compare_shared(query, cand)
@@ -168,15 +173,17 @@ def test_inside_a_compiled_loss_the_distances_are_the_broadcast_form(monkeypatch
     assert torch.equal(model._compare_shared(query, cand), expected)
 
 
-@pytest.mark.parametrize("flag,expected", [(None, None), ("false", False), ("true", True)])
-def test_trainer_compile_reaches_every_trans_model_fedlus_avatar_included(flag, expected):
+@pytest.mark.parametrize("flag,expected,cpu", [(None, None, False), ("false", False, False), ("true", True, False),
+                                               (None, None, True)])
+def test_trainer_compile_reaches_every_trans_model_fedlus_avatar_included(flag, expected, cpu):
     from lightning_fedkg.builders import build_module
     from lightning_fedkg.config import load_config
     from lightning_fedkg.methods.fedlu.distillation import DistillationModule
 
-    cfg = load_config("configs/fedlu/umls_fedlu.yaml", [] if flag is None else [f"trainer.compile={flag}"])
+    overrides = ([] if flag is None else [f"trainer.compile={flag}"]) + (["trainer.compile_cpu=true"] if cpu else [])
+    cfg = load_config("configs/fedlu/umls_fedlu.yaml", overrides)
     module = build_module(cfg, 30, 4, DistillationModule)
     models = [m for m in module.modules() if isinstance(m, families.TranslationalModel)]
     assert len(models) == 2  # the local model and the avatar
-    assert all(m.compile_distances is expected for m in models)
+    assert all(m.compile_distances is expected and m.compile_on_cpu is cpu for m in models)
     assert module.compile_training is (expected is True)

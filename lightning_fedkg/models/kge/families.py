@@ -58,6 +58,8 @@ class TranslationalModel(DistanceModel):
     #: :func:`compiling_pays`), False never (cdist everywhere), True when the module compiles
     #: its whole training loss (the distances are then traced in their broadcast form).
     compile_distances: bool | None = None
+    #: ``trainer.compile_cpu``: also compile them on a CPU (see :func:`compiling_pays`).
+    compile_on_cpu: bool = False
 
     def _distance(self, x: Tensor, y: Tensor) -> Tensor:
         return torch.linalg.vector_norm(x - y, ord=self.p_norm, dim=-1)
@@ -68,7 +70,7 @@ class TranslationalModel(DistanceModel):
             # look into cdist, which it calls as it is)
             return self.gamma - _l1_distances(query, cand)
         if (self.p_norm == 1.0 and self.compile_distances is not False and torch.is_grad_enabled()
-                and compiling_pays(query, cand)):
+                and compiling_pays(query, cand, cpu=self.compile_on_cpu)):
             dist = fused_l1_distances(query, cand)
             if dist is not None:
                 return self.gamma - dist
@@ -106,17 +108,21 @@ def _cpu_compiler_found() -> bool:
         return False
 
 
-def compiling_pays(query: Tensor, cand: Tensor) -> bool:
+def compiling_pays(query: Tensor, cand: Tensor, cpu: bool = False) -> bool:
     """Whether a training batch's L1 distances of ``query [B, w]`` to ``cand [n, w]`` go
-    through :func:`fused_l1_distances` rather than cdist: always on CUDA; on a CPU when the
-    block has at least :data:`CPU_COMPILE_MIN_ELEMENTS` elements, a C++ compiler is found,
-    and deterministic algorithms are off (compiled CPU kernels follow the machine's vector
-    width, so their last bits could differ between machines). Measured, one thread, 512 x
-    256 candidates, forward and backward: cdist 4.8 ms against 2.5 ms compiled at dim 32, 49.7
-    against 21.2 ms at dim 256; gradients equal, distances within 3e-4."""
+    through :func:`fused_l1_distances` rather than cdist: always on CUDA; on a CPU only when
+    asked (``cpu``, ``trainer.compile_cpu``), the block has at least
+    :data:`CPU_COMPILE_MIN_ELEMENTS` elements, a C++ compiler is found, and deterministic
+    algorithms are off (compiled CPU kernels follow the machine's vector width, so their last
+    bits could differ between machines). Measured, one thread, 512 x 256 candidates, forward
+    and backward: cdist 4.8 ms against 2.5 ms compiled at dim 32, 49.7 against 21.2 ms at dim
+    256; gradients equal, distances within 3e-4. A CPU keeps cdist by default: its results
+    stay bit for bit those of earlier versions, and over 20 UMLS seeds the compiled runs'
+    test MRR was .0065 lower on average (docs/results/speed.md), not yet told apart from
+    chance."""
     if query.is_cuda:
         return True
-    if query.device.type != "cpu" or torch.are_deterministic_algorithms_enabled():
+    if not cpu or query.device.type != "cpu" or torch.are_deterministic_algorithms_enabled():
         return False
     return query.shape[0] * cand.shape[0] * query.shape[-1] >= CPU_COMPILE_MIN_ELEMENTS and _cpu_compiler_found()
 
