@@ -228,9 +228,9 @@ class TrainerConfig:
     after each; turn it off when the clients together do not fit in device memory.
     ``compile``: unset (the default), the Trans* models' L1 distances to a batch's shared
     candidates are compiled in training on CUDA, and on a CPU with ``compile_cpu``
-    (:func:`lightning_fedkg.models.kge.families.compiling_pays`: a C++ compiler found, blocks
-    of at least 2M elements, not ``deterministic``; faster, not bit for bit cdist's); ``true`` runs each
-    training batch's whole score-and-loss through :func:`torch.compile`
+    (:func:`lightning_fedkg.models.kge.families.compiling_pays`: a C++ compiler found,
+    blocks of at least 2M elements, not ``deterministic``; faster, not bit for bit cdist's);
+    ``true`` runs each training batch's whole score-and-loss through :func:`torch.compile`
     (:meth:`lightning_fedkg.models.KGEModule.compiled`); ``false`` compiles nothing. Compiled
     kernels may round differently from eager ones in the last bits, and the first batches of
     each shape pay the compilation (seconds per process). ``capture`` records each KGE
