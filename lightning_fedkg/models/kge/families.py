@@ -89,8 +89,8 @@ def _l1_distances(query: Tensor, cand: Tensor) -> Tensor:
 
 _FUSED_L1: dict = {}
 
-#: A CPU compiles a training batch's L1 distances from this many elements in its
-#: ``[B, n, w]`` block up: compiling costs a process 3-8 s (measured on 2 cores), which small
+#: With ``trainer.compile_cpu``, a CPU compiles a training batch's L1 distances from this
+#: many elements in its ``[B, n, w]`` block up: compiling costs a process 3-8 s (measured on 2 cores), which small
 #: steps and the short runs they belong to do not win back (the UMLS quick starts' blocks
 #: are 256 x 64 x 64 = 1M elements; FB15k-237-Fed10 at dim 32, 512 x 256 x 32 = 4.2M).
 CPU_COMPILE_MIN_ELEMENTS = 1 << 21
@@ -114,9 +114,9 @@ def compiling_pays(query: Tensor, cand: Tensor, cpu: bool = False) -> bool:
     asked (``cpu``, ``trainer.compile_cpu``), the block has at least
     :data:`CPU_COMPILE_MIN_ELEMENTS` elements, a C++ compiler is found, and deterministic
     algorithms are off (compiled CPU kernels follow the machine's vector width, so their last
-    bits could differ between machines). Measured, one thread, 512 x 256 candidates, forward
-    and backward: cdist 4.8 ms against 2.5 ms compiled at dim 32, 49.7 against 21.2 ms at dim
-    256; gradients equal, distances within 3e-4. A CPU keeps cdist by default: its results
+    bits could differ between machines). Measured (``scripts/bench_kernels.py --cpu``), one
+    thread, 512 x 256 candidates, forward and backward: cdist 5.5 ms against 2.6 ms compiled
+    at dim 32, 49.5 against 25.0 ms at dim 256; gradients equal, distances within 3e-4. A CPU keeps cdist by default: its results
     stay bit for bit those of earlier versions, and over 20 UMLS seeds the compiled runs'
     test MRR was .0065 lower on average (docs/results/speed.md), not yet told apart from
     chance."""
@@ -136,7 +136,7 @@ def fused_l1_distances(query: Tensor, cand: Tensor) -> Tensor | None:
     Used in training where :func:`compiling_pays`: cdist's backward writes a ``[B, n, w]``
     buffer twice (once per input), where the compiled backward reduces the signs in registers
     (one H100, 512 x 256 x 256, forward and backward: 72 us against cdist's 484; a CPU thread
-    at dim 256: 21 ms against 50). Batch shapes are left to dynamo's automatic dynamic
+    at dim 256: 25 ms against 49.5). Batch shapes are left to dynamo's automatic dynamic
     shapes: one graph per shape (``dynamic=False``) ran the function eagerly in a measured
     run, and eagerly the broadcast is slower than cdist (632 us on the H100), so with dynamo
     disabled cdist serves.
