@@ -81,20 +81,48 @@ def quality(args) -> None:
                                  for t in runs[0].get("in_graph", {}).get("by_type", {})}
         # every seed's own numbers, so a reader can count in how many seeds one variant wins
         row["per_seed"] = [_seed_row(seed, m) for seed, m in zip(args.seeds, runs)]
+        # the in-graph validation MRR after each evaluated round (federated.eval_every), mean over seeds
+        curves = [{v["round"]: v["mrr"] for v in m.get("validation", [])} for m in runs]
+        shared = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        row["validation_by_round"] = {r: statistics.mean(c[r] for c in curves) for r in shared}
         rows[variant] = row
     print(f"{'variant':24s}" + "".join(f"{label:>18s}" for label, _, _ in KEYS) + f"{'rounds':>8s}{'s':>8s}")
     for variant, row in rows.items():
         cells = "".join(f"{'-':>18s}" if row[label] is None else f"{row[label][0]:>11.4f} ±{row[label][1]:.4f}"
                         for label, _, _ in KEYS)
         print(f"{variant:24s}{cells}{row['rounds']:>8.1f}{row['seconds']:>8.1f}")
+    _print_curves(rows)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps({"overrides": args.overrides, "variants": rows}, indent=1))
 
 
+def _print_curves(rows: dict) -> None:
+    """Validation MRR by round, one column per variant, where runs validated more than once;
+    with two variants over the same seeds, also in how many seeds the second was at least
+    the first after that round."""
+    rounds = sorted(set.union(*(set(row["validation_by_round"]) for row in rows.values())))
+    if len(rounds) < 2:
+        return
+    pair = list(rows.values()) if len(rows) == 2 else None
+    if pair and [s["seed"] for s in pair[0]["per_seed"]] != [s["seed"] for s in pair[1]["per_seed"]]:
+        pair = None
+    print("\nin-graph validation MRR after each evaluated round (mean over seeds)")
+    print(f"{'round':>6s}" + "".join(f"{variant:>26s}" for variant in rows)
+          + (f"{'seeds 2nd >= 1st':>18s}" if pair else ""))
+    for r in rounds:
+        line = f"{r:>6d}" + "".join(f"{row['validation_by_round'].get(r, float('nan')):>26.4f}" for row in rows.values())
+        if pair:
+            wins = sum(b["validation"].get(r, -1.0) >= a["validation"].get(r, float("inf"))
+                       for a, b in zip(pair[0]["per_seed"], pair[1]["per_seed"]))
+            line += f"{wins:>14d} of {len(pair[0]['per_seed'])}"
+        print(line)
+
+
 def _seed_row(seed: int, metrics: dict) -> dict:
     """One run's overall metrics and, per block, MRR and HR@10 by query type."""
-    row = {"seed": seed, "seconds": metrics["seconds"], "rounds": metrics["rounds"]}
+    row = {"seed": seed, "seconds": metrics["seconds"], "rounds": metrics["rounds"],
+           "validation": {v["round"]: v["mrr"] for v in metrics.get("validation", [])}}
     for label, block, key in KEYS:
         row[label] = metrics[block][key] if block in metrics else None
     for block in ("in_graph", "cross_graph"):
