@@ -10,7 +10,9 @@
 # the FedE/FedR-style baselines aggregating after each round; one validation at the end, then
 # the test (in-graph and cross-graph). PYTHON picks the interpreter; EXTRA adds overrides to
 # every run, e.g. EXTRA="data.name=/abs/path/FB15k-237-Fed3 task.cache_dir=runs/qcache".
-# CLIENTS=5 runs the fb15k237_fed5_* configs (FB15k-237-Fed5) instead of fed3.
+# CLIENTS=5 runs the fb15k237_fed5_* configs (FB15k-237-Fed5) instead of fed3. VARIANTS picks
+# some of the four (default "local fedr fede fedcqa"), SEEDS the seeds (default "0 1 2"), JSON
+# the summary's path; EXTRA's overrides come last, so they win (e.g. task.loss=softmax).
 # Every run's start, end, wall seconds and load average go to OUT/runs.log.
 set -euo pipefail
 rounds=${1:-4}
@@ -21,8 +23,10 @@ out=${3:-runs/fedcqa_fb_order_$((rounds * steps))$suffix}
 py=${PYTHON:-python}
 common=(federated.rounds="$rounds" task.steps_per_epoch="$steps" federated.eval_every="$rounds"
         task.loss=negative_sampling trainer.threads=1 ${EXTRA:-})
-variants=(fb15k237_fed${clients}_local_gqe fb15k237_fed${clients}_fedr_gqe fb15k237_fed${clients}_fede_gqe
-          fb15k237_fed${clients}_fedcqa_gqe)
+variants=()
+for v in ${VARIANTS:-local fedr fede fedcqa}; do variants+=("fb15k237_fed${clients}_${v}_gqe"); done
+seeds=(${SEEDS:-0 1 2})
+json=${JSON:-docs/results/fedcqa/fb15k237_fed${clients}_order_$((rounds * steps))steps.json}
 mkdir -p "$out"
 
 run() {  # run VARIANT SEED
@@ -36,10 +40,10 @@ run() {  # run VARIANT SEED
 # seed by seed, so that a session cut short leaves whole seeds; two workers, each takes every
 # other run of the list
 jobs=()
-for seed in 0 1 2; do for v in "${variants[@]}"; do jobs+=("$v $seed"); done; done
+for seed in "${seeds[@]}"; do for v in "${variants[@]}"; do jobs+=("$v $seed"); done; done
 ( for ((i = 0; i < ${#jobs[@]}; i += 2)); do run ${jobs[i]}; done ) &
 ( for ((i = 1; i < ${#jobs[@]}; i += 2)); do run ${jobs[i]}; done ) &
 wait
 
-"$py" scripts/bench_fedcqa.py quality --variants "${variants[@]}" --seeds 0 1 2 --out "$out" \
-    --json-out "docs/results/fedcqa/fb15k237_fed${clients}_order_$((rounds * steps))steps.json" "${common[@]}"
+"$py" scripts/bench_fedcqa.py quality --variants "${variants[@]}" --seeds "${seeds[@]}" --out "$out" \
+    --json-out "$json" "${common[@]}"
