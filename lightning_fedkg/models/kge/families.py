@@ -93,10 +93,12 @@ def _l1_distances(query: Tensor, cand: Tensor) -> Tensor:
 
 _FUSED_L1: dict = {}
 
-#: With ``trainer.compile_cpu``, a CPU compiles a training batch's L1 distances from this
-#: many elements in its ``[B, n, w]`` block up: compiling costs a process 3-8 s (measured on 2 cores), which small
-#: steps and the short runs they belong to do not win back (the UMLS quick starts' blocks
-#: are 256 x 64 x 64 = 1M elements; FB15k-237-Fed10 at dim 32, 512 x 256 x 32 = 4.2M).
+#: A CPU compiles a training batch's L1 distances (with ``trainer.compile_cpu``) or their
+#: backward (by default) from this many elements in its ``[B, n, w]`` block up: compiling
+#: costs a process seconds (3-12 s measured on 2 cores, under 2 s from a warm inductor
+#: cache), which small steps and the short runs they belong to do not win back (the UMLS
+#: quick starts' blocks are 256 x 64 x 64 = 1M elements; FB15k-237-Fed10 at dim 32,
+#: 512 x 256 x 32 = 4.2M).
 CPU_COMPILE_MIN_ELEMENTS = 1 << 21
 
 
@@ -120,7 +122,8 @@ def compiling_pays(query: Tensor, cand: Tensor, cpu: bool = False) -> bool:
     algorithms are off (compiled CPU kernels follow the machine's vector width, so their last
     bits could differ between machines). Measured (``scripts/bench_kernels.py --cpu``), one
     thread, 512 x 256 candidates, forward and backward: cdist 5.5 ms against 2.6 ms compiled
-    at dim 32, 49.5 against 25.0 ms at dim 256; gradients equal, distances within 3e-4. A CPU keeps cdist by default: its results
+    at dim 32, 49.5 against 25.0 ms at dim 256; gradients equal, distances within 3e-4. A CPU keeps cdist's forward by
+    default (and compiles only the backward, :func:`backward_compiling_pays`): its results
     stay bit for bit those of earlier versions, and over 20 UMLS seeds the compiled runs'
     test MRR was .0065 lower on average (docs/results/speed.md), not yet told apart from
     chance."""
