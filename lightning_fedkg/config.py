@@ -230,8 +230,6 @@ class TrainerConfig:
     candidates are compiled in training on CUDA, and on a CPU with ``compile_cpu``
     (:func:`lightning_fedkg.models.kge.families.compiling_pays`: a C++ compiler found,
     blocks of at least 2M elements, not ``deterministic``; faster, not bit for bit cdist's);
-    on a CPU without ``compile_cpu``, under the same conditions, only their backward, whose
-    gradients are cdist's bit for bit (checked once per shape; ``backward_compiling_pays``);
     ``true`` runs each training batch's whole score-and-loss through :func:`torch.compile`
     (:meth:`lightning_fedkg.models.KGEModule.compiled`); ``false`` compiles nothing. Compiled
     kernels may round differently from eager ones in the last bits, and the first batches of

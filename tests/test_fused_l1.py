@@ -1,8 +1,7 @@
 """The L1 distances a training step compiles (``fused_l1_distances``): same values and
 gradients as ``torch.cdist``, a failing compiled call falls back to cdist, where they are
 compiled (``compiling_pays``, ``trainer.compile``, ``trainer.compile_cpu``), and a CPU keeps
-cdist's scores bit for bit unless asked; by default a CPU compiles only their backward
-(``cdist_l1_compiled_backward``), whose gradients are cdist's bit for bit, checked per shape."""
+cdist's scores bit for bit unless asked."""
 
 from __future__ import annotations
 
@@ -13,8 +12,8 @@ import torch
 
 from lightning_fedkg.models.captured import make_capturable
 from lightning_fedkg.models.kge import families
-from lightning_fedkg.models.kge.families import (CPU_COMPILE_MIN_ELEMENTS, _l1_distances, backward_compiling_pays,
-                                                 cdist_l1_compiled_backward, compiling_pays, fused_l1_distances)
+from lightning_fedkg.models.kge.families import (CPU_COMPILE_MIN_ELEMENTS, _l1_distances, compiling_pays,
+                                                 fused_l1_distances)
 from lightning_fedkg.models.kge.transe import TransE
 
 
@@ -188,143 +187,3 @@ def test_trainer_compile_reaches_every_trans_model_fedlus_avatar_included(flag, 
     assert len(models) == 2  # the local model and the avatar
     assert all(m.compile_distances is expected and m.compile_on_cpu is cpu for m in models)
     assert module.compile_training is (expected is True)
-
-
-def _cdist(x, y):
-    return torch.cdist(x, y, p=1.0, compute_mode="donot_use_mm_for_euclid_dist")
-
-
-def _float_block(rows, cands, width, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(rows, width, generator=gen, requires_grad=True)
-    c = torch.randn(cands, width, generator=gen, requires_grad=True)
-    with torch.no_grad():
-        c[0] = q[0]  # a zero difference: sign 0 in both backwards
-    return q, c, torch.randn(rows, cands, generator=gen)
-
-
-@pytest.mark.slow
-def test_cdist_with_a_compiled_backward_is_cdist_bit_for_bit_in_values_and_gradients(monkeypatch):
-    if not families._cpu_compiler_found():
-        pytest.skip("torch.compile cannot build CPU kernels on this machine (no C++ compiler)")
-    monkeypatch.setattr(families, "_COMPILED_GRAD", {"checked": set()})
-    # a full batch, the short last batch (a second shape: dynamo recompiles), odd widths
-    for rows, cands, width in [(512, 256, 32), (137, 256, 32), (300, 64, 33), (17, 5, 3)]:
-        q, c, g = _float_block(rows, cands, width)
-        mine = _values_and_grads(cdist_l1_compiled_backward, q, c, g)
-        oracle = _values_and_grads(_cdist, q, c, g)
-        assert all(torch.equal(a, b) for a, b in zip(mine, oracle)), (rows, cands, width)
-    assert families._COMPILED_GRAD["fn"] is not False  # every shape passed its check
-    assert len(families._COMPILED_GRAD["checked"]) == 8  # two inputs per shape
-    # a TransE's training scores: the entity table's gradient equals cdist's bit for bit
-    grads = []
-    for flag in (None, False):
-        model, query, cand = _large_transe()
-        model.compile_distances = flag
-        monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
-        model._compare_shared(query, cand).logsumexp(-1).sum().backward()
-        grads.append(model.entity_emb.grad.clone())
-    assert torch.equal(grads[0], grads[1])
-
-
-def _exact_grads(q, c, g):
-    return _values_and_grads(_cdist, q, c, g)
-
-
-def test_a_compiled_backward_that_is_not_cdists_bit_for_bit_is_retired(monkeypatch, caplog):
-    calls = []
-
-    def almost(x, y, grad):  # what another code generator might do: the right sum in another order
-        calls.append(tuple(x.shape))
-        return families._l1_grad_first(x, y, grad) * (1 + 1e-6)
-
-    monkeypatch.setattr(families, "_COMPILED_GRAD", {"checked": set(), "fn": almost})
-    q, c, g = _float_block(6, 4, 3)
-    with caplog.at_level(logging.WARNING, logger="lightning_fedkg"):
-        mine = _values_and_grads(cdist_l1_compiled_backward, q, c, g)
-        again = _values_and_grads(cdist_l1_compiled_backward, q, c, g)
-    oracle = _exact_grads(q, c, g)
-    assert all(torch.equal(a, b) for a, b in zip(mine, oracle))
-    assert all(torch.equal(a, b) for a, b in zip(again, oracle))
-    assert calls == [(6, 3)]  # retired at its first check, never called again
-    assert families._COMPILED_GRAD["fn"] is False
-    assert len([r for r in caplog.records if "differs from cdist's" in r.getMessage()]) == 1
-
-
-def test_a_compiled_backward_that_fails_leaves_cdists_backward(monkeypatch, caplog):
-    def broken(*args):
-        raise RuntimeError("no backend")
-
-    monkeypatch.setattr(families, "_COMPILED_GRAD", {"checked": set(), "fn": broken})
-    q, c, g = _float_block(6, 4, 3)
-    with caplog.at_level(logging.WARNING, logger="lightning_fedkg"):
-        mine = _values_and_grads(cdist_l1_compiled_backward, q, c, g)
-    assert all(torch.equal(a, b) for a, b in zip(mine, _exact_grads(q, c, g)))
-    assert families._COMPILED_GRAD["fn"] is False
-    assert [r.getMessage() for r in caplog.records if "backward" in r.getMessage()] == [
-        "compiled L1 backward unavailable (RuntimeError: no backend); using cdist's"]
-
-
-def test_a_checked_shape_takes_the_compiled_gradient_and_only_needed_inputs_are_computed(monkeypatch):
-    calls = []
-
-    def marked(x, y, grad):  # cdist's backward itself (the eager broadcast sums in another order)
-        calls.append(tuple(x.shape))
-        return torch.ops.aten._cdist_backward(grad, x, y, 1.0, torch.cdist(x, y, p=1.0))
-
-    monkeypatch.setattr(families, "_COMPILED_GRAD", {"checked": set(), "fn": marked})
-    q, c, g = _float_block(6, 4, 3)
-    assert all(torch.equal(a, b) for a, b in zip(_values_and_grads(cdist_l1_compiled_backward, q, c, g),
-                                                 _exact_grads(q, c, g)))
-    assert calls == [(6, 3), (4, 3)] and families._COMPILED_GRAD["fn"] is marked
-    cand = c.detach()  # candidates without gradients: only the query's is computed
-    cdist_l1_compiled_backward(q, cand).backward(g)
-    assert calls == [(6, 3), (4, 3), (6, 3)]
-
-
-def test_with_dynamo_disabled_cdists_backward_serves(monkeypatch):
-    def never(*args):
-        raise AssertionError("the compiled backward ran with dynamo disabled")
-
-    monkeypatch.setattr(families, "_COMPILED_GRAD", {"checked": set(), "fn": never})
-    q, c, g = _float_block(6, 4, 3)
-    with torch._dynamo.config.patch(disable=True):
-        mine = _values_and_grads(cdist_l1_compiled_backward, q, c, g)
-    assert all(torch.equal(a, b) for a, b in zip(mine, _exact_grads(q, c, g)))
-
-
-def test_a_cpu_trains_large_blocks_through_the_compiled_backward_by_default(monkeypatch):
-    routed = []
-
-    def spy(q, c):
-        routed.append("backward")
-        return _cdist(q, c)
-
-    def fused(q, c):
-        routed.append("fused")
-        return _l1_distances(q, c)
-
-    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
-    monkeypatch.setattr(families, "cdist_l1_compiled_backward", spy)
-    monkeypatch.setattr(families, "fused_l1_distances", fused)
-    model, query, cand = _large_transe()
-    model._compare_shared(query, cand)
-    assert routed == ["backward"]  # the default
-    with torch.no_grad():  # evaluation: cdist
-        model._compare_shared(query, cand)
-    model._compare_shared(query[:100], cand)  # below the threshold: cdist
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        model._compare_shared(query, cand)
-    finally:
-        torch.use_deterministic_algorithms(previous)
-    assert routed == ["backward"]
-    model.compile_on_cpu = True  # trainer.compile_cpu: the compiled forward and backward
-    model._compare_shared(query, cand)
-    assert routed == ["backward", "fused"]
-    model.compile_distances = False  # trainer.compile=false: cdist
-    model._compare_shared(query, cand)
-    assert routed == ["backward", "fused"]
-    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: False)
-    assert not backward_compiling_pays(query, cand)
