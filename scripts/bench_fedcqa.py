@@ -3,8 +3,10 @@
 
 ``quality`` trains every variant (a config of ``configs/fedcqa``, plus overrides) for every
 seed with ``fedkg fit``'s code and prints, per variant, the in-graph and cross-graph MRR
-and HR@3 (means over seeds ± standard deviation), the rounds run and the seconds. Finished
-runs in ``--out`` are reused.
+and HR@3 (means over seeds ± standard deviation), the rounds run and the seconds; where the
+runs validated more than once (``federated.eval_every``), the in-graph validation MRR after
+each evaluated round, and with two variants in how many seeds the second was at least the
+first. Finished runs in ``--out`` are reused.
 
     python scripts/bench_fedcqa.py quality --seeds 0 1 2 3 4 --out runs/fedcqa_umls \\
         --json-out docs/results/fedcqa/umls_gqe.json
