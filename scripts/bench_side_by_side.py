@@ -38,6 +38,44 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+def queued_exchange(self, round, stage, messages, wire, channel, timeout):
+    """A trial form of ``RayClients.exchange``: the addressed clients start largest first
+    (training triples), at most one per slot of ``self.threads`` cores, each on the slot the
+    last one to finish freed; the replies are then read in client order as there."""
+    from lightning_fedkg.federated.message import Message, decode, encode
+    from lightning_fedkg.federated.strategy import SERVER
+
+    down, up = wire
+    sent = {name: None if m.is_empty() else encode(m) for name, m in messages.items()}
+    cores = self.core_ids or list(range(os.cpu_count() or 1))
+    slots = [cores[i:i + self.threads] for i in range(0, len(cores) - self.threads + 1, self.threads)] or [cores]
+    if not self.core_ids:
+        slots = [None] * len(slots)
+    queue = sorted(sent, key=lambda n: -self.work[n])
+    free, pending, answers = list(slots), {}, {}
+    while queue or pending:
+        while queue and free:
+            name, slot = queue.pop(0), free.pop(0)
+            pending[self.actors[name].handle.remote(stage, sent[name], round, slot)] = (name, slot)
+        (ref,), _ = self.ray.wait(list(pending), num_returns=1)
+        name, slot = pending.pop(ref)
+        answers[name] = self.ray.get(ref)
+        free.append(slot)
+    replies, failures = {}, {}
+    for name, data in sent.items():
+        if data is not None:
+            channel.relay(SERVER, name, down, data, round)
+        reply, error, elapsed = answers[name]
+        if error is not None:
+            failures[name] = error
+            continue
+        if timeout is not None and elapsed > timeout:
+            failures[name] = f"timeout after {elapsed:.3f} s"
+            continue
+        replies[name] = Message() if reply is None else decode(channel.relay(name, SERVER, up, reply, round))
+    return replies, failures
+
+
 def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control: list[str]) -> dict:
     import lightning_fedkg.runtime as runtime
     from lightning_fedkg.config import load_config
@@ -78,11 +116,17 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
     FederatedRun.train_round, FederatedRun.evaluate, Party.fit = timed_train, timed_evaluate, timed_fit
     if mode == "ray-unpinned":  # the control: the OS schedules the workers, as before placement
         runtime.machine_core_ids = lambda: None
+    from lightning_fedkg.federated.clients_ray import RayClients
+
+    exchange = RayClients.exchange
+    if mode == "ray-queued":  # the trial: no more workers at once than cores, largest first
+        RayClients.exchange = queued_exchange
     try:
         metrics = fit(cfg, out)
     finally:
         FederatedRun.train_round, FederatedRun.evaluate, Party.fit = train_round, evaluate, party_fit
         runtime.machine_core_ids = core_ids
+        RayClients.exchange = exchange
     cpu = {name: statistics.median(v[1:] or v) for name, v in sorted(fit_cpu.items())}
     return {"round": statistics.median(rounds[1:] or rounds), "first": rounds[0], "all": rounds, "rounds": len(rounds), "fit_cpu": cpu,
             "validation": statistics.median(evals) if evals else float("nan"),
@@ -98,7 +142,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--modes", default="local,ray", help="comma-separated, alternated in this order: local "
                         "(sequential), ray (side by side, placed on cores by place_workers), ray-unpinned "
-                        "(side by side, scheduled by the OS), control (sequential, with --control)")
+                        "(side by side, scheduled by the OS), ray-queued (a trial: side by side, no more at "
+                        "once than cores, largest first), control (sequential, with --control)")
     parser.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
                         help="an override of the control mode (repeatable), e.g. --control trainer.compile=false")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value)")
