@@ -10,7 +10,10 @@ clients' local training and the server's aggregation) and every validation
 warms up; its time is printed too), the median validation, the test MRR (the two modes must agree exactly), each
 worker's thread count, and the machine's 1-minute load average before and after. Sequential
 runs also print each client's CPU seconds of local training per round, whose sum over the
-largest bounds what running them side by side can gain, whatever the machine's load.
+largest bounds what running them side by side can gain, whatever the machine's load, and
+what the same rounds would take side by side if the OS time-sliced those CPU seconds evenly
+over the cores and no worker slowed another (the model); the summary says what share of the
+model's speed each side-by-side mode reached.
 
     python scripts/bench_side_by_side.py -c configs/fede/umls_fede.yaml --rounds 12
     python scripts/bench_side_by_side.py -c configs/fedlu/umls_fedlu.yaml --rounds 12
@@ -84,7 +87,7 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
 
     from lightning_fedkg.federated.party import Party
 
-    rounds, evals, fit_cpu = [], [], {}
+    rounds, evals, fit_cpu, round_cpu = [], [], {}, {}
     train_round, evaluate, party_fit = FederatedRun.train_round, FederatedRun.evaluate, Party.fit
 
     def timed_fit(self, epochs):  # CPU seconds of each client's local training (this process only)
@@ -93,6 +96,7 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
             return party_fit(self, epochs)
         finally:
             fit_cpu.setdefault(self.name, []).append(time.process_time() - start)
+            round_cpu.setdefault(len(rounds), []).append(fit_cpu[self.name][-1])  # rounds ended so far
 
     def timed_train(self, r):
         start = time.perf_counter()
@@ -128,7 +132,14 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
         runtime.machine_core_ids = core_ids
         RayClients.exchange = exchange
     cpu = {name: statistics.median(v[1:] or v) for name, v in sorted(fit_cpu.items())}
+    # What the same rounds would take side by side if the OS time-sliced the clients evenly
+    # over the cores and no worker slowed another: each round's clients' CPU seconds through
+    # shared_finish, plus the rest of the round (driver, aggregation) as measured.
+    cores = len(runtime.machine_core_ids() or range(os.cpu_count() or 1))
+    model = [runtime.shared_finish(round_cpu[i], cores) + rounds[i] - sum(round_cpu[i])
+             for i in range(len(rounds)) if i in round_cpu]
     return {"round": statistics.median(rounds[1:] or rounds), "first": rounds[0], "all": rounds, "rounds": len(rounds), "fit_cpu": cpu,
+            "model": statistics.median(model[1:] or model) if model else None,
             "validation": statistics.median(evals) if evals else float("nan"),
             "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads"),
             "cores": metrics.get("client_workers", {}).get("cores")}
@@ -170,6 +181,9 @@ def main() -> None:
                       f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}"
                       + (f", cores {r['cores']}" if r["cores"] else ""), flush=True)
                 print(f"      every round: {' '.join(f'{t:.2f}' for t in r['all'])} s", flush=True)
+                if r["model"] is not None:
+                    print(f"      the same rounds side by side, time-sliced evenly on {os.cpu_count()} cores with no "
+                          f"worker slowing another: {r['model']:.3f} s/round (the model)", flush=True)
                 if r["fit_cpu"]:
                     cpu = list(r["fit_cpu"].values())
                     print(f"      CPU seconds of each client's local training per round: "
@@ -186,6 +200,11 @@ def main() -> None:
     print(f"{Path(args.config).name}: {rows}; test MRR {'identical' if len(same) == 1 else 'DIFFERS: ' + str(sorted(same))}"
           + (f" (control: {', '.join(f'{v:.6f}' for v in control_mrr)})" if control_mrr else "") + "; "
           f"load average {load_before:.2f} before, {load_after:.2f} after; {os.cpu_count()} cores")
+    models = [r["model"] for r in results.get(base_mode, []) if r.get("model") is not None]
+    if models and base:
+        model = statistics.median(models)
+        print(f"the model from the {base_mode} runs: {model:.3f} s/round ({base / model:.2f}x); side by side reached "
+              + ", ".join(f"{m} {model / t:.0%} of it" for m, t in median.items() if m.startswith("ray")))
 
 
 if __name__ == "__main__":
