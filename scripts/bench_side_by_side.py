@@ -139,7 +139,7 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
     model = [runtime.shared_finish(round_cpu[i], cores) + rounds[i] - sum(round_cpu[i])
              for i in range(len(rounds)) if i in round_cpu]
     return {"round": statistics.median(rounds[1:] or rounds), "first": rounds[0], "all": rounds, "rounds": len(rounds), "fit_cpu": cpu,
-            "model": statistics.median(model[1:] or model) if model else None,
+            "model": statistics.median(model[1:] or model) if model else None, "model_cores": cores,
             "validation": statistics.median(evals) if evals else float("nan"),
             "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads"),
             "cores": metrics.get("client_workers", {}).get("cores")}
@@ -182,7 +182,7 @@ def main() -> None:
                       + (f", cores {r['cores']}" if r["cores"] else ""), flush=True)
                 print(f"      every round: {' '.join(f'{t:.2f}' for t in r['all'])} s", flush=True)
                 if r["model"] is not None:
-                    print(f"      the same rounds side by side, time-sliced evenly on {os.cpu_count()} cores with no "
+                    print(f"      the same rounds side by side, time-sliced evenly on {r['model_cores']} cores with no "
                           f"worker slowing another: {r['model']:.3f} s/round (the model)", flush=True)
                 if r["fit_cpu"]:
                     cpu = list(r["fit_cpu"].values())
