@@ -44,11 +44,9 @@ sys.path.insert(0, str(REPO))
 def queued_exchange(self, round, stage, messages, wire, channel, timeout):
     """A trial form of ``RayClients.exchange``: the addressed clients start largest first
     (training triples), at most one per slot of ``self.threads`` cores, each on the slot the
-    last one to finish freed; the replies are then read in client order as there."""
-    from lightning_fedkg.federated.message import Message, decode, encode
-    from lightning_fedkg.federated.strategy import SERVER
+    last one to finish freed; the replies are then read as there (``RayClients.replies``)."""
+    from lightning_fedkg.federated.message import encode
 
-    down, up = wire
     sent = {name: None if m.is_empty() else encode(m) for name, m in messages.items()}
     cores = self.core_ids or list(range(os.cpu_count() or 1))
     slots = [cores[i:i + self.threads] for i in range(0, len(cores) - self.threads + 1, self.threads)] or [cores]
@@ -64,19 +62,7 @@ def queued_exchange(self, round, stage, messages, wire, channel, timeout):
         name, slot = pending.pop(ref)
         answers[name] = self.ray.get(ref)
         free.append(slot)
-    replies, failures = {}, {}
-    for name, data in sent.items():
-        if data is not None:
-            channel.relay(SERVER, name, down, data, round)
-        reply, error, elapsed = answers[name]
-        if error is not None:
-            failures[name] = error
-            continue
-        if timeout is not None and elapsed > timeout:
-            failures[name] = f"timeout after {elapsed:.3f} s"
-            continue
-        replies[name] = Message() if reply is None else decode(channel.relay(name, SERVER, up, reply, round))
-    return replies, failures
+    return self.replies(round, stage, sent, answers, wire, channel, timeout)
 
 
 def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control: list[str]) -> dict:

@@ -188,13 +188,18 @@ class RayClients(ClientPool):
                  "s" if self.threads != 1 else "", self.why, pinned)
 
     def exchange(self, round, stage, messages, wire, channel, timeout):
-        down, up = wire
         sent = {name: None if m.is_empty() else encode(m) for name, m in messages.items()}
         cores = self.placement(list(sent))
         refs = {name: self.actors[name].handle.remote(stage, data, round, c) for (name, data), c in
                 zip(sent.items(), cores)}
         answers = dict(zip(refs, self.ray.get(list(refs.values()))))
-        # The wire log in LocalClients' order: each client's download, then its upload.
+        return self.replies(round, stage, sent, answers, wire, channel, timeout)
+
+    def replies(self, round, stage, sent, answers, wire, channel, timeout):
+        """``(replies, failures)`` from each client's ``(reply bytes, error, seconds)`` in
+        ``answers``, read in client order whatever order they came in: the wire log in
+        LocalClients' order (each client's download, then its upload)."""
+        down, up = wire
         replies, failures = {}, {}
         for name, data in sent.items():
             if data is not None:
