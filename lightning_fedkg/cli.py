@@ -311,7 +311,7 @@ def _print_clients(fkg) -> None:
         print(f"{r['client']:<8}" + "".join(f"{r.get(k, ''):>11}" for k in keys))
 
 
-def _task_data_stats(config: str, overrides: list[str]) -> int:
+def _task_data_stats(config: str, overrides: list[str], workers: int = 1) -> int:
     """Per client its graph, then the statistics of the data the config's task builds
     beyond the graphs (:meth:`~lightning_fedkg.federated.tasks.Task.data_stats`)."""
     from lightning_fedkg.federated.party import load_federated_kg
@@ -325,7 +325,7 @@ def _task_data_stats(config: str, overrides: list[str]) -> int:
                           f"by name or folder")
     fkg = load_federated_kg(cfg)
     _print_clients(fkg)
-    print(task().data_stats(cfg, fkg))
+    print(task().data_stats(cfg, fkg, workers=workers))
     return 0
 
 
@@ -334,8 +334,10 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     ``-c`` a config's federation and its task's own data (a query-answering config's query sets)."""
     from lightning_fedkg.data import load_federated, load_kg
 
+    if args.workers < 1:
+        raise ConfigError(f"data stats: --workers must be at least 1, got {args.workers}")
     if args.config:
-        return _task_data_stats(args.config, args.target)
+        return _task_data_stats(args.config, args.target, args.workers)
     if len(args.target) != 1:
         raise ConfigError("data stats: give one dataset (a bundled name or a folder), or -c CONFIG for query sets")
     target = args.target[0]
@@ -481,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "with -c, key=value overrides of the config")
     stats.add_argument("-c", "--config", help="a query-answering config: statistics of its query sets "
                        "(sampled, or loaded from task.cache_dir)")
+    stats.add_argument("--workers", type=int, default=1,
+                       help="with -c: sample the query sets missing from the cache in this many processes "
+                            "(default 1)")
     stats.set_defaults(func=cmd_data_stats)
 
     flower = sub.add_parser("flower", help="run on Flower across processes (the flower extra)")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import statistics
 import sys
@@ -263,6 +264,10 @@ def main() -> None:
                    help="time only the cross-graph retrieval, task.retrieval paper against private")
     s.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    # one line per round (seconds, and the validation MRR where the round validated), so a
+    # log shows a run's curve while it trains, and keeps it if the run is cut short
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("lightning_fedkg").setLevel(logging.INFO)
     quality(args) if args.mode == "quality" else speed(args)
 
 

@@ -5,11 +5,15 @@
 #   OUT=$OUT ROUNDS=20 STEPS=100 SEEDS="0" scripts/gpu_fedcqa.sh      (from the repository root)
 #
 # Steps, each under a timeout: a 2-round UMLS FedCQA run on the GPU (FedCQA's first CUDA
-# run: a device bug shows here in seconds); then, per seed, Local and FedCQA on FB15k-237-Fed3
-# for ROUNDS x STEPS softmax steps of 512 queries per client, validated every EVAL rounds (the
-# first run builds the query sets into QCACHE, ~5 min on 2 CPU cores); then one JSON with the
-# in-graph validation MRR per evaluated round and the test in-graph / cross-graph MRR. Only
-# JSON and logs go to $OUT (default runs/gpu_fedcqa); the runs' folders to RUNS.
+# run: a device bug shows here in seconds, and the FB15k-237 runs are then skipped); the
+# query sets sampled into QCACHE in parallel processes (`fedkg data stats --workers`; the
+# cache is hundreds of MB, too large to carry); then, per seed, Local and FedCQA on
+# FB15k-237-Fed3 side by side (two processes sharing the GPU) for ROUNDS x STEPS softmax
+# steps of 512 queries per client, validated every EVAL rounds. Each run's log has one line
+# per round (seconds, and the in-graph validation MRR where it validated), so a run cut by
+# its LIMIT keeps its curve; a finished run also writes its metrics.json (test in-graph and
+# cross-graph), copied to $OUT. Logs and JSON go to $OUT (default runs/gpu_fedcqa); the runs'
+# folders to RUNS.
 #
 # Beside the checkout it needs what scripts/gpu_capture.sh needs, in .gpu/: data.tgz with the
 # FB15k-237-Fed3 folder, this package as a wheel and any wheel the machine lacks (omegaconf).
@@ -23,7 +27,7 @@ ROUNDS=${ROUNDS:-20}
 STEPS=${STEPS:-100}
 EVAL=${EVAL:-5}
 SEEDS=${SEEDS:-0}
-LIMIT=${LIMIT:-240}      # seconds per FB15k-237 run
+LIMIT=${LIMIT:-240}      # seconds per pair of FB15k-237 runs
 PREFIX=${PREFIX:-fb15k237_fed3}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONUNBUFFERED=1
@@ -38,22 +42,29 @@ py=${PYTHON:-python3}
 $py -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__,
         torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
 
-step() { echo "== $*"; local t0=$(date +%s%N); "$@"; echo "== rc $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; }
+step() { echo "== $*"; local t0=$(date +%s%N); "$@"; local rc=$?; echo "== rc $rc in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; return $rc; }
 
 step timeout 120 $py scripts/bench_fedcqa.py quality --variants umls_fedcqa_gqe --seeds 0 --out "$RUNS/umls_smoke" \
-    --json-out "$OUT/umls_smoke.json" federated.rounds=2 federated.eval_every=2 2>&1 | grep -v -i warning | tail -4
+    --json-out "$OUT/umls_smoke.json" federated.rounds=2 federated.eval_every=2 > "$OUT/umls_smoke.log" 2>&1
+rc=$?
+grep -v -i warning "$OUT/umls_smoke.log" | tail -12
+[[ $rc == 0 ]] || { echo "UMLS smoke failed: FB15k-237 runs skipped"; exit 1; }
 
 common=(federated.rounds="$ROUNDS" task.steps_per_epoch="$STEPS" federated.eval_every="$EVAL"
         federated.patience=1000 task.loss=softmax task.cache_dir="$QCACHE" ${EXTRA:-})
+config=configs/fedcqa/${PREFIX}_local_gqe.yaml
+step timeout 300 $py -m lightning_fedkg.cli data stats --workers "${WORKERS:-4}" -c "$config" "${common[@]}" 2>&1 \
+    | grep -v -i warning | grep -E "sampl|cross-graph  |client_|rc " | tail -12
 for seed in $SEEDS; do
   for v in local fedcqa; do
-    # the first run also builds the query sets (unless QCACHE has them): 6 more minutes
-    limit=$LIMIT; [[ -n $(ls -A "$QCACHE" 2>/dev/null) ]] || limit=$((LIMIT + 360))
-    step timeout "$limit" $py scripts/bench_fedcqa.py quality --variants "${PREFIX}_${v}_gqe" --seeds "$seed" \
-        --out "$RUNS/order" "${common[@]}" > "$OUT/${PREFIX}_${v}_seed$seed.log" 2>&1
-    grep -E "^${PREFIX}_${v}_gqe " "$OUT/${PREFIX}_${v}_seed$seed.log"
+    (step timeout "$LIMIT" $py scripts/bench_fedcqa.py quality --variants "${PREFIX}_${v}_gqe" --seeds "$seed" \
+        --out "$RUNS/order" "${common[@]}" > "$OUT/${PREFIX}_${v}_seed$seed.log" 2>&1) &
+  done
+  wait
+  for v in local fedcqa; do
+    echo "## ${PREFIX}_${v} seed $seed"
+    grep -E "round [0-9]+/|^${PREFIX}_${v}_gqe |== rc" "$OUT/${PREFIX}_${v}_seed$seed.log" | tail -${TAIL:-30}
+    metrics=$RUNS/order/${PREFIX}_${v}_gqe/seed$seed/metrics.json
+    [[ -f $metrics ]] && cp "$metrics" "$OUT/${PREFIX}_${v}_seed${seed}_metrics.json"
   done
 done
-step timeout 120 $py scripts/bench_fedcqa.py quality --variants "${PREFIX}_local_gqe" "${PREFIX}_fedcqa_gqe" --seeds $SEEDS \
-    --out "$RUNS/order" --json-out "$OUT/${PREFIX}_order_softmax_$((ROUNDS * STEPS))steps.json" "${common[@]}" 2>&1 \
-    | grep -v -i warning | tail -30

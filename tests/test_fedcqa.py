@@ -262,3 +262,33 @@ def test_data_stats_refuses_what_is_not_a_query_config(capsys):
     assert "is a 'link_prediction' config, whose task builds no data beyond the graphs" in capsys.readouterr().err
     assert main(["data", "stats"]) == 2
     assert "give one dataset" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_query_sets_sampled_in_processes_are_those_of_one_process(tmp_path, capsys):
+    """``fedkg data stats --workers 3``: the cache its processes fill holds, file for file, the bytes
+    one process writes (each set's sampler is seeded by its own key), and a run then only
+    loads them."""
+    import filecmp
+
+    from lightning_fedkg.cli import main
+    from lightning_fedkg.federated.party import load_federated_kg
+    from lightning_fedkg.methods.fedcqa.query_sets import federated_query_sets
+
+    common = ["task.train_per_type=90", "task.eval_per_type=30", "task.cross_per_type=20",
+              "task.types=[1p,2p,2i,up]", "task.train_types=[1p,2p]"]
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    assert main(["data", "stats", "-c", str(CONFIGS / "umls_fedcqa_gqe.yaml"), f"task.cache_dir={serial}", *common]) == 0
+    one = capsys.readouterr().out
+    assert main(["data", "stats", "--workers", "3", "-c", str(CONFIGS / "umls_fedcqa_gqe.yaml"),
+                 f"task.cache_dir={parallel}", *common]) == 0
+    assert capsys.readouterr().out == one  # the same table
+    names = sorted(p.name for p in serial.iterdir())
+    assert len(names) == 3 * (2 + 4 + 4) + 3  # 3 clients x (train, valid, test types) + cross-graph (no 1p)
+    assert sorted(p.name for p in parallel.iterdir()) == names
+    assert all(filecmp.cmp(serial / n, parallel / n, shallow=False) for n in names)
+    cfg = load_config(CONFIGS / "umls_fedcqa_gqe.yaml", [f"task.cache_dir={parallel}", *common])
+    with pytest.raises(ValueError, match="needs a cache_dir"):
+        federated_query_sets(load_federated_kg(cfg), query_settings(cfg.task), None, workers=2)
+    assert main(["data", "stats", "--workers", "0", "-c", str(CONFIGS / "umls_fedcqa_gqe.yaml")]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err

@@ -62,9 +62,10 @@ class Task:
         default: the generic table, with :attr:`table_columns` and :meth:`table_rows`)."""
         return None
 
-    def data_stats(self, cfg: "ExperimentConfig", fkg: Any) -> str:
+    def data_stats(self, cfg: "ExperimentConfig", fkg: Any, workers: int = 1) -> str:
         """Statistics of the data the task builds for ``cfg`` over the federation ``fkg``, which
-        ``fedkg data stats -c`` prints below the clients (only if :attr:`has_data_stats`)."""
+        ``fedkg data stats -c`` prints below the clients (only if :attr:`has_data_stats`);
+        ``workers``: processes it may build that data in (``--workers``)."""
         raise NotImplementedError
 
     def build_datamodule(self, cfg: "ExperimentConfig", kg: Any, seed: int, party: str | None = None):

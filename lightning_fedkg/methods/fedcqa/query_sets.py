@@ -196,18 +196,65 @@ def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str 
     return out
 
 
-def federated_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None) -> dict:
+def federated_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None,
+                         workers: int = 1) -> dict:
     """``{"clients": [{split: {type: QuerySet}}], "cross": {type: QuerySet}, "settings"}``
     for ``fkg``: in-graph sets in each client's local ids (:func:`graph_query_sets`), the
     cross-graph set in global ids (:func:`cross_query_sets`). Progress (one line per set,
-    with its size and seconds) goes to the ``lightning_fedkg`` logger."""
+    with its size and seconds) goes to the ``lightning_fedkg`` logger.
+
+    ``workers > 1`` first samples the sets missing from ``cache_dir`` in that many processes
+    (a part per process: a client's training set of one type, a client's valid and test sets,
+    or the cross-graph set): sampling is single-threaded, minutes per client at FB15k-237 scale. The sets are the same as with one process
+    (each set's sampler is seeded by its own key); the processes hand them over through the
+    cache, so it needs a ``cache_dir``."""
     settings = settings or QuerySettings()
     n = len(fkg.clients)
+    if workers > 1:
+        _sample_in_processes(fkg, settings, cache_dir, workers)
     return {
         "clients": [graph_query_sets(kg, settings, n, cache_dir, label=f"client_{k}") for k, kg in enumerate(fkg.clients)],
         "cross": cross_query_sets(fkg, settings, cache_dir),
         "settings": asdict(settings),
     }
+
+
+def _sample_part(client: int | None, settings: QuerySettings, fkg, cache_dir: str) -> None:
+    """One worker's share of :func:`_sample_in_processes`, written to ``cache_dir``: the sets
+    of client ``client`` that ``settings`` lists (a set's key, its sampler's seed, does not
+    depend on which other types are listed), or with ``client=None`` the cross-graph set."""
+    torch.set_num_threads(1)  # one core per part: the parts share the machine
+    if client is None:
+        cross_query_sets(fkg, settings, cache_dir)
+    else:
+        graph_query_sets(fkg.clients[client], settings, len(fkg.clients), cache_dir)
+
+
+def _sample_in_processes(fkg, settings: QuerySettings, cache_dir: str | Path | None, workers: int) -> None:
+    if cache_dir is None:
+        raise ValueError("sampling query sets in several processes needs a cache_dir: the processes hand "
+                         "their sets over through it")
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from dataclasses import replace
+
+    # Parts as small as the keys allow, the training set of each type on its own (each takes
+    # up to a minute at FB15k-237 scale), so that the longest part bounds the wall time.
+    parts = [(f"client_{k} train {t}", k, replace(settings, train_types=(t,), types=()))
+             for k in range(len(fkg.clients)) for t in settings.train_types]
+    parts += [(f"client_{k} valid and test", k, replace(settings, train_types=()))
+              for k in range(len(fkg.clients))]
+    parts.append(("cross-graph set", None, settings))
+    n = min(workers, len(parts))
+    log.info("queries: sampling what the cache lacks in %d processes (%d parts)", n, len(parts))
+    start = time.perf_counter()
+    # spawn, not fork: a forked child of a process whose torch has started threads can hang
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_sample_part, client, part_settings, fkg, str(cache_dir)): label
+                   for label, client, part_settings in parts}
+        for future in as_completed(futures):
+            future.result()
+            log.info("queries: %s done (%.1f s since the start)", futures[future], time.perf_counter() - start)
 
 
 def query_stats(sets: dict) -> list[dict]:

@@ -109,11 +109,12 @@ class QueryAnswering(Task):
         rows.append(("cross mean", sum(n for _, n, _ in rows), cross))
         return "cross-graph queries (distributed retrieval, ranked among all entities)", rows
 
-    def data_stats(self, cfg, fkg):
+    def data_stats(self, cfg, fkg, workers=1):
         """The query sets of ``cfg`` (FedCQA's Tables 1–2): per set and split the queries of
-        each type and their mean number of hard answers."""
+        each type and their mean number of hard answers; those missing from the cache are
+        sampled in ``workers`` processes."""
         settings = query_settings(cfg.task)  # task.query_set resolved: its types, not task.types
-        stats = query_stats(federated_query_sets(fkg, settings, cache_dir(cfg.task)))
+        stats = query_stats(federated_query_sets(fkg, settings, cache_dir(cfg.task), workers=workers))
         types = [t for t in settings.types if any(t in r for r in stats)]
         lines = ["", "queries per type (mean hard answers per query in parentheses)",
                  f"{'set':<12}{'split':<6}" + "".join(f"{t:>15}" for t in types)]
