@@ -145,6 +145,17 @@ def test_fedcqa_hidden_aggregate_equals_plain_averaging(tmp_path, monkeypatch):
     plain_run.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fedcqa_trains_and_answers_on_cuda(tmp_path):
+    """FedCQA's first CUDA run failed every client's first upload: the secure-aggregation
+    masks (host tensors) met the module's rows on the device. A round on CUDA, validated,
+    then the test with cross-graph retrieval."""
+    cfg = fedcqa(tmp_path, federated__rounds=1, task__steps_per_epoch=3, trainer__accelerator="gpu")
+    metrics = fit(cfg, tmp_path / "run")
+    assert metrics["rounds"] == 1 and not metrics["failures"], metrics["failures"]
+    assert metrics["in_graph"]["mrr"] > 0 and metrics["cross_graph"]["unanswered"] == 0
+
+
 @pytest.mark.slow
 def test_fedcqa_learns_on_umls_in_graph_and_across_graphs(tmp_path):
     cfg = fedcqa(tmp_path, federated__rounds=4, federated__eval_every=2, task__steps_per_epoch=30,

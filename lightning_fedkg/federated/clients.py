@@ -12,7 +12,9 @@ them elsewhere and implements the same operations:
 from __future__ import annotations
 
 import logging
+import os
 import time
+import traceback
 from typing import Any, Callable
 
 from lightning_fedkg.federated.channel import Channel
@@ -25,6 +27,14 @@ log = logging.getLogger("lightning_fedkg")
 
 #: The Channel names of one stage's two directions: ``(download name, upload name)``.
 Wire = tuple[str, str]
+
+
+def _where(err: BaseException) -> str:
+    """`` (at file.py:line)``: the innermost line of this package the error passed through, so
+    that a client's failure in a log says where (the whole traceback at DEBUG level)."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}lightning_fedkg{os.sep}" in f.filename]
+    return f" (at {frames[-1].filename.rsplit(os.sep + 'lightning_fedkg' + os.sep, 1)[1]}:{frames[-1].lineno})" \
+        if frames else ""
 
 
 class ClientPool:
@@ -93,7 +103,8 @@ class LocalClients(ClientPool):
                 reply = self.halves[name].handle(stage, received, round)
             except Exception as err:  # a failing client must not take the federation down
                 failures[name] = f"{type(err).__name__}: {err}"
-                log.warning("round %d, %s: %s failed: %s", round, stage, name, failures[name])
+                log.warning("round %d, %s: %s failed: %s%s", round, stage, name, failures[name], _where(err),
+                            exc_info=log.isEnabledFor(logging.DEBUG))
                 continue
             elapsed = time.perf_counter() - start
             if timeout is not None and elapsed > timeout:

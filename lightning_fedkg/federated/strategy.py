@@ -240,10 +240,12 @@ class ClientHalf:
             raise KeyError(f"{self.party.name} received tensors outside its shared groups: {sorted(left)}")
 
     def upload(self) -> dict[str, Tensor]:
-        """The current values of every shared group's tensors."""
+        """The current values of every shared group's tensors, on the host: what leaves a
+        client is masked, clipped, noised or serialized there, whatever device the module
+        trains on (on a CPU these are the tensors' own views, not copies)."""
         out: dict[str, Tensor] = {}
         for group in self.shared().values():
-            out.update(group.read())
+            out.update({n: t.cpu() for n, t in group.read().items()})
         return out
 
     # ---------------------------------------------------------------- stages
