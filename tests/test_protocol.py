@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -261,7 +262,7 @@ def test_a_client_failing_in_one_round_is_recorded_and_the_run_finishes(tmp_path
     assert (1, "client_1") not in uploads and (2, "client_1") in uploads
 
 
-def test_too_few_clients_fail_the_round_after_the_retries():
+def test_too_few_clients_fail_the_round_after_the_retries(caplog):
     run = FederatedRun(umls_config(federated__min_clients=3, federated__max_retries=2), run_dir=None)
     run.align()
     start = {t: v.clone() for t, v in run.server.table.items()}
@@ -275,6 +276,8 @@ def test_too_few_clients_fail_the_round_after_the_retries():
     attempts = 2 + 1  # the first try and max_retries retries
     assert run.failures == [{"round": 1, "stage": "train", "party": "client_1",
                              "error": "RuntimeError: always down"}] * attempts
+    # the log line says where in the package the failure surfaced (the call into on_train)
+    assert re.search(r"client_1 failed: RuntimeError: always down \(at federated/\w+\.py:\d+\)", caplog.text)
     assert len(run.channel.records(round=1, receiver="client_0", name="download")) == attempts
     assert all(torch.equal(run.server.table[t], v) for t, v in start.items())  # nothing aggregated
     assert run.last_round == 0
