@@ -277,9 +277,9 @@ def test_data_stats_refuses_what_is_not_a_query_config(capsys):
 
 @pytest.mark.slow
 def test_query_sets_sampled_in_processes_are_those_of_one_process(tmp_path, capsys):
-    """``fedkg data stats --workers 3``: the cache its processes fill holds, file for file, the bytes
-    one process writes (each set's sampler is seeded by its own key), and a run then only
-    loads them."""
+    """``fedkg data stats --workers 3``: the cache its processes fill holds, file for file,
+    the bytes one process writes (each set's sampler is seeded by its own key), and the
+    printed table is the same; several processes need a cache, and --workers at least 1."""
     import filecmp
 
     from lightning_fedkg.cli import main

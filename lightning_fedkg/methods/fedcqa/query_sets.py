@@ -204,10 +204,11 @@ def federated_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: 
     with its size and seconds) goes to the ``lightning_fedkg`` logger.
 
     ``workers > 1`` first samples the sets missing from ``cache_dir`` in that many processes
-    (a part per process: a client's training set of one type, a client's valid and test sets,
-    or the cross-graph set): sampling is single-threaded, minutes per client at FB15k-237 scale. The sets are the same as with one process
-    (each set's sampler is seeded by its own key); the processes hand them over through the
-    cache, so it needs a ``cache_dir``."""
+    (a part per process: a client's training set of one type, a client's valid and test
+    sets, or the cross-graph set), since sampling is single-threaded and takes minutes per
+    client at FB15k-237 scale. The sets are those of one process (each set's sampler is
+    seeded by its own key); the processes hand them over through the cache, so it needs a
+    ``cache_dir``."""
     settings = settings or QuerySettings()
     n = len(fkg.clients)
     if workers > 1:
