@@ -30,7 +30,7 @@ pytest.importorskip("cryptography")
 DRAWING = [("q2p", "softmax"), ("gqe", "negative_sampling")]
 
 
-def tiny(encoder: str, loss: str, cache: Path, rounds: int = 2):
+def tiny(encoder: str, loss: str, cache: Path, rounds: int = 2, *extra: str):
     """FedCQA (hidden secure aggregate) on the small UMLS federation in 16 dimensions: two
     short rounds, validation after each, 30 cross-graph queries per type."""
     return make_small_config(
@@ -39,7 +39,7 @@ def tiny(encoder: str, loss: str, cache: Path, rounds: int = 2):
         "task.train_per_type=300", "task.eval_per_type=30", "task.cross_per_type=30", f"task.cache_dir={cache}",
         "federated.task=query_answering", f"federated.rounds={rounds}", "federated.eval_every=1",
         "federated.federation_key=determinism-test-key", "federated.secure_aggregation.enabled=true",
-        "federated.secure_aggregation.hide_aggregate=true", "trainer.threads=1")
+        "federated.secure_aggregation.hide_aggregate=true", "trainer.threads=1", *extra)
 
 
 def untimed(x):
@@ -127,11 +127,15 @@ def test_a_run_built_without_seeding_the_process_repeats_itself(cache):
 
 
 @pytest.mark.slow
-def test_a_resumed_q2p_run_equals_the_straight_one(tmp_path, cache):
+@pytest.mark.parametrize("reset", ["true", "false"])
+def test_a_resumed_q2p_run_equals_the_straight_one(tmp_path, cache, reset):
+    """Also with one AdamW per client across rounds (``reset_optimizer: false``, the FedCQA
+    configs' default): its moments are checkpointed with the party and come back."""
+    opt = f"train.reset_optimizer={reset}"
     with single_thread():
-        straight = fit(tiny("q2p", "softmax", cache), tmp_path / "straight")
-        fit(tiny("q2p", "softmax", cache, rounds=1), tmp_path / "resumed")
+        straight = fit(tiny("q2p", "softmax", cache, 2, opt), tmp_path / "straight")
+        fit(tiny("q2p", "softmax", cache, 1, opt), tmp_path / "resumed")
         torch.rand(99)  # whatever the process did in between
-        resumed = fit(tiny("q2p", "softmax", cache), tmp_path / "resumed")
+        resumed = fit(tiny("q2p", "softmax", cache, 2, opt), tmp_path / "resumed")
     assert resumed["rounds"] == 2
     assert untimed(resumed) == untimed(straight)
