@@ -375,21 +375,16 @@ def test_an_active_run_adds_the_signed_survivor_check_and_learns_the_same(tmp_pa
     assert names == ["sa_keys", "sa_shares", "upload", "sa_check", "sa_unmask"]
 
 
-def secure_and_dp_rounds(tmp_path, accelerator: str) -> dict:
-    """Two FedE rounds in clear, under secure aggregation, and under DP, on ``accelerator``."""
-    on = {"trainer__accelerator": accelerator, "federated__eval_every": 2}
-    return {"plain": fit(umls_config(**on), tmp_path / "plain"),
-            "secure": fit(secure(**on), tmp_path / "secure"),
-            "dp": fit(umls_config(federated__dp__enabled=True, federated__dp__noise_multiplier=0.5, **on),
-                      tmp_path / "dp")}
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_secure_aggregation_and_dp_run_on_cuda(tmp_path):
     """The masks and DP's noise are made on the host; FedCQA's first CUDA run failed every
     upload where they met the rows on the device. The KGE methods share that upload path:
     on CUDA, a secure round gives the plain round's model (a fixed-point mean) and DP's runs."""
-    runs = secure_and_dp_rounds(tmp_path, "gpu")
+    on = {"trainer__accelerator": "gpu", "federated__eval_every": 2}
+    runs = {"plain": fit(umls_config(**on), tmp_path / "plain"),
+            "secure": fit(secure(**on), tmp_path / "secure"),
+            "dp": fit(umls_config(federated__dp__enabled=True, federated__dp__noise_multiplier=0.5, **on),
+                      tmp_path / "dp")}
     assert not any(m["failures"] for m in runs.values()), {k: m["failures"] for k, m in runs.items()}
     assert abs(runs["secure"]["test"]["mrr"] - runs["plain"]["test"]["mrr"]) < 0.01
     assert runs["dp"]["privacy"]["epsilon"] > 0 and runs["dp"]["rounds"] == 2
