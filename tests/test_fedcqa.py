@@ -303,3 +303,24 @@ def test_query_sets_sampled_in_processes_are_those_of_one_process(tmp_path, caps
         federated_query_sets(load_federated_kg(cfg), query_settings(cfg.task), None, workers=2)
     assert main(["data", "stats", "--workers", "0", "-c", str(CONFIGS / "umls_fedcqa_gqe.yaml")]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_a_sampling_worker_leaves_cached_sets_unread(tmp_path, monkeypatch):
+    """A worker of ``--workers`` only fills the cache: on a full cache it reads no set (the
+    parent process loads each set once, after the workers)."""
+    from lightning_fedkg.federated.party import load_federated_kg
+    from lightning_fedkg.methods.fedcqa import query_sets
+
+    cfg = load_config(CONFIGS / "umls_fedcqa_gqe.yaml", [
+        f"task.cache_dir={tmp_path}", "task.train_per_type=60", "task.eval_per_type=30", "task.cross_per_type=10",
+        "task.types=[1p,2p,2i]", "task.train_types=[1p,2p]"])
+    fkg, settings = load_federated_kg(cfg), query_settings(cfg.task)
+    query_sets.federated_query_sets(fkg, settings, tmp_path)  # fills the cache
+    files = sorted(tmp_path.iterdir())
+    loads, load = [], query_sets._load
+    monkeypatch.setattr(query_sets, "_load", lambda path: loads.append(path) or load(path))
+    for client in (*range(len(fkg.clients)), None):
+        query_sets._sample_part(client, settings, fkg, str(tmp_path))
+    assert loads == [] and sorted(tmp_path.iterdir()) == files
+    assert len(query_sets.graph_query_sets(fkg.clients[0], settings, 3, tmp_path)["test"]) == 3
+    assert len(loads) == 2 + 3 + 3  # a plain call still loads: train 1p 2p, valid and test 1p 2p 2i

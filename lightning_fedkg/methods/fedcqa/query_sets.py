@@ -104,10 +104,13 @@ def _load(path: Path) -> QuerySet:
     return QuerySet(state.pop("structure"), **state)
 
 
-def _cached(cache_dir: Path | None, key: str, build) -> tuple[QuerySet, bool]:
+def _cached(cache_dir: Path | None, key: str, build, load: bool = True) -> tuple[QuerySet | None, bool]:
+    """The set under ``key`` in ``cache_dir``, else ``build()``'s (saved there), and whether
+    it was cached. With ``load=False`` a cached set is not read (``None`` is returned): a
+    worker that only fills the cache need not read what is there."""
     path = None if cache_dir is None else Path(cache_dir) / f"{key}.r{CACHE_REVISION}.pt"
     if path is not None and path.is_file():
-        return _load(path), True
+        return (_load(path) if load else None), True
     qs = build()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,11 +125,12 @@ def _check_types(settings: QuerySettings) -> None:
 
 
 def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
-                     cache_dir: str | Path | None = None, label: str = "graph") -> dict:
+                     cache_dir: str | Path | None = None, label: str = "graph", load: bool = True) -> dict:
     """``{split: {type: QuerySet}}`` sampled on ``kg``'s own graphs (its ids): the per-type
     counts divided by ``share`` (the number of clients for an in-graph set, 1 for the
     whole graph). The sampler's seed comes from ``settings.seed`` and the graph's content,
-    so a graph gets the same queries whichever party holds it. ``label`` names it in the log."""
+    so a graph gets the same queries whichever party holds it. ``label`` names it in the log;
+    ``load=False`` only fills ``cache_dir`` (a set already there is neither read nor returned)."""
     settings = settings or QuerySettings()
     _check_types(settings)
     counts = {"train": max(1, settings.train_per_type // share), "valid": max(1, settings.eval_per_type // share),
@@ -151,7 +155,9 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
                 return build_query_set(name, graphs, split, count, generator, require_train_answer=require)
 
             start = time.perf_counter()
-            qs, hit = _cached(cache_dir, key, build)
+            qs, hit = _cached(cache_dir, key, build, load)
+            if qs is None:
+                continue
             # a load from the cache is not news; sampling (minutes at FB15k-237 scale) is
             (log.debug if hit else log.info)("queries: %s %s %s: %d%s in %.1f s", label, split, name, len(qs),
                                              " (cached)" if hit else "", time.perf_counter() - start)
@@ -159,9 +165,11 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
     return sets
 
 
-def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None) -> dict:
+def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str | Path | None = None,
+                     load: bool = True) -> dict:
     """``{type: QuerySet}``: cross-graph test queries on the union of ``fkg``'s clients, in
-    global ids, each using relations of at least two clients (no 1p)."""
+    global ids, each using relations of at least two clients (no 1p). ``load=False`` as in
+    :func:`graph_query_sets`."""
     settings = settings or QuerySettings()
     _check_types(settings)
     owners = relation_owners(fkg)
@@ -189,7 +197,9 @@ def cross_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: str 
                                    require_train_answer=settings.require_train_answer)
 
         start = time.perf_counter()
-        qs, hit = _cached(cache_dir, key, build)
+        qs, hit = _cached(cache_dir, key, build, load)
+        if qs is None:
+            continue
         (log.debug if hit else log.info)("queries: cross-graph %s: %d%s in %.1f s", name, len(qs),
                                          " (cached)" if hit else "", time.perf_counter() - start)
         out[name] = qs
@@ -223,12 +233,13 @@ def federated_query_sets(fkg, settings: QuerySettings | None = None, cache_dir: 
 def _sample_part(client: int | None, settings: QuerySettings, fkg, cache_dir: str) -> None:
     """One worker's share of :func:`_sample_in_processes`, written to ``cache_dir``: the sets
     of client ``client`` that ``settings`` lists (a set's key, its sampler's seed, does not
-    depend on which other types are listed), or with ``client=None`` the cross-graph set."""
+    depend on which other types are listed), or with ``client=None`` the cross-graph set.
+    Sets already in the cache are left unread: the parent process loads every set after."""
     torch.set_num_threads(1)  # one core per part: the parts share the machine
     if client is None:
-        cross_query_sets(fkg, settings, cache_dir)
+        cross_query_sets(fkg, settings, cache_dir, load=False)
     else:
-        graph_query_sets(fkg.clients[client], settings, len(fkg.clients), cache_dir)
+        graph_query_sets(fkg.clients[client], settings, len(fkg.clients), cache_dir, load=False)
 
 
 def _sample_in_processes(fkg, settings: QuerySettings, cache_dir: str | Path | None, workers: int) -> None:
