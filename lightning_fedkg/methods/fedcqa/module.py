@@ -1,13 +1,13 @@
 """Complex query answering on one KG as a LightningModule (a plain ``Trainer`` trains it).
 
-Training (``loss="negative_sampling"``) follows KGReasoning (its models.py): each batch holds
-queries of one structure; every query gets one of its answers as the positive and
-``negatives`` uniformly drawn entities, and the loss is
+Each batch holds queries of one structure, every query with one of its answers as the
+positive. ``loss="softmax"`` (the default, the FedCQA code's) is a label-smoothed
+cross-entropy over every entity's score. ``loss="negative_sampling"`` follows KGReasoning
+(its models.py): ``negatives`` uniformly drawn entities per query, and the loss
 
     L = ½ [Σ w_q (−log σ(s(pos))) + Σ w_q (−mean_j log σ(−s(neg_j)))] / Σ w_q,
 
-with ``w_q = (4 + |answers(q)|)^(-1/2)``. ``loss="softmax"`` is the FedCQA code's instead: a
-cross-entropy over every entity's score, label-smoothed. A step's negatives and dropout
+with ``w_q = (4 + |answers(q)|)^(-1/2)``. A step's negatives and dropout
 come from a seed its batch carries, not from the process's RNG. Evaluation ranks every hard
 answer with the other answers filtered (:mod:`lightning_fedkg.methods.fedcqa.ranking`): MRR
 and HR@1/3/10 per structure, and their mean over structures."""
@@ -69,11 +69,11 @@ class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
     """An encoder (``"gqe"``, ``"q2p"``, ``"tree_lstm"``, ``"gqe_fedngdb"``) over
     ``num_entities`` entities and ``num_relations`` relation ids (inverses included);
     ``encoder_options`` go to the encoder (GQE's ``gamma``, Q2P's ``particles``, ``heads``,
-    ``dropout``)."""
+    ``dropout``). ``loss`` defaults to ``"softmax"``, as ``task.loss`` does."""
 
     def __init__(self, num_entities: int, num_relations: int, encoder: str = "gqe", dim: int = 400,
                  lr: float = 1e-4, negatives: int = 128, eval_batch_size: int = 256,
-                 loss: str = "negative_sampling", label_smoothing: float = 0.1, weight_decay: float = 0.0,
+                 loss: str = "softmax", label_smoothing: float = 0.1, weight_decay: float = 0.0,
                  reset_optimizer: bool = True, **encoder_options) -> None:
         super().__init__()
         if encoder not in ENCODERS:
