@@ -369,7 +369,11 @@ class FederatedConfig:
     ``aggregation`` decides what clients that were not sampled in a round contribute to
     FedE/FedR's holder-mean: ``selected_holders`` averages only the sampled holders of a
     row (rows none of them holds keep their value); ``all_holders`` reproduces the official
-    FedE code, where unsampled holders contribute the current server row, a damped update.
+    FedE code, where unsampled holders contribute the current server row, a damped update;
+    ``named_rows`` is the FedCQA code's ``--partial_update``: a row is averaged over the
+    clients whose batches named it in the round (a query's anchor, relation or answer), and
+    a row no client named stays as each client has it (query answering only, in clear: it
+    shows the server which rows each client trained on, so secure aggregation and DP refuse it).
 
     Failures: a client that raises (or answers after ``client_timeout`` seconds) is
     recorded as failed; the round goes on when at least ``min_clients`` of the selected
@@ -409,7 +413,7 @@ class FederatedConfig:
     patience: int = field(default=15, metadata={"range": Range(min=1), "resume": "free"})
     best: Literal["federation", "client"] = "federation"
     evaluate: Literal["aggregated", "before_aggregation"] = "aggregated"
-    aggregation: Literal["selected_holders", "all_holders"] = "selected_holders"
+    aggregation: Literal["selected_holders", "all_holders", "named_rows"] = "selected_holders"
     min_clients: int = field(default=1, metadata={"range": Range(min=1)})
     max_retries: int = field(default=2, metadata={"range": Range(min=0), "resume": "free"})
     client_timeout: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),

@@ -324,3 +324,72 @@ def test_a_sampling_worker_leaves_cached_sets_unread(tmp_path, monkeypatch):
     assert loads == [] and sorted(tmp_path.iterdir()) == files
     assert len(query_sets.graph_query_sets(fkg.clients[0], settings, 3, tmp_path)["test"]) == 3
     assert len(loads) == 2 + 3 + 3  # a plain call still loads: train 1p 2p, valid and test 1p 2p 2i
+
+
+# ---------------------------------------------------------------- named rows (the FedCQA code's partial update)
+@pytest.mark.slow
+def test_named_rows_averages_a_row_over_the_clients_that_named_it(tmp_path, monkeypatch):
+    """``federated.aggregation=named_rows`` against a brute-force oracle over one round: a
+    client's upload marks exactly the anchors, relations and answers of its batches; the
+    server averages each row over the clients that named it and keeps the others; after the
+    download a client holds the averaged rows and its own values of every other row."""
+    from lightning_fedkg.federated.strategy import ClientHalf
+    from lightning_fedkg.methods.fedcqa.module import QueryAnsweringModule
+    from lightning_fedkg.methods.fedcqa.queries import anchors_and_relations
+
+    batches, uploads = {}, {}
+    step, upload = QueryAnsweringModule.training_step, ClientHalf.upload
+
+    def recording_step(module, batch, batch_idx):
+        batches.setdefault(id(module), []).append({k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()})
+        return step(module, batch, batch_idx)
+
+    def recording_upload(half):
+        out = upload(half)
+        uploads[half.party.name] = {k: v.clone() for k, v in out.items()}
+        return out
+
+    monkeypatch.setattr(QueryAnsweringModule, "training_step", recording_step)
+    monkeypatch.setattr(ClientHalf, "upload", recording_upload)
+    cfg = cqa_config(tmp_path, federated__aggregation="named_rows", federated__rounds=1, task__steps_per_epoch=3)
+    run = FederatedRun(cfg, None)
+    run.align()
+    before = run.server.table["entity_emb"].clone()
+    run.train_round(1)
+    after = run.server.table["entity_emb"]
+    index = run.server.alignments["entity"].index
+    sums, counts = torch.zeros_like(before, dtype=torch.float64), torch.zeros(before.shape[0])
+    for party in run.clients:
+        named = set()  # the oracle: every anchor and answer of every batch, one query at a time
+        for batch in batches[id(party.module)]:
+            anchors, _ = anchors_and_relations(STRUCTURES[batch["structure"]])
+            for query, answer in zip(batch["queries"].tolist(), batch["positive"].tolist()):
+                named |= {query[s] for s in anchors} | {answer}
+        sent = uploads[party.name]
+        assert sorted(sent["named:entity"].nonzero().flatten().tolist()) == sorted(named)
+        assert 0 < len(named) < party.module.hparams.num_entities  # some rows named, some not
+        rows = torch.tensor(sorted(named))
+        sums.index_add_(0, index[party.name][rows], sent["entity_emb"][rows].double())
+        counts.index_add_(0, index[party.name][rows], torch.ones(len(rows)))
+    averaged = counts > 0
+    assert torch.allclose(after[averaged], (sums[averaged] / counts[averaged, None]).float(), atol=1e-6)
+    assert torch.equal(after[~averaged], before[~averaged])  # nobody named them: the table keeps them
+    run.evaluate("valid", 1)  # the download: averaged rows only
+    for party in run.clients:
+        held = party.module.encoder.entity_emb.detach()
+        taken = averaged[index[party.name]]
+        assert torch.equal(held[taken], after[index[party.name]][taken])
+        assert torch.equal(held[~taken], uploads[party.name]["entity_emb"][~taken])
+        assert not torch.equal(held[~taken], after[index[party.name]][~taken])  # they moved locally
+    assert torch.equal(run.server.named["entity"], averaged)
+    run.close()
+
+
+def test_named_rows_is_refused_where_the_server_must_not_see_rows_or_the_module_names_none(tmp_path):
+    with pytest.raises(ConfigError, match="named_rows"):
+        FederatedRun(fedcqa(tmp_path, federated__aggregation="named_rows"), None)
+    with pytest.raises(ConfigError, match="named_rows"):
+        FederatedRun(cqa_config(tmp_path, federated__aggregation="named_rows", federated__dp__noise_multiplier="1.0",
+                                federated__dp__enabled="true"), None)
+    with pytest.raises(ConfigError, match="records the rows"):
+        FederatedRun(make_small_config("fede", federated__aggregation="named_rows"), None)

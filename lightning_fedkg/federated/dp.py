@@ -57,6 +57,9 @@ def check_dp_config(cfg, strategy) -> None:
         raise ConfigError("federated.dp: set exactly one of noise_multiplier (σ) and epsilon (a target; σ is "
                           f"calibrated over federated.rounds), got noise_multiplier={dc.noise_multiplier}, "
                           f"epsilon={dc.epsilon}")
+    if cfg.federated.aggregation == "named_rows":
+        raise ConfigError("federated.dp needs federated.aggregation=selected_holders or all_holders: under "
+                          "named_rows a client's upload says which rows it trained on, which the noise does not hide")
     if dc.placement == "distributed" and not cfg.federated.secure_aggregation.enabled:
         raise ConfigError("federated.dp.placement=distributed needs federated.secure_aggregation.enabled=true: "
                           "without it the server sees each upload, whose noise is a fraction of the target")

@@ -4,8 +4,9 @@ The server keeps one union table per shared tensor and each client's index map (
 round 0 from keyed hashes, :mod:`.alignment`); selected clients get their rows, train them
 and send them back, and each row becomes the mean over the holders that answered
 (:mod:`.aggregation`). Several groups are aggregated each over its own holders; initial rows
-are drawn per digest. ``federated.aggregation``: ``selected_holders`` (default) or
-``all_holders`` (the official FedE code's damped update). See docs/methods/fede.md.
+are drawn per digest. ``federated.aggregation``: ``selected_holders`` (default),
+``all_holders`` (the official FedE code's damped update) or ``named_rows`` (each row over the
+clients whose batches named it, the FedCQA code's partial update). See docs/methods/fede.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor
 from lightning_fedkg.federated.aggregation import damped_mean_from_sums, holder_counts, holder_sums, mean_from_sums
 from lightning_fedkg.federated.alignment import DIGEST_BYTES, Alignment, union_alignment
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.strategy import ServerHalf
+from lightning_fedkg.federated.strategy import NAMED, ServerHalf
 from lightning_fedkg.models.shareable import InitSpec
 from lightning_fedkg.seeding import key_from_digest, keyed_uniform, purpose_key
 
@@ -26,6 +27,7 @@ __all__ = ["HolderMeanServer", "initial_rows"]
 ONE_ROW = torch.zeros(1, dtype=torch.long)
 #: The digest a tensor shared whole draws its initial value from (its name is in the salt).
 WHOLE = torch.zeros(1, DIGEST_BYTES, dtype=torch.uint8)
+AGGREGATIONS = ("selected_holders", "all_holders", "named_rows")
 
 
 def initial_rows(digests: Tensor, shape: list[int], init: InitSpec, seed: int, tensor: str) -> Tensor:
@@ -60,8 +62,10 @@ class HolderMeanServer(ServerHalf):
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
         self.aggregation = ctx.cfg.federated.aggregation
-        if self.aggregation not in ("selected_holders", "all_holders"):
-            raise ValueError(f"unknown federated.aggregation {self.aggregation!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown federated.aggregation {self.aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
+        #: ``named_rows``: per row-indexed group, the union rows last averaged (some client named them)
+        self.named: dict[str, Tensor] = {}
         self.alignments: dict[str, Alignment | None] = {}
         self.table: dict[str, Tensor] = {}
         self.group_of: dict[str, str] = {}  # tensor -> its group
@@ -144,8 +148,21 @@ class HolderMeanServer(ServerHalf):
                 out[t] = table.clone() if idx is None else table[idx]
         return out
 
+    def download(self, name: str) -> dict[str, Tensor]:
+        """:meth:`rows`, and under ``named_rows`` which of them the client takes: those the
+        last aggregation averaged (all of them before the first)."""
+        arrays = self.rows(name)
+        if self.aggregation == "named_rows":
+            for g in sorted({self.group_of[t] for t in arrays}):
+                if self.alignments[g] is None:  # shared whole: always taken
+                    continue
+                idx, named = self.alignments[g].index[name], self.named.get(g)
+                arrays[NAMED + g] = (torch.ones(len(idx), dtype=torch.uint8) if named is None
+                                     else named[idx].to(torch.uint8))
+        return arrays
+
     def configure_train(self, round, selected):
-        return {name: Message(arrays=self.rows(name)) for name in selected}
+        return {name: Message(arrays=self.download(name)) for name in selected}
 
     def aggregate_train(self, round, replies, failures) -> None:
         """Holder-mean of the uploads into each table (FedE Eq. 2), over the parties that
@@ -161,10 +178,17 @@ class HolderMeanServer(ServerHalf):
                 table = table.unsqueeze(0)
                 indices = [ONE_ROW] * len(order)
                 rows = [replies[n].arrays[t].unsqueeze(0) for n in order]
+            elif self.aggregation == "named_rows":  # each client's named rows only
+                g = self.group_of[t]
+                named = [replies[n].arrays[NAMED + g].bool() for n in order]
+                indices = [self.client_index(t, n)[m] for n, m in zip(order, named)]
+                rows = [replies[n].arrays[t][m] for n, m in zip(order, named)]
             else:
                 indices = [self.client_index(t, n) for n in order]
                 rows = [replies[n].arrays[t] for n in order]
             sums, counts = holder_sums(table.shape[0], indices, rows, device=table.device)
+            if self.aggregation == "named_rows" and not whole:
+                self.named[self.group_of[t]] = counts.cpu() > 0
             self.apply_sums(t, sums, counts)
 
     def apply_sums(self, tensor: str, sums: Tensor, counts: Tensor) -> None:
@@ -195,7 +219,7 @@ class HolderMeanServer(ServerHalf):
 
     def configure_evaluate(self, round, split):
         """Each client evaluates with the aggregated rows and its own other tables."""
-        return {name: Message(arrays=self.rows(name), config={"split": split}) for name in self.clients}
+        return {name: Message(arrays=self.download(name), config={"split": split}) for name in self.clients}
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -213,6 +237,7 @@ class HolderMeanServer(ServerHalf):
         }
         state["group_of"] = dict(self.group_of)
         state["holders_of"] = {t: list(v) for t, v in self.holders_of.items()}
+        state["named"] = {g: m.clone() for g, m in self.named.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -226,4 +251,5 @@ class HolderMeanServer(ServerHalf):
             for g, a in stored.items()
         }
         self.holders_of = {t: list(v) for t, v in state["holders_of"].items()}
+        self.named = {g: m.clone() for g, m in state.get("named", {}).items()}
         self._holder_counts = {}

@@ -112,6 +112,9 @@ def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
     if sc.hide_aggregate and (num_clients or cfg.data.num_clients) > 63:
         raise ConfigError("federated.secure_aggregation.hide_aggregate supports at most 63 clients: each row's "
                           "holders are a bit mask in one int64")
+    if cfg.federated.aggregation == "named_rows":
+        raise ConfigError("federated.secure_aggregation needs federated.aggregation=selected_holders or "
+                          "all_holders: under named_rows each client tells the server which rows it trained on")
     if sc.hide_aggregate and cfg.federated.aggregation == "all_holders":
         raise ConfigError("federated.secure_aggregation.hide_aggregate needs federated.aggregation="
                           "selected_holders: the damped mean needs the server's current rows, which it cannot see")

@@ -23,6 +23,11 @@ from lightning_fedkg.federated.tasks import weighted_average
 from lightning_fedkg.registry import STRATEGIES
 from lightning_fedkg.seeding import derive_seed
 
+#: Under ``federated.aggregation=named_rows``, ``NAMED + group`` names the array of a message
+#: that marks (uint8, one per row of the client's) the group's rows the client's batches named
+#: (upload), or the rows the server averaged, which the client takes (download).
+NAMED = "named:"
+
 if TYPE_CHECKING:
     from lightning_fedkg.config import ExperimentConfig
 
@@ -210,6 +215,11 @@ class ClientHalf:
         self.groups = strategy.groups
         self._key = federation_key(party.cfg.federated.federation_key, party.cfg.seed)
         self._loss_terms: list[Callable] = []
+        if party.cfg.federated.aggregation == "named_rows" and not hasattr(party.module, "named_rows"):
+            from lightning_fedkg.config import ConfigError
+
+            raise ConfigError(f"federated.aggregation=named_rows needs a module that records the rows its batches "
+                              f"name (the query-answering task's); {type(party.module).__name__} does not")
 
     def handle(self, stage: str, message: Message, round: int) -> Message | None:
         """Dispatch ``stage`` to ``on_<stage>``."""
@@ -229,12 +239,20 @@ class ClientHalf:
         return {g: groups[g] for g in self.groups}
 
     def receive(self, arrays: Mapping[str, Tensor]) -> None:
-        """Write received tensors into the groups that own them (in place)."""
+        """Write received tensors into the groups that own them (in place); of a group sent
+        with a ``named:<group>`` mask (``federated.aggregation=named_rows``), only the rows
+        it marks."""
         if not arrays:
             return
         left = dict(arrays)
-        for group in self.shared().values():
+        for name, group in self.shared().items():
             mine = {n: left.pop(n) for n in list(left) if n in group.tensors}
+            take = left.pop(NAMED + name, None)
+            if take is not None:
+                rows = take.bool()
+                current = group.read()
+                mine = {n: torch.where(rows.view(-1, *[1] * (v.dim() - 1)), v, current[n].cpu())
+                        for n, v in mine.items()}
             group.write(mine)
         if left:
             raise KeyError(f"{self.party.name} received tensors outside its shared groups: {sorted(left)}")
@@ -242,10 +260,17 @@ class ClientHalf:
     def upload(self) -> dict[str, Tensor]:
         """The current values of every shared group's tensors, on the host: what leaves a
         client is masked, clipped, noised or serialized there, whatever device the module
-        trains on (on a CPU these are the tensors' own views, not copies)."""
+        trains on (on a CPU these are the tensors' own views, not copies). Under
+        ``federated.aggregation=named_rows`` also, per row-indexed group, a ``named:<group>``
+        mask of the rows this client's batches named since its last fit began."""
         out: dict[str, Tensor] = {}
         for group in self.shared().values():
             out.update({n: t.cpu() for n, t in group.read().items()})
+        if self.cfg.federated.aggregation == "named_rows":
+            named = self.party.module.named_rows()
+            for name, group in self.shared().items():
+                if group.index is not None:
+                    out[NAMED + name] = named[group.index].cpu().to(torch.uint8)
         return out
 
     # ---------------------------------------------------------------- stages
@@ -279,6 +304,8 @@ class ClientHalf:
     def on_train(self, message: Message, round: int) -> Message:
         """Apply the download, train E local epochs, send back the shared groups."""
         self.receive(message.arrays)
+        if self.cfg.federated.aggregation == "named_rows":
+            self.party.module.track_named_rows()
         self.before_fit(message)
         try:
             stats = self.party.fit(self.local_epochs)

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import IterableDataset
 
 from lightning_fedkg.methods.fedcqa.encoders import GQE, Q2P, DeepSetsGQE, TreeLSTM
-from lightning_fedkg.methods.fedcqa.queries import QuerySet
+from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, QuerySet, anchors_and_relations
 from lightning_fedkg.methods.fedcqa.ranking import HITS, filtered_ranks, per_query_metrics
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.shareable import InitSpec, SharedGroup
@@ -93,6 +93,7 @@ class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
         self._init = {name: init_like(p) for name, p in twin.named_parameters()} | self.encoder.table_inits
         self.regularizers: list = []  # extra loss terms a federated method adds (FedProx-like)
         self._optimizer: torch.optim.Optimizer | None = None
+        self._named: dict[str, Tensor] | None = None  # rows the batches named, while tracked
 
     def configure_optimizers(self):
         """AdamW, as the FedCQA and Q2P code train (``weight_decay`` 0 is Adam): a fresh one
@@ -131,12 +132,36 @@ class QueryAnsweringModule(EpochMeanLogging, L.LightningModule):
             "operators": SharedGroup(params, None, {n: self._init[n] for n in params}),
         }
 
+    def track_named_rows(self) -> None:
+        """From now on record which entity and relation rows the training batches name: a
+        query's anchors and relations and its positive answer (``federated.aggregation=
+        named_rows``, the FedCQA code's partial update; softmax candidates are not named)."""
+        device = self.encoder.entity_emb.device
+        self._named = {"entity": torch.zeros(self.hparams.num_entities, dtype=torch.bool, device=device),
+                       "relation": torch.zeros(self.hparams.num_relations // 2, dtype=torch.bool, device=device)}
+
+    def named_rows(self) -> dict[str, Tensor]:
+        """``{"entity": BoolTensor[E], "relation": BoolTensor[R]}``: the rows named since
+        :meth:`track_named_rows` (a relation row holds a relation's forward and inverse ids)."""
+        if self._named is None:
+            raise RuntimeError("named_rows() before track_named_rows()")
+        return self._named
+
+    def _record_named(self, batch: dict) -> None:
+        anchors, relations = anchors_and_relations(STRUCTURES[batch["structure"]])
+        queries = batch["queries"]
+        self._named["entity"][queries[:, anchors].reshape(-1)] = True
+        self._named["entity"][batch["positive"]] = True
+        self._named["relation"][queries[:, relations].reshape(-1) // 2] = True
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         """The loss of one batch, its negatives and dropout drawn from the batch's ``seed``
         (without one, from the process's RNG). The process's RNG is left as it was: a client's
         training does not depend on which clients trained before it in the same process, or
         on anything else that drew from it (a run's result is the same with its clients side
         by side, ``federated.clients: ray``, and in a test process)."""
+        if self._named is not None:
+            self._record_named(batch)
         if "seed" not in batch:
             return self._loss(batch)
         cuda = [self.device.index or 0] if self.device.type == "cuda" else []

@@ -34,6 +34,9 @@ class FedCQAServer(PaperSecretServer):
 
     def __init__(self, ctx, strategy) -> None:
         secret = _secret(ctx.cfg)
+        if ctx.cfg.federated.aggregation == "named_rows":
+            raise ConfigError("federated.strategy=fedcqa hides entity rows from the server; federated.aggregation="
+                              "named_rows would show it which rows each client trained on (fedcqa_fede runs it in clear)")
         if secret == "paper":
             check_paper_config(ctx.cfg)
         else:
