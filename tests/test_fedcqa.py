@@ -360,13 +360,15 @@ def test_named_rows_averages_a_row_over_the_clients_that_named_it(tmp_path, monk
     index = run.server.alignments["entity"].index
     sums, counts = torch.zeros_like(before, dtype=torch.float64), torch.zeros(before.shape[0])
     for party in run.clients:
-        named = set()  # the oracle: every anchor and answer of every batch, one query at a time
+        named, relations = set(), set()  # the oracle: every batch, one query at a time
         for batch in batches[id(party.module)]:
-            anchors, _ = anchors_and_relations(STRUCTURES[batch["structure"]])
+            anchors, slots = anchors_and_relations(STRUCTURES[batch["structure"]])
             for query, answer in zip(batch["queries"].tolist(), batch["positive"].tolist()):
                 named |= {query[s] for s in anchors} | {answer}
+                relations |= {query[s] // 2 for s in slots}  # a row holds a relation and its inverse
         sent = uploads[party.name]
         assert sorted(sent["named:entity"].nonzero().flatten().tolist()) == sorted(named)
+        assert sorted(sent["named:relation"].nonzero().flatten().tolist()) == sorted(relations)
         assert 0 < len(named) < party.module.hparams.num_entities  # some rows named, some not
         rows = torch.tensor(sorted(named))
         sums.index_add_(0, index[party.name][rows], sent["entity_emb"][rows].double())
