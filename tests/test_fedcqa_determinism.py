@@ -139,3 +139,18 @@ def test_a_resumed_q2p_run_equals_the_straight_one(tmp_path, cache, reset):
         resumed = fit(tiny("q2p", "softmax", cache, 2, opt), tmp_path / "resumed")
     assert resumed["rounds"] == 2
     assert untimed(resumed) == untimed(straight)
+
+
+@pytest.mark.slow
+def test_a_resumed_named_rows_run_equals_the_straight_one(tmp_path, cache):
+    """``federated.aggregation=named_rows``: the server's record of which rows it averaged is
+    checkpointed; without it a resumed client would take stale rows it never had."""
+    clear = ("federated.strategy=fedcqa_fede", "federated.secure_aggregation.enabled=false",
+             "federated.secure_aggregation.hide_aggregate=false", "federated.aggregation=named_rows",
+             "train.reset_optimizer=false")
+    with single_thread():
+        straight = fit(tiny("gqe", "softmax", cache, 3, *clear), tmp_path / "straight")
+        fit(tiny("gqe", "softmax", cache, 1, *clear), tmp_path / "resumed")
+        resumed = fit(tiny("gqe", "softmax", cache, 3, *clear), tmp_path / "resumed")
+    assert resumed["rounds"] == 3
+    assert untimed(resumed) == untimed(straight)
