@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's ordering on FB15k-237 in 3 or 5 clients (GQE, negative sampling): Local, FedR-style,
+# The paper's ordering on FB15k-237 in 3 or 5 clients (GQE, the configs' loss): Local, FedR-style,
 # FedE-style and FedCQA at the same steps per client, 3 seeds each, two single-thread runs at
 # a time (a 2-core machine), then one JSON under docs/results/fedcqa/. Runs already finished
 # in OUT are reused.
@@ -12,7 +12,8 @@
 # every run, e.g. EXTRA="data.name=/abs/path/FB15k-237-Fed3 task.cache_dir=runs/qcache".
 # CLIENTS=5 runs the fb15k237_fed5_* configs (FB15k-237-Fed5) instead of fed3. VARIANTS picks
 # some of the four (default "local fedr fede fedcqa"), SEEDS the seeds (default "0 1 2"), JSON
-# the summary's path; EXTRA's overrides come last, so they win (e.g. task.loss=softmax).
+# the summary's path; EXTRA's overrides come last, so they win (e.g. task.loss=negative_sampling,
+# which this script forced until 2026-11-27).
 # Every run's start, end, wall seconds and load average go to OUT/runs.log.
 set -euo pipefail
 rounds=${1:-4}
@@ -22,7 +23,7 @@ suffix=$([[ $clients == 3 ]] || echo "_fed$clients")  # the 3-client folder keep
 out=${3:-runs/fedcqa_fb_order_$((rounds * steps))$suffix}
 py=${PYTHON:-python}
 common=(federated.rounds="$rounds" task.steps_per_epoch="$steps" federated.eval_every="$rounds"
-        task.loss=negative_sampling trainer.threads=1 ${EXTRA:-})
+        trainer.threads=1 ${EXTRA:-})
 variants=()
 for v in ${VARIANTS:-local fedr fede fedcqa}; do variants+=("fb15k237_fed${clients}_${v}_gqe"); done
 seeds=(${SEEDS:-0 1 2})
