@@ -117,6 +117,13 @@ class DataConfig:
     gives each client one spectral cluster of co-occurring relations (FedLU's C-k split; needs
     the ``clustered`` extra, scikit-learn). A folder of
     pre-split clients (``client_<k>/`` or FedLU's ``<k>/``) is loaded as it is.
+
+    ``client_entities``: ``own`` (default) sizes each client's entity table to the entities of
+    its own triples; ``all`` gives every client every entity of the federation, as the FedCQA
+    code does (its softmax and in-graph ranking then run over all entities; see
+    :meth:`~lightning_fedkg.data.federated.FederatedKG.with_all_entities`). It assumes the
+    federation's entity list is known to every client. In process and on Ray only (not with
+    Flower, nor with ``fkge``, which aligns its KGs by names).
     """
 
     name: str = "umls"
@@ -124,6 +131,7 @@ class DataConfig:
     num_clients: int = field(default=3, metadata={"range": Range(min=1)})
     partition_seed: int = field(default=12345, metadata={"range": SEED_RANGE})
     partition: Literal["relation", "random", "clustered"] = "relation"
+    client_entities: Literal["own", "all"] = "own"
 
 
 #: The ``train.loss`` values (:func:`lightning_fedkg.models.kge_module.kge_loss`).

@@ -395,3 +395,61 @@ def test_named_rows_is_refused_where_the_server_must_not_see_rows_or_the_module_
                                 federated__dp__enabled="true"), None)
     with pytest.raises(ConfigError, match="records the rows"):
         FederatedRun(make_small_config("fede", federated__aggregation="named_rows"), None)
+
+
+# ---------------------------------------------------------------- every entity at every client
+def test_client_entities_all_gives_every_client_every_row_and_the_same_queries(tmp_path):
+    """``data.client_entities=all`` (the FedCQA code's setup): each client holds its own triples
+    in global ids with a table of every entity; its query sets are the ``own`` sets mapped to
+    global ids, one query at a time, read from the same cache files; a run trains with every
+    row at every client."""
+    from lightning_fedkg.federated.party import load_federated_kg
+    from lightning_fedkg.methods.fedcqa.queries import anchors_and_relations
+    from lightning_fedkg.methods.fedcqa.query_sets import graph_query_sets
+
+    own_cfg, all_cfg = cqa_config(tmp_path), cqa_config(tmp_path, data__client_entities="all")
+    own, wide = load_federated_kg(own_cfg), load_federated_kg(all_cfg)
+    n = own.num_entities
+    assert any(kg.num_entities < n for kg in own.clients)  # some client lacks some entity
+    settings, cache = query_settings(own_cfg.task), tmp_path / "queries"
+    for k, (kg, big) in enumerate(zip(own.clients, wide.clients)):
+        assert big.num_entities == n and torch.equal(wide.entity_index[k], torch.arange(n))
+        for split in kg.split_names:  # entities in global ids, relations the client's own
+            g, t = own.global_triples(k, split), kg.triples(split)
+            assert torch.equal(big.triples(split), torch.stack([g[:, 0], t[:, 1], g[:, 2]], 1))
+        sets = graph_query_sets(kg, settings, 3, cache)
+        files = sorted(cache.iterdir())
+        mapped = graph_query_sets(big, settings, 3, cache)
+        assert sorted(cache.iterdir()) == files  # the same keys: read, not sampled anew
+        ent = own.entity_index[k].tolist()
+        for split, by_type in sets.items():
+            for name, qs in by_type.items():
+                wqs = mapped[split][name]
+                anchors, relations = anchors_and_relations(STRUCTURES[name])
+                assert len(wqs) == len(qs)
+                for i in range(len(qs)):
+                    q, w = qs.queries[i].tolist(), wqs.queries[i].tolist()
+                    assert [w[s] for s in anchors] == [ent[q[s]] for s in anchors]
+                    assert [w[s] for s in relations] == [q[s] for s in relations]
+                    assert wqs.hard(i).tolist() == [ent[e] for e in qs.hard(i).tolist()]
+                    assert wqs.easy(i).tolist() == [ent[e] for e in qs.easy(i).tolist()]
+    run = FederatedRun(all_cfg, None)
+    run.align()
+    assert all(party.module.encoder.entity_emb.shape[0] == n for party in run.clients)
+    run.train_round(1)
+    tables = [party.module.encoder.entity_emb.detach().clone() for party in run.clients]
+    run.evaluate("valid", 1)  # the download: every client takes the mean of every row
+    held = [party.module.encoder.entity_emb.detach() for party in run.clients]
+    assert all(torch.equal(h, held[0]) for h in held)
+    assert torch.allclose(held[0], torch.stack(tables).double().mean(0).float(), atol=1e-6)
+    run.close()
+
+
+def test_client_entities_all_is_refused_where_clients_load_their_own_entities(tmp_path):
+    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.methods.fkge.federation import FKGE
+
+    with pytest.raises(ConfigError, match="client_entities"):
+        write_client_folders(cqa_config(tmp_path, data__client_entities="all"), tmp_path / "flower")
+    with pytest.raises(ConfigError, match="client_entities"):
+        FKGE.sources(make_small_config("fkge", data__client_entities="all"))

@@ -159,6 +159,25 @@ class FederatedKG:
                             self.relation_index[client][t[:, 1]],
                             self.entity_index[client][t[:, 2]]], 1)
 
+    def with_all_entities(self) -> "FederatedKG":
+        """The same clients, each holding every entity of the federation (``data.client_entities:
+        all``): a client's triples in global entity ids, its tables sized to all entities.
+
+        The FedCQA code sets its clients up this way: every client's softmax and in-graph ranking
+        run over all entities, and an entity outside a client's triples is trained there only as
+        a candidate. A holder-mean then averages every row over every client. Relations stay the
+        client's own."""
+        n = self.num_entities
+        clients = []
+        for kg, ent in zip(self.clients, self.entity_index):
+            splits = {s: torch.stack([ent[t[:, 0]], t[:, 1], ent[t[:, 2]]], 1)
+                      for s, t in ((s, kg.triples(s)) for s in kg.split_names)}
+            wide = KnowledgeGraph(splits, n, kg.num_relations, self.entity_names, kg.relation_names, name=kg.name)
+            wide.removed = getattr(kg, "removed", {})
+            clients.append(wide)
+        return FederatedKG(clients, [torch.arange(n) for _ in clients], self.relation_index, n, self.num_relations,
+                           self.entity_names, self.relation_names, self.name)
+
     def entity_existence(self) -> Tensor:
         """``BoolTensor[C, num_entities]``: ``v^c``, True where client c holds the entity."""
         return _existence(self.entity_index, self.num_entities)

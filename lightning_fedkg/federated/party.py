@@ -230,8 +230,10 @@ def load_federated_kg(cfg):
 
     d = cfg.data
     if d.format == "auto":
-        return load_federated(d.name, num_clients=d.num_clients, seed=d.partition_seed, partition=d.partition)
-    return PARTITIONERS[d.partition](load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
+        fkg = load_federated(d.name, num_clients=d.num_clients, seed=d.partition_seed, partition=d.partition)
+    else:
+        fkg = PARTITIONERS[d.partition](load_kg(d.name, fmt=d.format), d.num_clients, seed=d.partition_seed)
+    return fkg.with_all_entities() if d.client_entities == "all" else fkg
 
 
 def _item_names(kg, fkg, k: int) -> dict[str, list[str]]:

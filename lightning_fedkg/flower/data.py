@@ -32,6 +32,11 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
     from lightning_fedkg.federated.party import _item_names, load_federated_kg
     from lightning_fedkg.federated.strategy import client_name
 
+    from lightning_fedkg.config import ConfigError
+
+    if cfg.data.client_entities != "own":
+        raise ConfigError("data.client_entities=all runs in process or on Ray: a Flower client loads the "
+                          "entities of its own folder; leave data.client_entities=own")
     root = Path(root)
     stamp = json.dumps({"name": cfg.data.name, "format": cfg.data.format, "num_clients": cfg.data.num_clients,
                         "partition": cfg.data.partition, "partition_seed": cfg.data.partition_seed}, sort_keys=True)

@@ -29,6 +29,7 @@ from lightning_fedkg.atomic import write_atomic
 from lightning_fedkg.methods.fedcqa.queries import (
     STRUCTURES,
     QuerySet,
+    anchors_and_relations,
     build_query_set,
     relation_owners,
     spans_owners,
@@ -118,6 +119,22 @@ def _cached(cache_dir: Path | None, key: str, build, load: bool = True) -> tuple
     return qs, False
 
 
+def _entities_in(triples: dict[str, Tensor], num_entities: int) -> Tensor:
+    """The sorted ids of the entities that some triple of ``triples`` names."""
+    seen = torch.zeros(num_entities, dtype=torch.bool)
+    for t in triples.values():
+        seen[t[:, [0, 2]].reshape(-1)] = True
+    return seen.nonzero().view(-1)
+
+
+def relabel_entities(qs: QuerySet, index: Tensor) -> QuerySet:
+    """``qs`` with every entity id (anchors, answers) ``i`` replaced by ``index[i]``."""
+    anchors, _ = anchors_and_relations(STRUCTURES[qs.structure])
+    queries = qs.queries.clone()
+    queries[:, anchors] = index[queries[:, anchors]]
+    return QuerySet(qs.structure, queries, qs.hard_offsets, index[qs.hard_ids], qs.easy_offsets, index[qs.easy_ids])
+
+
 def _check_types(settings: QuerySettings) -> None:
     unknown = [t for t in (*settings.types, *settings.train_types) if t not in STRUCTURES]
     if unknown:
@@ -136,13 +153,24 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
     counts = {"train": max(1, settings.train_per_type // share), "valid": max(1, settings.eval_per_type // share),
               "test": max(1, settings.eval_per_type // share)}
     triples = {s: kg.triples(s) for s in ("train", "valid", "test")}
+    num_entities, present = kg.num_entities, _entities_in(triples, kg.num_entities)
+    if present.numel() < num_entities:
+        # entities in none of the graph's triples (data.client_entities: all): sample on the
+        # graph of those that are, so that the draws and cache keys are those of the client's
+        # own entities, then map back
+        dense = torch.full((num_entities,), -1, dtype=torch.long)
+        dense[present] = torch.arange(present.numel())
+        triples = {s: torch.stack([dense[t[:, 0]], t[:, 1], dense[t[:, 2]]], 1) for s, t in triples.items()}
+        num_entities = present.numel()
+    else:
+        present = None
     graph_hash = _triples_hash(triples)
     graphs = None
     sets: dict = {}
     for split, count in counts.items():
         for name in settings.train_types if split == "train" else settings.types:
             extra = {"v": SAMPLER_VERSION, "type": name, "split": split, "count": count, "seed": settings.seed,
-                     "entities": kg.num_entities, "relations": kg.num_relations}
+                     "entities": num_entities, "relations": kg.num_relations}
             require = settings.require_train_answer and split != "train"  # a training answer is all there is
             if require:  # only when set, so that the sets of every other setting keep their keys and seeds
                 extra["train_answer"] = True
@@ -150,7 +178,7 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
 
             def build(name=name, split=split, count=count, key=key, require=require):
                 nonlocal graphs
-                graphs = graphs or split_graphs(triples, kg.num_entities, kg.num_relations)
+                graphs = graphs or split_graphs(triples, num_entities, kg.num_relations)
                 generator = torch.Generator().manual_seed(derive_seed(settings.seed, key, "queries"))
                 return build_query_set(name, graphs, split, count, generator, require_train_answer=require)
 
@@ -158,6 +186,8 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
             qs, hit = _cached(cache_dir, key, build, load)
             if qs is None:
                 continue
+            if present is not None:
+                qs = relabel_entities(qs, present)
             # a load from the cache is not news; sampling (minutes at FB15k-237 scale) is
             (log.debug if hit else log.info)("queries: %s %s %s: %d%s in %.1f s", label, split, name, len(qs),
                                              " (cached)" if hit else "", time.perf_counter() - start)

@@ -641,6 +641,9 @@ class FKGE(PeerStrategy):
         from lightning_fedkg.methods.fkge.multisource import load_multisource
 
         d = cfg.data
+        if d.client_entities != "own":
+            raise ConfigError("data.client_entities=all is not for fkge: its KGs keep their own entities and "
+                              "align them by name; leave data.client_entities=own")
         kgs = load_multisource(d.name, num_sources=d.num_clients, seed=d.partition_seed, fmt=d.format,
                                shared_relations=cfg.federated.fkge.shared_relations)
         named = {}
