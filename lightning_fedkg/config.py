@@ -121,9 +121,10 @@ class DataConfig:
     ``client_entities``: ``own`` (default) sizes each client's entity table to the entities of
     its own triples; ``all`` gives every client every entity of the federation, as the FedCQA
     code does (its softmax and in-graph ranking then run over all entities; see
-    :meth:`~lightning_fedkg.data.federated.FederatedKG.with_all_entities`). It assumes the
-    federation's entity list is known to every client. In process and on Ray only (not with
-    Flower, nor with ``fkge``, which aligns its KGs by names).
+    :meth:`~lightning_fedkg.data.federated.FederatedKG.with_all_entities`). Every client then
+    knows every entity of the federation, which ``own`` keeps from it (a client learns only
+    rows of entities it holds). In process and on Ray only (not with Flower, nor with
+    ``fkge``, which aligns its KGs by names).
     """
 
     name: str = "umls"
