@@ -20,7 +20,7 @@ from lightning_fedkg.data import (
 )
 from lightning_fedkg.data.kg import KGFormatError
 
-from conftest import SHARED_DATA, needs_shared
+from conftest import SHARED_DATA, make_small_config, needs_shared
 
 
 def sequential_resample(rows, perm, n_valid, n_test):
@@ -340,3 +340,21 @@ def test_a_retrain_folder_keeps_the_source_vocabulary_ids_and_splits(tmp_path):
         assert re_.clients[0].triples(split).tolist() == src.clients[0].triples(split).tolist()
     assert re_.clients[0].triples("valid").shape[0] == 1  # (a, r, x) is not dropped
     assert re_.clients[0].triples("train").shape[0] == 2
+
+
+def test_client_entities_all_runs_fede_with_every_row_at_every_client():
+    """FedE with ``data.client_entities=all``: every client's table has every entity, and the
+    download after a round gives every client the same rows, the mean of the uploads."""
+    from lightning_fedkg.federated.federation import FederatedRun
+
+    run = FederatedRun(make_small_config("fede", data__client_entities="all", federated__rounds=1), None)
+    run.align()
+    n = run.fkg.num_entities
+    assert all(p.module.model.entity_emb.shape[0] == n for p in run.clients)
+    run.train_round(1)
+    trained = torch.stack([p.module.model.entity_emb.detach().double() for p in run.clients])
+    run.evaluate("valid", 1)  # the download
+    held = [p.module.model.entity_emb.detach() for p in run.clients]
+    assert all(torch.equal(h, held[0]) for h in held)
+    assert torch.allclose(held[0].double(), trained.mean(0), atol=1e-6)
+    run.close()
