@@ -154,3 +154,25 @@ def test_a_resumed_named_rows_run_equals_the_straight_one(tmp_path, cache):
         resumed = fit(tiny("gqe", "softmax", cache, 3, *clear), tmp_path / "resumed")
     assert resumed["rounds"] == 3
     assert untimed(resumed) == untimed(straight)
+
+
+def test_batch_types_draw_structures_by_set_size_or_uniformly(monkeypatch):
+    """``task.batch_types``: ``size`` draws a batch's structure in proportion to its training
+    set (a 10-query set against a 90-query one: 1 in 10 batches), ``uniform`` one in two."""
+    from lightning_fedkg.methods.fedcqa.queries import QuerySet
+
+    def one_p(n):
+        return QuerySet("1p", torch.zeros(n, 2, dtype=torch.long), torch.arange(n + 1), torch.zeros(n, dtype=torch.long),
+                        torch.zeros(n + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+
+    sets = {"small": one_p(10), "large": one_p(90)}
+    for types, share in (("size", 0.1), ("uniform", 0.5)):
+        drawn = [b["structure"] for b in QueryBatches(sets, 2, seed=3, steps=4000, types=types)]
+        assert abs(drawn.count("small") / 4000 - share) < 0.025, types  # 3 to 5 standard deviations
+    with pytest.raises(ValueError, match="uniform"):
+        QueryBatches(sets, 2, types="even")
+    import lightning_fedkg.methods.fedcqa.task as task  # the config's choice reaches the batches
+
+    monkeypatch.setattr(task, "graph_query_sets", lambda *args, **kwargs: {"train": sets})
+    cfg = tiny("gqe", "softmax", Path("unused"), 1, "task.batch_types=uniform")
+    assert task.QueryAnswering().build_datamodule(cfg, None, 0, "client_0").train_dataloader().dataset.types == "uniform"

@@ -37,10 +37,12 @@ class QueryTaskConfig:
     The encoder (``gqe``, ``q2p``, ``tree_lstm``; ``gqe_fedngdb``, the FedCQA authors' code's
     GQE: dot-product scores, MLP intersection and union) works in ``model.dim`` dimensions with
     ``train.lr``, ``train.batch_size`` and ``train.eval_batch_size``; ``loss`` is the FedCQA
-    code's label-smoothed ``softmax`` over all entities or KGReasoning's
+    code's label-smoothed ``softmax`` over the client's entities or KGReasoning's
     ``negative_sampling`` with ``negatives`` per query. ``gamma`` is GQE's margin,
     ``particles``, ``heads`` and ``dropout`` Q2P's. One local epoch is ``steps_per_epoch``
-    batches. Query sets: ``query_set: betae`` (default) evaluates ``types`` and trains on
+    batches, each of one structure: ``batch_types: size`` (default, KGReasoning's) draws it in
+    proportion to its training set's size, ``uniform`` uniformly over the trained structures
+    (the FedCQA code's). Query sets: ``query_set: betae`` (default) evaluates ``types`` and trains on
     ``train_types`` (by default BetaE's: nine evaluated, five trained on); ``query_set:
     paper`` is the FedCQA authors' set: eight types (no 3p), all trained on, and
     ``require_train_answer`` (valid, test and cross-graph queries need an answer on the
@@ -71,6 +73,7 @@ class QueryTaskConfig:
     heads: int = field(default=1, metadata={"range": Range(min=1)})
     dropout: float = field(default=0.1, metadata={"range": Range(min=0, max=1)})
     steps_per_epoch: int = field(default=100, metadata={"range": Range(min=1)})
+    batch_types: Literal["size", "uniform"] = "size"
     query_set: Literal["betae", "paper"] = "betae"
     types: List[str] = field(default_factory=lambda: list(BETAE_TYPES))
     train_types: List[str] = field(default_factory=lambda: list(BETAE_TRAIN_TYPES))

@@ -37,22 +37,26 @@ LOSSES = ("negative_sampling", "softmax")
 
 class QueryBatches(IterableDataset):
     """Endless batches of training queries, each of one structure drawn in proportion to its
-    set's size: ``{"structure", "queries", "positive", "weight", "seed"}`` (use
-    ``batch_size=None``); ``seed`` seeds the step's negatives and dropout
-    (:meth:`QueryAnsweringModule.training_step`)."""
+    set's size (``types="size"``) or uniformly over the structures (``"uniform"``):
+    ``{"structure", "queries", "positive", "weight", "seed"}`` (use ``batch_size=None``);
+    ``seed`` seeds the step's negatives and dropout (:meth:`QueryAnsweringModule.training_step`)."""
 
-    def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0, steps: int | None = None) -> None:
+    def __init__(self, sets: dict[str, QuerySet], batch_size: int, seed: int = 0, steps: int | None = None,
+                 types: str = "size") -> None:
+        if types not in ("size", "uniform"):
+            raise ValueError(f"types must be 'size' or 'uniform', not {types!r}")
         self.sets = {k: v for k, v in sets.items() if len(v)}
         self.batch_size = batch_size
         self.seed = seed
         self.steps = steps  # None: endless
+        self.types = types
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed)
         # A stream of its own: the batches drawn from ``generator`` stay what they were.
         noise = torch.Generator().manual_seed(derive_seed(self.seed, "batches", "noise"))
         names = sorted(self.sets)
-        sizes = torch.tensor([len(self.sets[n]) for n in names], dtype=torch.float)
+        sizes = torch.tensor([len(self.sets[n]) if self.types == "size" else 1 for n in names], dtype=torch.float)
         step = 0
         while self.steps is None or step < self.steps:
             step += 1

@@ -32,17 +32,18 @@ class QueryDataModule(L.LightningDataModule):
     per epoch, drawn from a generator seeded by ``(seed, epoch)`` so a resumed run goes on
     with the batches it would have drawn."""
 
-    def __init__(self, sets: dict, batch_size: int, steps_per_epoch: int, seed: int) -> None:
+    def __init__(self, sets: dict, batch_size: int, steps_per_epoch: int, seed: int, batch_types: str = "size") -> None:
         super().__init__()
         self.sets = sets
         self.batch_size = batch_size
         self.num_train_batches = steps_per_epoch
         self.seed = seed
+        self.batch_types = batch_types
         self.epoch = 0
 
     def train_dataloader(self) -> DataLoader:
         batches = QueryBatches(self.sets["train"], self.batch_size, derive_seed(self.seed, "train", str(self.epoch)),
-                               steps=self.num_train_batches)
+                               steps=self.num_train_batches, types=self.batch_types)
         self.epoch += 1
         return DataLoader(batches, batch_size=None)
 
@@ -81,7 +82,7 @@ class QueryAnswering(Task):
         # A client holds its share of the federation's queries; a central party the whole count.
         share = cfg.data.num_clients if party is None or party.startswith("client_") else 1
         sets = graph_query_sets(kg, query_settings(tc), share, cache_dir(tc), label=party or "graph")
-        return QueryDataModule(sets, cfg.train.batch_size, tc.steps_per_epoch, seed)
+        return QueryDataModule(sets, cfg.train.batch_size, tc.steps_per_epoch, seed, tc.batch_types)
 
     def evaluate(self, party, split):
         sets = party.datamodule.sets["valid" if split == "val" else split]
