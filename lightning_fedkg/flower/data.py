@@ -29,10 +29,9 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
     Reused when complete (a ``COMPLETE`` marker with the data settings it was written for).
     """
     from lightning_fedkg.data.federated import write_named_client
+    from lightning_fedkg.config import ConfigError
     from lightning_fedkg.federated.party import _item_names, load_federated_kg
     from lightning_fedkg.federated.strategy import client_name
-
-    from lightning_fedkg.config import ConfigError
 
     if cfg.data.client_entities != "own":
         raise ConfigError("data.client_entities=all runs in process or on Ray: a Flower client loads the "

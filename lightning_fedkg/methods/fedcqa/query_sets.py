@@ -127,7 +127,7 @@ def _entities_in(triples: dict[str, Tensor], num_entities: int) -> Tensor:
     return seen.nonzero().view(-1)
 
 
-def relabel_entities(qs: QuerySet, index: Tensor) -> QuerySet:
+def _relabel_entities(qs: QuerySet, index: Tensor) -> QuerySet:
     """``qs`` with every entity id (anchors, answers) ``i`` replaced by ``index[i]``."""
     anchors, _ = anchors_and_relations(STRUCTURES[qs.structure])
     queries = qs.queries.clone()
@@ -146,7 +146,9 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
     """``{split: {type: QuerySet}}`` sampled on ``kg``'s own graphs (its ids): the per-type
     counts divided by ``share`` (the number of clients for an in-graph set, 1 for the
     whole graph). The sampler's seed comes from ``settings.seed`` and the graph's content,
-    so a graph gets the same queries whichever party holds it. ``label`` names it in the log;
+    so a graph gets the same queries whichever party holds it, and a graph whose id space
+    holds entities that no triple names (``data.client_entities: all``) gets the queries of
+    the graph without them, in its own ids. ``label`` names it in the log;
     ``load=False`` only fills ``cache_dir`` (a set already there is neither read nor returned)."""
     settings = settings or QuerySettings()
     _check_types(settings)
@@ -187,7 +189,7 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
             if qs is None:
                 continue
             if present is not None:
-                qs = relabel_entities(qs, present)
+                qs = _relabel_entities(qs, present)
             # a load from the cache is not news; sampling (minutes at FB15k-237 scale) is
             (log.debug if hit else log.info)("queries: %s %s %s: %d%s in %.1f s", label, split, name, len(qs),
                                              " (cached)" if hit else "", time.perf_counter() - start)

@@ -29,8 +29,9 @@ __all__ = ["QueryAnswering", "QueryDataModule"]
 class QueryDataModule(L.LightningDataModule):
     """A party's query sets (``{split: {type: QuerySet}}``, splits ``train``, ``valid``,
     ``test``) and its training batches: ``steps_per_epoch`` batches of one structure each
-    per epoch, drawn from a generator seeded by ``(seed, epoch)`` so a resumed run goes on
-    with the batches it would have drawn."""
+    per epoch (``batch_types``: how a batch's structure is drawn, ``task.batch_types``), drawn
+    from a generator seeded by ``(seed, epoch)`` so a resumed run goes on with the batches it
+    would have drawn."""
 
     def __init__(self, sets: dict, batch_size: int, steps_per_epoch: int, seed: int, batch_types: str = "size") -> None:
         super().__init__()
