@@ -32,7 +32,7 @@ from .kg import (
 logger = logging.getLogger("lightning_fedkg")
 
 
-def _present(ids: Tensor, size: int) -> Tensor:
+def present_ids(ids: Tensor, size: int) -> Tensor:
     """Sorted distinct values of ``ids`` (all in ``[0, size)``), via a mask instead of a sort."""
     mask = torch.zeros(size, dtype=torch.bool)
     mask[ids.reshape(-1)] = True
@@ -126,8 +126,8 @@ class FederatedKG:
             if splits["train"].shape[0] == 0:
                 raise KGFormatError(f"{label}: empty train split")
             trained = training_triples(splits)
-            ents = _present(trained[:, [0, 2]], num_entities)
-            rels = _present(trained[:, 1], num_relations)
+            ents = present_ids(trained[:, [0, 2]], num_entities)
+            rels = present_ids(trained[:, 1], num_relations)
             e_map = torch.full((num_entities,), -1, dtype=torch.long)
             e_map[ents] = torch.arange(ents.numel())
             r_map = torch.full((num_relations,), -1, dtype=torch.long)
@@ -511,8 +511,8 @@ def _load_named_clients(
         cleaned.append(splits)
     # global vocabulary: every entity / relation of some client's training triples, sorted by name
     trained = [training_triples(s) for s in cleaned]
-    used_e = _present(torch.cat([t[:, [0, 2]].reshape(-1) for t in trained]), len(e2p))
-    used_r = _present(torch.cat([t[:, 1] for t in trained]), len(r2p))
+    used_e = present_ids(torch.cat([t[:, [0, 2]].reshape(-1) for t in trained]), len(e2p))
+    used_r = present_ids(torch.cat([t[:, 1] for t in trained]), len(r2p))
     e_sorted = sorted(_select(ent_names, used_e))
     r_sorted = sorted(_select(rel_names, used_r))
     e_map = torch.full((len(e2p),), -1, dtype=torch.long)

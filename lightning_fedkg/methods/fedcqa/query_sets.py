@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.atomic import write_atomic
+from lightning_fedkg.data.federated import present_ids
 from lightning_fedkg.methods.fedcqa.queries import (
     STRUCTURES,
     QuerySet,
@@ -119,14 +120,6 @@ def _cached(cache_dir: Path | None, key: str, build, load: bool = True) -> tuple
     return qs, False
 
 
-def _entities_in(triples: dict[str, Tensor], num_entities: int) -> Tensor:
-    """The sorted ids of the entities that some triple of ``triples`` names."""
-    seen = torch.zeros(num_entities, dtype=torch.bool)
-    for t in triples.values():
-        seen[t[:, [0, 2]].reshape(-1)] = True
-    return seen.nonzero().view(-1)
-
-
 def _relabel_entities(qs: QuerySet, index: Tensor) -> QuerySet:
     """``qs`` with every entity id (anchors, answers) ``i`` replaced by ``index[i]``."""
     anchors, _ = anchors_and_relations(STRUCTURES[qs.structure])
@@ -155,7 +148,8 @@ def graph_query_sets(kg, settings: QuerySettings | None = None, share: int = 1,
     counts = {"train": max(1, settings.train_per_type // share), "valid": max(1, settings.eval_per_type // share),
               "test": max(1, settings.eval_per_type // share)}
     triples = {s: kg.triples(s) for s in ("train", "valid", "test")}
-    num_entities, present = kg.num_entities, _entities_in(triples, kg.num_entities)
+    num_entities = kg.num_entities
+    present = present_ids(torch.cat([t[:, [0, 2]] for t in triples.values()]), num_entities)
     if present.numel() < num_entities:
         # entities in none of the graph's triples (data.client_entities: all): sample on the
         # graph of those that are, so that the draws and cache keys are those of the client's
