@@ -7,7 +7,8 @@
 # Beside the checkout it needs, in .gpu/: data.tgz (FB15k-237-Fed3 and FB15k-237-R10 folders,
 # unpacked to ../shared/data where the configs look), this package as a wheel (its entry
 # points) and any wheel the machine lacks (omegaconf 2.4; for secure aggregation cryptography,
-# pycryptodome, cffi, pycparser). See docs/results/speed.md.
+# pycryptodome, cffi, pycparser; for DP's CUDA test dp-accounting and dm-tree). See
+# docs/results/speed.md.
 set -u
 OUT=${OUT:-runs/gpu_capture}
 mkdir -p "$OUT" ../shared/data
