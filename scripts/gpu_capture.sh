@@ -24,9 +24,12 @@ PARTS=${PARTS-"tests rounds bf16 steps k8"}  # e.g. PARTS="tests k8" CAPTURES=nu
 # (also: official, kernels, profile)
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
-has tests && step timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -k "cuda or gpu" tests/test_captured_step.py \
-    tests/test_device_batches.py tests/test_fedcqa.py tests/test_secure_aggregation.py tests/test_fused_l1.py \
-    tests/test_resident.py 2>&1 | tail -30
+if has tests; then  # the whole output in $OUT/tests.log; torch's DEBUG lines and the warnings summary once
+  # filled a `tail -30` and hid a failure's traceback, so the console gets neither
+  step timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:warnings --tb=short -k "cuda or gpu" \
+      tests/test_captured_step.py tests/test_device_batches.py tests/test_fedcqa.py tests/test_secure_aggregation.py \
+      tests/test_fused_l1.py tests/test_resident.py 2>&1 | tee "$OUT/tests.log" | grep -v DEBUG | tail -80
+fi
 if has rounds; then
   for capture in ${CAPTURES:-null false}; do
     step timeout 150 python3 scripts/bench_fede.py --rounds 2 --eval-every 2 --threads 1 \
