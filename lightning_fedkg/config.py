@@ -236,7 +236,8 @@ class TrainerConfig:
     between its ``fit``/``validate``/``test`` calls instead of Lightning's move back to CPU
     after each; turn it off when the clients together do not fit in device memory.
     ``compile``: unset (the default), the Trans* models' L1 distances to a batch's shared
-    candidates are compiled in training on CUDA, and on a CPU with ``compile_cpu``
+    candidates, and GQE's to the entity table (query answering), are compiled in training on
+    CUDA, and on a CPU with ``compile_cpu``
     (:func:`lightning_fedkg.models.kge.families.compiling_pays`: a C++ compiler found,
     blocks of at least 2M elements, not ``deterministic``; faster, not bit for bit cdist's);
     ``true`` runs each training batch's whole score-and-loss through :func:`torch.compile`

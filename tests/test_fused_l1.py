@@ -187,3 +187,64 @@ def test_trainer_compile_reaches_every_trans_model_fedlus_avatar_included(flag, 
     assert len(models) == 2  # the local model and the avatar
     assert all(m.compile_distances is expected and m.compile_on_cpu is cpu for m in models)
     assert module.compile_training is (expected is True)
+
+
+def _gqe_batch(k):
+    """A GQE over 300 entities at width 32 and a batch of 256 queries with ``k`` alternatives
+    each: a [256k, 300, 32] block, above the CPU threshold for k = 1."""
+    from lightning_fedkg.methods.fedcqa.encoders import GQE
+
+    torch.manual_seed(0)
+    gqe = GQE(300, 8, 32)
+    return gqe, torch.randn(256, k, 32, requires_grad=True)
+
+
+@pytest.mark.parametrize("k", [1, 2])  # 2: a union's two alternatives, the best one scoring
+def test_gqe_scores_train_through_the_compiled_distances_only_where_asked(monkeypatch, k):
+    calls = []
+
+    def fused(q, c):
+        calls.append((tuple(q.shape), tuple(c.shape)))
+        return _l1_distances(q, c)
+
+    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
+    monkeypatch.setattr(families, "fused_l1_distances", fused)
+    gqe, q = _gqe_batch(k)
+    g = torch.randn(256, 300, generator=torch.Generator().manual_seed(1))
+
+    def scores_and_grads():
+        gqe.zero_grad()
+        q.grad = None
+        out = gqe.score(q)
+        out.backward(g)
+        return out.detach(), q.grad.clone(), gqe.entity_emb.grad.clone()
+
+    oracle = scores_and_grads()  # the default on a CPU: cdist, as before
+    expected = (gqe.gamma - torch.cdist(q.detach().reshape(-1, 32), gqe.entity_emb.detach(), p=1)
+                .view(256, k, 300)).max(1).values
+    assert torch.equal(oracle[0], expected) and calls == []
+    gqe.compile_on_cpu = True  # trainer.compile_cpu=true
+    for a, b in zip(scores_and_grads(), oracle):  # float32 sums in another order: last bits
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    assert calls == [((256 * k, 32), (300, 32))]
+    with torch.no_grad():  # evaluation: cdist
+        gqe.score(q)
+    gqe.score(q.detach()[:4])  # a block under the threshold: cdist
+    gqe.compile_distances = False  # trainer.compile=false
+    assert torch.equal(scores_and_grads()[0], oracle[0])
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("overrides,expected", [([], (None, False)), (["trainer.compile_cpu=true"], (None, True)),
+                                                (["trainer.compile=false"], (False, False))])
+def test_the_trainer_settings_reach_the_query_encoder(overrides, expected):
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.methods.fedcqa.task import QueryAnswering
+
+    cfg = load_config("configs/fedcqa/umls_fedcqa_gqe.yaml", overrides)
+
+    class KG:
+        num_entities, num_relations = 30, 4
+
+    encoder = QueryAnswering().build_module(cfg, KG()).encoder
+    assert (encoder.compile_distances, encoder.compile_on_cpu) == expected

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, is_branch, is_union
+from lightning_fedkg.models.kge import families
 from lightning_fedkg.models.shareable import InitSpec
 
 __all__ = ["dnf", "tree_plan", "run_plan", "DNFEncoder", "GQE", "Q2P", "TreeLSTM", "DeepSetsGQE"]
@@ -186,13 +187,30 @@ class GQE(DNFEncoder):
         weights = torch.softmax(self.attention(stacked), dim=1)
         return (weights * stacked).sum(1)
 
+    #: ``trainer.compile`` (set by the query-answering task): None compiles the training
+    #: step's L1 distances to the entity table where that pays
+    #: (:func:`~lightning_fedkg.models.kge.families.compiling_pays`: on CUDA, and on a CPU
+    #: with ``trainer.compile_cpu``), False never (cdist everywhere).
+    compile_distances: bool | None = None
+    #: ``trainer.compile_cpu``: also compile them on a CPU.
+    compile_on_cpu: bool = False
+
     def score(self, embeddings: Tensor, entities: Tensor | None = None) -> Tensor:
         """``[B, n]``: ``γ − ‖e − q‖₁`` maximised over the alternatives, for every entity
         (or the ``entities`` given)."""
         table = self.entity_emb if entities is None else self.entity_emb[entities]
         b, k, d = embeddings.shape
-        distance = torch.cdist(embeddings.reshape(b * k, d), table, p=1).view(b, k, -1)
-        return (self.gamma - distance).max(1).values
+        flat = embeddings.reshape(b * k, d)
+        distance = None
+        # cdist's backward writes a [B, n, d] buffer once per input; the compiled distances
+        # reduce the signs in registers (the softmax scores every entity, so this is most of
+        # a training step). Evaluation has no backward: cdist stays there.
+        if self.compile_distances is not False and torch.is_grad_enabled() and \
+                families.compiling_pays(flat, table, cpu=self.compile_on_cpu):
+            distance = families.fused_l1_distances(flat, table)
+        if distance is None:
+            distance = torch.cdist(flat, table, p=1)
+        return (self.gamma - distance.view(b, k, -1)).max(1).values
 
     def score_candidates(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
         """``[B, m]`` scores of each row's own candidates ``[B, m]``."""

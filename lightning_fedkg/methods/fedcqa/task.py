@@ -72,11 +72,15 @@ class QueryAnswering(Task):
         tc = cfg.task
         options = {"gqe": {"gamma": tc.gamma}, "q2p": {"particles": tc.particles, "heads": tc.heads,
                                                         "dropout": tc.dropout}, "tree_lstm": {}, "gqe_fedngdb": {}}[tc.encoder]
-        return QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, encoder=tc.encoder, dim=cfg.model.dim,
-                                    lr=cfg.train.lr, negatives=tc.negatives, eval_batch_size=cfg.train.eval_batch_size,
-                                    loss=tc.loss, label_smoothing=tc.label_smoothing, weight_decay=tc.weight_decay,
-                                    reset_optimizer=cfg.train.reset_optimizer,
-                                    **options)
+        module = QueryAnsweringModule(kg.num_entities, 2 * kg.num_relations, encoder=tc.encoder, dim=cfg.model.dim,
+                                      lr=cfg.train.lr, negatives=tc.negatives,
+                                      eval_batch_size=cfg.train.eval_batch_size, loss=tc.loss,
+                                      label_smoothing=tc.label_smoothing, weight_decay=tc.weight_decay,
+                                      reset_optimizer=cfg.train.reset_optimizer, **options)
+        if hasattr(module.encoder, "compile_distances"):  # GQE's L1 scores
+            module.encoder.compile_distances = cfg.trainer.compile
+            module.encoder.compile_on_cpu = cfg.trainer.compile_cpu
+        return module
 
     def build_datamodule(self, cfg, kg, seed, party=None):
         tc = cfg.task
