@@ -25,6 +25,12 @@ secure aggregation on and off, and the paper's static masks (``secret: paper``),
 bytes, both ways, and as serialized) per query, per type and overall.
 
     python scripts/bench_fedcqa.py speed -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 1 --retrieval
+
+``step`` times one client's training steps (``Party.fit``), GQE's training scores through
+cdist and compiled (``trainer.compile_cpu``) alternately in one process.
+
+    python scripts/bench_fedcqa.py step -c configs/fedcqa/fb15k237_fed5_local_gqe.yaml --client client_0 \
+        task.cache_dir=runs/qcache model.dim=32 task.steps_per_epoch=20 trainer.threads=1
 """
 
 from __future__ import annotations
@@ -240,6 +246,47 @@ def speed(args) -> None:
     _write(report, args.json_out)
 
 
+def step(args) -> None:
+    """Seconds per training step of one client (``Party.fit`` over ``--steps`` steps, as in a
+    round), GQE's training scores through cdist (``trainer.compile=false``) and compiled
+    (``trainer.compile_cpu=true``) in turn, ``--repeats`` times each in one process: both
+    forms see the same data and the same load. The compiled form's first fit (compiling) is
+    reported apart."""
+    from lightning_fedkg.federated.party import build_client_parties, load_federated_kg
+    from lightning_fedkg.federated.tasks import TASKS
+
+    cfg = load_config(args.config, args.overrides)
+    threads = configure_torch(cfg.trainer, config_table_elements(cfg))
+    fkg = load_federated_kg(cfg)
+    task = TASKS.get(cfg.federated.task)()
+    (party,) = build_client_parties(cfg, task, fkg, only=args.client)
+    encoder = party.module.encoder
+    if not hasattr(encoder, "compile_distances"):
+        raise SystemExit(f"{cfg.task.encoder}: only GQE's scores have a compiled form")
+    cfg_steps = cfg.task.steps_per_epoch
+    forms = {"cdist": (False, False), "compiled": (None, True)}
+
+    def fit(form: str) -> float:
+        encoder.compile_distances, encoder.compile_on_cpu = forms[form]
+        start = time.perf_counter()
+        party.fit(1)
+        return (time.perf_counter() - start) / cfg_steps
+
+    first = {"cdist": fit("cdist"), "compiled": fit("compiled")}  # warm-up; the compilation
+    seconds: dict[str, list[float]] = {"cdist": [], "compiled": []}
+    for r in range(args.repeats):
+        for form in (("cdist", "compiled") if r % 2 == 0 else ("compiled", "cdist")):
+            seconds[form].append(fit(form))
+            logging.getLogger("lightning_fedkg").info("repeat %d %s: %.1f ms a step", r + 1, form,
+                                                      1000 * seconds[form][-1])
+    median = {f: statistics.median(v) for f, v in seconds.items()}
+    report = {"config": str(args.config), "overrides": args.overrides, "client": args.client, "threads": threads,
+              "entities": int(party.kg.num_entities), "steps_per_fit": cfg_steps, "first_fit_s_per_step": first,
+              "s_per_step": seconds, "median_s_per_step": median,
+              "cdist_over_compiled": median["cdist"] / median["compiled"], "peak_rss_mib": peak_rss_mib()}
+    _write(report, args.json_out)
+
+
 def _write(report: dict, json_out: str | None) -> None:
     print(json.dumps(report, indent=1))
     if json_out:
@@ -263,12 +310,18 @@ def main() -> None:
     s.add_argument("--retrieval", action="store_true",
                    help="time only the cross-graph retrieval, task.retrieval paper against private")
     s.add_argument("overrides", nargs="*")
+    st = sub.add_parser("step")
+    st.add_argument("-c", "--config", type=Path, required=True)
+    st.add_argument("--client", default="client_0")
+    st.add_argument("--repeats", type=int, default=4)
+    st.add_argument("--json-out")
+    st.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     # one line per round (seconds, and the validation MRR where the round validated), so a
     # log shows a run's curve while it trains, and keeps it if the run is cut short
     logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("lightning_fedkg").setLevel(logging.INFO)
-    quality(args) if args.mode == "quality" else speed(args)
+    {"quality": quality, "speed": speed, "step": step}[args.mode](args)
 
 
 if __name__ == "__main__":
