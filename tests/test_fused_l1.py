@@ -137,7 +137,9 @@ def _large_transe():
     return model, query, model.entity_emb[torch.arange(256)]
 
 
-def test_large_cpu_blocks_train_through_the_compiled_distances_only_with_compile_cpu(monkeypatch):
+def _record_compiled_calls(monkeypatch) -> list:
+    """Pretend a C++ compiler exists and record the shapes each compiled-distance call gets
+    (the eager broadcast stands in for the compiled kernel)."""
     calls = []
 
     def fused(q, c):
@@ -146,6 +148,11 @@ def test_large_cpu_blocks_train_through_the_compiled_distances_only_with_compile
 
     monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
     monkeypatch.setattr(families, "fused_l1_distances", fused)
+    return calls
+
+
+def test_large_cpu_blocks_train_through_the_compiled_distances_only_with_compile_cpu(monkeypatch):
+    calls = _record_compiled_calls(monkeypatch)
     model, query, cand = _large_transe()
     cdist = model.gamma - torch.cdist(query, cand, p=1.0, compute_mode="donot_use_mm_for_euclid_dist")
     assert torch.equal(model._compare_shared(query, cand), cdist)  # the default: cdist, bit for bit
@@ -201,14 +208,7 @@ def _gqe_batch(k):
 
 @pytest.mark.parametrize("k", [1, 2])  # 2: a union's two alternatives, the best one scoring
 def test_gqe_scores_train_through_the_compiled_distances_only_where_asked(monkeypatch, k):
-    calls = []
-
-    def fused(q, c):
-        calls.append((tuple(q.shape), tuple(c.shape)))
-        return _l1_distances(q, c)
-
-    monkeypatch.setattr(families, "_cpu_compiler_found", lambda: True)
-    monkeypatch.setattr(families, "fused_l1_distances", fused)
+    calls = _record_compiled_calls(monkeypatch)
     gqe, q = _gqe_batch(k)
     g = torch.randn(256, 300, generator=torch.Generator().manual_seed(1))
 
