@@ -248,3 +248,16 @@ def test_the_trainer_settings_reach_the_query_encoder(overrides, expected):
 
     encoder = QueryAnswering().build_module(cfg, KG()).encoder
     assert (encoder.compile_distances, encoder.compile_on_cpu) == expected
+
+
+def test_a_whole_compiled_loss_is_refused_for_query_answering():
+    from lightning_fedkg.config import ConfigError, load_config
+    from lightning_fedkg.methods.fedcqa.task import QueryAnswering
+
+    cfg = load_config("configs/fedcqa/umls_fedcqa_gqe.yaml", ["trainer.compile=true"])
+
+    class KG:
+        num_entities, num_relations = 30, 4
+
+    with pytest.raises(ConfigError, match="unset or false"):
+        QueryAnswering().build_module(cfg, KG())

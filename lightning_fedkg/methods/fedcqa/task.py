@@ -67,8 +67,9 @@ class QueryAnswering(Task):
 
     def build_module(self, cfg, kg):
         if cfg.trainer.compile:
-            raise ConfigError("trainer.compile compiles the link-prediction (KGE) training losses; the query "
-                              "encoders are not compiled: leave trainer.compile=false for task query_answering")
+            raise ConfigError("trainer.compile=true compiles the link-prediction (KGE) training losses whole; a "
+                              "query encoder is not (GQE's L1 distances are compiled where trainer.compile is unset): "
+                              "leave trainer.compile unset or false for task query_answering")
         tc = cfg.task
         options = {"gqe": {"gamma": tc.gamma}, "q2p": {"particles": tc.particles, "heads": tc.heads,
                                                         "dropout": tc.dropout}, "tree_lstm": {}, "gqe_fedngdb": {}}[tc.encoder]
