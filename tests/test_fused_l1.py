@@ -261,3 +261,26 @@ def test_a_whole_compiled_loss_is_refused_for_query_answering():
 
     with pytest.raises(ConfigError, match="unset or false"):
         QueryAnswering().build_module(cfg, KG())
+
+
+def test_a_gqe_query_without_alternatives_scores_as_the_max_over_one_bit_for_bit():
+    # score() skips the max over alternatives when there is one; values and gradients must
+    # be those of the max form (which costs a pass over [B, n] and a scatter in backward)
+    from lightning_fedkg.methods.fedcqa.encoders import GQE
+
+    torch.manual_seed(0)
+    gqe = GQE(400, 8, 16)
+    q = torch.randn(64, 1, 16, requires_grad=True)
+    target = torch.randint(400, (64,))
+
+    def run(score):
+        gqe.zero_grad()
+        q.grad = None
+        out = score(q)
+        torch.nn.functional.cross_entropy(out, target, label_smoothing=0.1).backward()
+        return out.detach(), q.grad.clone(), gqe.entity_emb.grad.clone()
+
+    def max_form(x):
+        return (gqe.gamma - torch.cdist(x.reshape(64, 16), gqe.entity_emb, p=1).view(64, 1, -1)).max(1).values
+
+    assert all(torch.equal(a, b) for a, b in zip(run(gqe.score), run(max_form)))

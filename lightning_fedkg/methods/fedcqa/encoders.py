@@ -210,6 +210,8 @@ class GQE(DNFEncoder):
             distance = families.fused_l1_distances(flat, table)
         if distance is None:
             distance = torch.cdist(flat, table, p=1)
+        if k == 1:  # no union: a max over one alternative would cost a pass over [B, n] and its backward
+            return self.gamma - distance
         return (self.gamma - distance.view(b, k, -1)).max(1).values
 
     def score_candidates(self, embeddings: Tensor, candidates: Tensor) -> Tensor:
