@@ -247,11 +247,13 @@ def speed(args) -> None:
 
 
 def step(args) -> None:
-    """Seconds per training step of one client (``Party.fit`` over ``--steps`` steps, as in a
-    round), GQE's training scores through cdist (``trainer.compile=false``) and compiled
-    (``trainer.compile_cpu=true``) in turn, ``--repeats`` times each in one process: both
-    forms see the same data and the same load. The compiled form's first fit (compiling) is
-    reported apart."""
+    """Seconds per training step of one client (``Party.fit`` of one epoch, i.e.
+    ``task.steps_per_epoch`` steps, as in a round), GQE's training scores through cdist
+    (``trainer.compile=false``) and compiled (``trainer.compile_cpu=true``) in turn,
+    ``--repeats`` times each in one process: both forms see the same data and the same load.
+    Each form's first fit (the compiled one compiling) is reported apart; ``compiled_ran``
+    says whether the compiled form ran at all (without a C++ compiler it falls back to cdist)."""
+    from lightning_fedkg.models.kge import families
     from lightning_fedkg.federated.party import build_client_parties, load_federated_kg
     from lightning_fedkg.federated.tasks import TASKS
 
@@ -263,14 +265,14 @@ def step(args) -> None:
     encoder = party.module.encoder
     if not hasattr(encoder, "compile_distances"):
         raise SystemExit(f"{cfg.task.encoder}: only GQE's scores have a compiled form")
-    cfg_steps = cfg.task.steps_per_epoch
+    steps = cfg.task.steps_per_epoch
     forms = {"cdist": (False, False), "compiled": (None, True)}
 
     def fit(form: str) -> float:
         encoder.compile_distances, encoder.compile_on_cpu = forms[form]
         start = time.perf_counter()
         party.fit(1)
-        return (time.perf_counter() - start) / cfg_steps
+        return (time.perf_counter() - start) / steps
 
     first = {"cdist": fit("cdist"), "compiled": fit("compiled")}  # warm-up; the compilation
     seconds: dict[str, list[float]] = {"cdist": [], "compiled": []}
@@ -281,7 +283,8 @@ def step(args) -> None:
                                                       1000 * seconds[form][-1])
     median = {f: statistics.median(v) for f, v in seconds.items()}
     report = {"config": str(args.config), "overrides": args.overrides, "client": args.client, "threads": threads,
-              "entities": int(party.kg.num_entities), "steps_per_fit": cfg_steps, "first_fit_s_per_step": first,
+              "entities": int(party.kg.num_entities), "steps_per_fit": steps, "first_fit_s_per_step": first,
+              "compiled_ran": families._FUSED_L1.get("fn") not in (None, False),
               "s_per_step": seconds, "median_s_per_step": median,
               "cdist_over_compiled": median["cdist"] / median["compiled"], "peak_rss_mib": peak_rss_mib()}
     _write(report, args.json_out)
