@@ -262,7 +262,7 @@ def test_compile_is_refused_where_it_would_do_nothing():
     from lightning_fedkg.methods.fedcqa.task import QueryAnswering
 
     cfg = load_config("configs/fedcqa/umls_fedcqa_gqe.yaml", ["trainer.compile=true"])
-    with pytest.raises(ConfigError, match="trainer.compile compiles the link-prediction"):
+    with pytest.raises(ConfigError, match="trainer.compile=true compiles the link-prediction"):
         QueryAnswering().build_module(cfg, load_federated_kg(cfg).clients[0])
 
 

@@ -250,19 +250,6 @@ def test_the_trainer_settings_reach_the_query_encoder(overrides, expected):
     assert (encoder.compile_distances, encoder.compile_on_cpu) == expected
 
 
-def test_a_whole_compiled_loss_is_refused_for_query_answering():
-    from lightning_fedkg.config import ConfigError, load_config
-    from lightning_fedkg.methods.fedcqa.task import QueryAnswering
-
-    cfg = load_config("configs/fedcqa/umls_fedcqa_gqe.yaml", ["trainer.compile=true"])
-
-    class KG:
-        num_entities, num_relations = 30, 4
-
-    with pytest.raises(ConfigError, match="unset or false"):
-        QueryAnswering().build_module(cfg, KG())
-
-
 def test_a_gqe_query_without_alternatives_scores_as_the_max_over_one_bit_for_bit():
     # score() skips the max over alternatives when there is one; values and gradients must
     # be those of the max form (which costs a pass over [B, n] and a scatter in backward)
