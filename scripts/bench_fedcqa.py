@@ -26,6 +26,16 @@ bytes, both ways, and as serialized) per query, per type and overall.
 
     python scripts/bench_fedcqa.py speed -c configs/fedcqa/umls_fedcqa_gqe.yaml --rounds 1 --retrieval
 
+``retest`` evaluates finished runs of ``quality`` again, each at its best validation round
+(what ``fedkg test --from RUN`` evaluates) with the run's own config plus overrides, e.g. the
+paper's test-set sizes, and summarises them as ``quality`` does (per seed, means, and with
+two variants the per-seed differences). Each run's metrics go to
+``RUN/retest_<--tag>.json`` and are reused, so a cut-short batch resumes.
+
+    python scripts/bench_fedcqa.py retest --variants fb15k237_fed5_local_gqe fb15k237_fed5_fedcqa_gqe \
+        --seeds 0 1 2 --out runs/fedcqa_fb5_sm32_4000_persist --tag paper_sizes \
+        task.eval_per_type=5000 task.cross_per_type=5000
+
 ``step`` times one client's training steps (``Party.fit``), GQE's training scores through
 cdist and compiled (``trainer.compile_cpu``) alternately in one process.
 
@@ -104,6 +114,55 @@ def quality(args) -> None:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps({"overrides": args.overrides, "variants": rows}, indent=1))
+
+
+def retest(args) -> None:
+    from lightning_fedkg.run import evaluate
+
+    rows = {}
+    for variant in args.variants:
+        runs = []
+        for seed in args.seeds:
+            run_dir = Path(args.out) / variant / f"seed{seed}"
+            if not (run_dir / "metrics.json").is_file():
+                raise SystemExit(f"{run_dir} has not finished (no metrics.json): train it with `quality` first")
+            path = run_dir / f"retest_{args.tag}.json"
+            if not path.is_file():
+                cfg = load_config(run_dir / "config.yaml", args.overrides)
+                start = time.perf_counter()
+                metrics = evaluate(cfg, run_dir)
+                metrics["seconds"] = time.perf_counter() - start
+                metrics["overrides"] = args.overrides
+                path.write_text(json.dumps(metrics, indent=1))
+            runs.append(json.loads(path.read_text()))
+            logging.getLogger("lightning_fedkg").info("%s seed %d (round %s): in-graph %.4f, cross-graph %.4f",
+                                                     variant, seed, runs[-1].get("round"),
+                                                     runs[-1]["in_graph"]["mrr"], runs[-1]["cross_graph"]["mrr"])
+        row = {"seeds": list(args.seeds), "rounds_evaluated": [m.get("round") for m in runs],
+               "test_queries": {block: {t: v["queries"] for t, v in runs[0][block]["by_type"].items()}
+                                for block in ("in_graph", "cross_graph")}}
+        for label, block, key in KEYS:
+            values = [m[block][key] for m in runs]
+            row[label] = [statistics.mean(values), statistics.pstdev(values)]
+        row["per_seed"] = [{"seed": seed, "round": m.get("round"), **{label: m[block][key] for label, block, key in KEYS},
+                            **{f"{block}_by_type": {t: v["mrr"] for t, v in m[block]["by_type"].items()}
+                               for block in ("in_graph", "cross_graph")}}
+                           for seed, m in zip(args.seeds, runs)]
+        rows[variant] = row
+    print(f"{'variant':28s}" + "".join(f"{label:>18s}" for label, _, _ in KEYS))
+    for variant, row in rows.items():
+        print(f"{variant:28s}" + "".join(f"{row[label][0]:>11.4f} ±{row[label][1]:.4f}" for label, _, _ in KEYS))
+    report = {"overrides": args.overrides, "tag": args.tag, "variants": rows}
+    if len(rows) == 2:
+        # the paired comparison the ordering claims rest on: second minus first, seed by seed
+        first, second = rows.values()
+        report["second_minus_first"] = {label: [b[label] - a[label] for a, b in zip(first["per_seed"], second["per_seed"])]
+                                        for label in ("in MRR", "cross MRR")}
+        print("second minus first, by seed:", {k: [round(x, 4) for x in v]
+                                               for k, v in report["second_minus_first"].items()})
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
 
 
 def _print_curves(rows: dict) -> None:
@@ -313,6 +372,13 @@ def main() -> None:
     s.add_argument("--retrieval", action="store_true",
                    help="time only the cross-graph retrieval, task.retrieval paper against private")
     s.add_argument("overrides", nargs="*")
+    rt = sub.add_parser("retest", help="evaluate finished quality runs again (e.g. on larger test sets)")
+    rt.add_argument("--variants", nargs="+", required=True)
+    rt.add_argument("--seeds", nargs="+", type=int, default=[0])
+    rt.add_argument("--out", required=True, help="the folder quality trained in")
+    rt.add_argument("--tag", required=True, help="names each run's RUN/retest_<tag>.json")
+    rt.add_argument("--json-out")
+    rt.add_argument("overrides", nargs="*", help="key=value overrides of each run's own config")
     st = sub.add_parser("step")
     st.add_argument("-c", "--config", type=Path, required=True)
     st.add_argument("--client", default="client_0")
@@ -324,7 +390,7 @@ def main() -> None:
     # log shows a run's curve while it trains, and keeps it if the run is cut short
     logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("lightning_fedkg").setLevel(logging.INFO)
-    {"quality": quality, "speed": speed, "step": step}[args.mode](args)
+    {"quality": quality, "retest": retest, "speed": speed, "step": step}[args.mode](args)
 
 
 if __name__ == "__main__":
