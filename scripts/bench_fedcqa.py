@@ -60,6 +60,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from lightning_fedkg.atomic import write_atomic  # noqa: E402
 from lightning_fedkg.config import load_config  # noqa: E402
 from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
 from lightning_fedkg.run import fit
@@ -133,8 +134,12 @@ def retest(args) -> None:
                 metrics = evaluate(cfg, run_dir)
                 metrics["seconds"] = time.perf_counter() - start
                 metrics["overrides"] = args.overrides
-                path.write_text(json.dumps(metrics, indent=1))
+                # atomic: a batch killed mid-write leaves no half file for the next one to reuse
+                write_atomic(path, lambda f, m=metrics: f.write(json.dumps(m, indent=1).encode()))
             runs.append(json.loads(path.read_text()))
+            if runs[-1].get("overrides") != args.overrides:
+                raise SystemExit(f"{path} was evaluated with {runs[-1].get('overrides')}, not {args.overrides}: "
+                                 "give these overrides another --tag")
             logging.getLogger("lightning_fedkg").info("%s seed %d (round %s): in-graph %.4f, cross-graph %.4f",
                                                      variant, seed, runs[-1].get("round"),
                                                      runs[-1]["in_graph"]["mrr"], runs[-1]["cross_graph"]["mrr"])

@@ -55,6 +55,9 @@ def test_retest_reproduces_a_finished_run_then_evaluates_its_best_state_on_more_
                            overrides=["task.eval_per_type=60", "task.cross_per_type=40"]))
     assert json.loads((run / "retest_more.json").read_text())["marker"] == 1
 
+    with pytest.raises(SystemExit, match="another --tag"):  # a tag names one set of overrides
+        bench.retest(Namespace(variants=["umls_fedcqa_gqe"], seeds=[0], out=str(out), tag="more", json_out=None,
+                               overrides=["task.eval_per_type=90"]))
     with pytest.raises(SystemExit, match="has not finished"):
         bench.retest(Namespace(variants=["umls_local_gqe"], seeds=[0], out=str(out), tag="x", json_out=None,
                                overrides=[]))
