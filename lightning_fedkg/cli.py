@@ -229,9 +229,13 @@ def cmd_test(args: argparse.Namespace) -> int:
     ``--json`` the metrics as JSON (the ``metrics.json`` layout) instead."""
     if args.from_run:
         # A finished run evaluates itself: its config.yaml, its best state; nothing is written.
+        # Overrides change how it is tested (e.g. larger query sets), not the state.
         from lightning_fedkg.run import best_state
+        from lightning_fedkg.rundir import CONFIG_FILE
 
-        cfg = read_run_config(args.from_run)
+        cfg = read_run_config(args.from_run)  # refuses a folder that is not a run
+        if args.overrides:
+            cfg = load_config(Path(args.from_run) / CONFIG_FILE, args.overrides)
         ckpt = best_state(args.from_run, cfg)
         stopped = unfinished(Path(args.from_run), cfg)
     else:
@@ -460,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--from", dest="from_run", metavar="RUN_DIR",
                       help="evaluate a finished run's best state with its own config (writes nothing)")
     test.add_argument("--json", action="store_true", help="print the metrics as JSON instead of the table")
-    test.add_argument("overrides", nargs="*", help="key=value overrides")
+    test.add_argument("overrides", nargs="*",
+                      help="key=value overrides (with --from: of the run's own config, e.g. task.eval_per_type=5000)")
     test.set_defaults(func=cmd_test)
 
     add_method_commands(sub)

@@ -21,7 +21,7 @@ def bench():
     return module
 
 
-def test_retest_reproduces_a_finished_run_then_evaluates_its_best_state_on_more_queries(bench, tmp_path):
+def test_retest_reproduces_a_finished_run_then_evaluates_its_best_state_on_more_queries(bench, tmp_path, capsys):
     out, cache = tmp_path / "runs", tmp_path / "queries"
     small = [f"task.cache_dir={cache}", "task.train_per_type=300", "task.eval_per_type=30", "task.cross_per_type=20",
              "task.steps_per_epoch=3", "federated.rounds=2", "federated.eval_every=1", "model.dim=16",
@@ -49,6 +49,14 @@ def test_retest_reproduces_a_finished_run_then_evaluates_its_best_state_on_more_
         2 * sum(v["queries"] for v in trained["cross_graph"]["by_type"].values())
     assert sum(v["queries"] for v in more["in_graph"]["by_type"].values()) > \
         sum(v["queries"] for v in trained["in_graph"]["by_type"].values())
+    # `fedkg test --from RUN key=value` is the same evaluation for one run
+    from lightning_fedkg.cli import main
+
+    capsys.readouterr()  # retest's printed tables
+    assert main(["test", "--from", str(run), "--json", "task.eval_per_type=60", "task.cross_per_type=40"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    for block in ("in_graph", "cross_graph"):
+        assert cli[block]["mrr"] == more[block]["mrr"] and cli[block]["by_type"] == more[block]["by_type"]
     # reused, not evaluated again: a cut-short batch resumes where it stopped
     (run / "retest_more.json").write_text(json.dumps({**more, "marker": 1}))
     bench.retest(Namespace(variants=["umls_fedcqa_gqe"], seeds=[0], out=str(out), tag="more", json_out=None,
