@@ -89,10 +89,7 @@ def quality(args) -> None:
                 cfg = load_config(CONFIGS / f"{variant}.yaml", [f"seed={seed}", *args.overrides])
                 fit(cfg, run_dir)
             runs.append(json.loads(metrics_path.read_text()))
-        row = {"seeds": list(args.seeds)}
-        for label, block, key in KEYS:
-            values = [m[block][key] for m in runs if block in m]
-            row[label] = [statistics.mean(values), statistics.pstdev(values)] if values else None
+        row = {"seeds": list(args.seeds), **_means(runs)}
         row["rounds"] = statistics.mean(m["rounds"] for m in runs)
         row["seconds"] = statistics.mean(m["seconds"] for m in runs)
         row["cross_by_type_mrr"] = {t: statistics.mean(m["cross_graph"]["by_type"][t]["mrr"] for m in runs)
@@ -143,17 +140,12 @@ def retest(args) -> None:
             logging.getLogger("lightning_fedkg").info("%s seed %d (round %s): in-graph %.4f, cross-graph %.4f",
                                                      variant, seed, runs[-1].get("round"),
                                                      runs[-1]["in_graph"]["mrr"], runs[-1]["cross_graph"]["mrr"])
-        row = {"seeds": list(args.seeds), "rounds_evaluated": [m.get("round") for m in runs],
-               "test_queries": {block: {t: v["queries"] for t, v in runs[0][block]["by_type"].items()}
-                                for block in ("in_graph", "cross_graph")}}
-        for label, block, key in KEYS:
-            values = [m[block][key] for m in runs]
-            row[label] = [statistics.mean(values), statistics.pstdev(values)]
-        row["per_seed"] = [{"seed": seed, "round": m.get("round"), **{label: m[block][key] for label, block, key in KEYS},
-                            **{f"{block}_by_type": {t: v["mrr"] for t, v in m[block]["by_type"].items()}
-                               for block in ("in_graph", "cross_graph")}}
-                           for seed, m in zip(args.seeds, runs)]
-        rows[variant] = row
+        rows[variant] = {"seeds": list(args.seeds), **_means(runs),
+                         "test_queries": {block: {t: v["queries"] for t, v in runs[0][block]["by_type"].items()}
+                                          for block in ("in_graph", "cross_graph")},
+                         # "round": the evaluated (best) round; "seconds": the evaluation's
+                         "per_seed": [{**_seed_row(seed, m), "round": m.get("round")}
+                                      for seed, m in zip(args.seeds, runs)]}
     print(f"{'variant':28s}" + "".join(f"{label:>18s}" for label, _, _ in KEYS))
     for variant, row in rows.items():
         print(f"{variant:28s}" + "".join(f"{row[label][0]:>11.4f} ±{row[label][1]:.4f}" for label, _, _ in KEYS))
@@ -192,9 +184,19 @@ def _print_curves(rows: dict) -> None:
         print(line)
 
 
+def _means(runs: list[dict]) -> dict:
+    """``{label: [mean, population sd]}`` over runs of each of :data:`KEYS` (None where no
+    run has its block)."""
+    out = {}
+    for label, block, key in KEYS:
+        values = [m[block][key] for m in runs if block in m]
+        out[label] = [statistics.mean(values), statistics.pstdev(values)] if values else None
+    return out
+
+
 def _seed_row(seed: int, metrics: dict) -> dict:
     """One run's overall metrics and, per block, MRR and HR@10 by query type."""
-    row = {"seed": seed, "seconds": metrics["seconds"], "rounds": metrics["rounds"],
+    row = {"seed": seed, "seconds": metrics["seconds"], "rounds": metrics.get("rounds"),
            "validation": {v["round"]: v["mrr"] for v in metrics.get("validation", [])}}
     for label, block, key in KEYS:
         row[label] = metrics[block][key] if block in metrics else None
