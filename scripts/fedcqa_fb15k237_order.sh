@@ -14,7 +14,8 @@
 # some of the four (default "local fedr fede fedcqa"), SEEDS the seeds (default "0 1 2"), JSON
 # the summary's path; EXTRA's overrides come last, so they win (e.g. task.loss=negative_sampling,
 # which this script forced until 2026-11-27).
-# Every run's start, end, wall seconds and load average go to OUT/runs.log.
+# Every run's start, end, wall seconds and load average go to OUT/runs.log; each run's output to
+# OUT/VARIANT_seedS.log, appended at every start.
 set -euo pipefail
 rounds=${1:-4}
 steps=${2:-50}
@@ -33,8 +34,10 @@ mkdir -p "$out"
 run() {  # run VARIANT SEED
     local start=$SECONDS
     echo "$(date -u +%FT%T) start $1 seed $2 load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
+    # appended, not overwritten: a resumed run's log keeps the rounds of its earlier starts
+    echo "=== $(date -u +%FT%T) start" >> "$out/$1_seed$2.log"
     nice -n 10 "$py" scripts/bench_fedcqa.py quality --variants "$1" --seeds "$2" --out "$out" "${common[@]}" \
-        > "$out/$1_seed$2.log" 2>&1
+        >> "$out/$1_seed$2.log" 2>&1
     echo "$(date -u +%FT%T) end $1 seed $2 wall $((SECONDS - start)) s load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
 }
 
