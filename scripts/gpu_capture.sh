@@ -21,7 +21,7 @@ python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightnin
 
 step() { echo "== $*"; local t0=$(date +%s%N); "$@"; echo "== rc $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; }
 PARTS=${PARTS-"tests rounds bf16 steps k8"}  # e.g. PARTS="tests k8" CAPTURES=null; PARTS="" only installs
-# (also: official, kernels, profile)
+# (also: official, official_fedlu, kernels, profile)
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 if has tests; then  # the whole output in $OUT/tests.log; torch's DEBUG lines and the warnings summary once
@@ -70,6 +70,21 @@ if has official; then
   step timeout 150 python3 scripts/bench_official_fede.py --fede-dir .gpu/FedE --pkl /tmp/fede.pkl --mode bounded \
       --batches 40 --eval-limit 0 --threads 1 --device cuda --json-out "$OUT/official_fede.json" 2>&1 \
       | grep -v Warning | tail -14
+fi
+# not in the default PARTS: our FedLU rounds, then the official FedLU code (nju-websoft/FedLU at
+# 43d8cb5, Code/ in .gpu/FedLU; its Levenshtein and rapidfuzz wheels in .gpu/fedlu_wheels) on the
+# same card, stopped once its first round has trained. Its setup (pre-drawing every batch) and
+# the test it runs before training took 90-112 s and 237 s on an H100, so the whole part needs
+# most of a 600 s call: run it alone (PARTS=official_fedlu). See docs/results/speed.md.
+if has official_fedlu; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fedlu_site \
+      .gpu/fedlu_wheels/*.whl || exit 1
+  step timeout 110 python3 scripts/bench_fedlu.py --rounds 2 --threads 1 --strategies fedlu \
+      --json-out "$OUT/fedlu_capture-null.json" trainer.capture=null 2>&1 | grep -v Warning | tail -8
+  PYTHONPATH=$PYTHONPATH:/tmp/fedlu_site step timeout 450 python3 scripts/bench_official_fedlu.py \
+      --fedlu-dir .gpu/FedLU --data ../shared/data/FB15k-237-R10 --python python3 --rounds 1 --threads 1 \
+      --pin none --time-limit ${FEDLU_LIMIT:-420} --out "$OUT/official_fedlu.json" --log "$OUT/official_fedlu.log" \
+      --extra --cuda --test_batch_size 256 2>&1 | grep -v Warning | tail -20
 fi
 # not in the default PARTS: the step's pieces in candidate forms (bench_kernels.py)
 has kernels && step timeout 90 python3 scripts/bench_kernels.py --json-out "$OUT/kernels.json" 2>&1 | grep -v Warning | tail -12
