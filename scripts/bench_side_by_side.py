@@ -13,7 +13,9 @@ runs also print each client's CPU seconds of local training per round, whose sum
 largest bounds what running them side by side can gain, whatever the machine's load, and
 what the same rounds would take side by side if the OS time-sliced those CPU seconds evenly
 over the cores and no worker slowed another (the model); the summary says what share of the
-model's speed each side-by-side mode reached.
+model's speed each side-by-side mode reached. Every run also prints how busy the machine's
+cores were during its training rounds 2.. (``/proc/stat``, all processes, Linux only): near
+100% side by side means the rounds lose to slower work, not to idle cores.
 
     python scripts/bench_side_by_side.py -c configs/fede/umls_fede.yaml --rounds 12
     python scripts/bench_side_by_side.py -c configs/fedlu/umls_fedlu.yaml --rounds 12
@@ -65,6 +67,17 @@ def queued_exchange(self, round, stage, messages, wire, channel, timeout):
     return self.replies(round, stage, sent, answers, wire, channel, timeout)
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """``(busy, total)`` clock ticks of the whole machine so far (``/proc/stat``'s first line;
+    idle and iowait count as not busy), or None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control: list[str]) -> dict:
     import lightning_fedkg.runtime as runtime
     from lightning_fedkg.config import load_config
@@ -73,7 +86,7 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
 
     from lightning_fedkg.federated.party import Party
 
-    rounds, evals, fit_cpu, round_cpu = [], [], {}, {}
+    rounds, evals, fit_cpu, round_cpu, busy = [], [], {}, {}, [0, 0]
     train_round, evaluate, party_fit = FederatedRun.train_round, FederatedRun.evaluate, Party.fit
 
     def timed_fit(self, epochs):  # CPU seconds of each client's local training (this process only)
@@ -85,11 +98,14 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
             round_cpu.setdefault(len(rounds), []).append(fit_cpu[self.name][-1])  # rounds ended so far
 
     def timed_train(self, r):
-        start = time.perf_counter()
+        start, ticks = time.perf_counter(), cpu_jiffies()
         try:
             return train_round(self, r)
         finally:
             rounds.append(time.perf_counter() - start)
+            if ticks is not None and r > 1:  # how busy the machine's cores were, rounds 2 on
+                now = cpu_jiffies()
+                busy[0], busy[1] = busy[0] + now[0] - ticks[0], busy[1] + now[1] - ticks[1]
 
     def timed_evaluate(self, split, r, download=None):
         start = time.perf_counter()
@@ -128,7 +144,8 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
             "model": statistics.median(model[1:] or model) if model else None, "model_cores": cores,
             "validation": statistics.median(evals) if evals else float("nan"),
             "mrr": metrics["test"]["mrr"], "threads": metrics.get("client_workers", {}).get("threads"),
-            "cores": metrics.get("client_workers", {}).get("cores")}
+            "cores": metrics.get("client_workers", {}).get("cores"),
+            "busy": busy[0] / busy[1] if busy[1] else None}
 
 
 def main() -> None:
@@ -166,7 +183,9 @@ def main() -> None:
                       f"validation {r['validation']:.3f} s, test MRR {r['mrr']:.6f}, "
                       f"driver threads {torch.get_num_threads()}, worker threads {r['threads']}"
                       + (f", cores {r['cores']}" if r["cores"] else ""), flush=True)
-                print(f"      every round: {' '.join(f'{t:.2f}' for t in r['all'])} s", flush=True)
+                print(f"      every round: {' '.join(f'{t:.2f}' for t in r['all'])} s"
+                      + (f"; the machine's cores busy {r['busy']:.0%} of rounds 2-{r['rounds']}" if r["busy"] is not None
+                         else ""), flush=True)
                 if r["model"] is not None:
                     print(f"      the same rounds side by side, time-sliced evenly on {r['model_cores']} cores with no "
                           f"worker slowing another: {r['model']:.3f} s/round (the model)", flush=True)
