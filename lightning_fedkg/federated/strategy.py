@@ -339,6 +339,21 @@ class ClientHalf:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (default: nothing to restore)."""
 
+    # ---------------------------------------------------------------- what never goes back
+    def spent_state(self) -> dict:
+        """What this client has released and must never take back (default: nothing):
+        differential privacy's ledger, the retrieval batches a querier revealed. Unlike
+        :meth:`state_dict` it is never rolled back: a server may ask a client to restore an
+        earlier state (a Flower ``restore``), and a ledger restored with it would let the
+        client release again what it already spent. A runtime that keeps a client across
+        processes stores it in a file of its own that only grows. JSON-able; mixins merge
+        their part into ``super().spent_state()``."""
+        return {}
+
+    def load_spent_state(self, state: dict) -> None:
+        """Take back :meth:`spent_state` saved by an earlier process of this client; what
+        this object already holds is never replaced by less (default: nothing)."""
+
 
 class Strategy:
     """A federated method: which server and client halves, which groups they move.
