@@ -4,7 +4,7 @@
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg audit --from RUN_DIR                           attack a run's recorded payloads
     fedkg data stats NAME_OR_PATH | -c CONFIG            dataset or query-set statistics
-    fedkg flower up | split | worker                     run on Flower across processes
+    fedkg flower up | split | policy | worker            run on Flower across processes
     fedkg --version                                      print the installed version
 
 ``fedkg query`` and ``fedkg unlearn`` are the methods' (FedCQA's, FedLU's): commands found
@@ -420,6 +420,15 @@ def cmd_flower_split(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flower_policy(args: argparse.Namespace) -> int:
+    """``fedkg flower policy``: an organisation's client policy, from the config it agrees to."""
+    cfg = load_config(args.config, args.overrides)
+    from lightning_fedkg.federated.policy import write_policy
+
+    print(f"client policy written to {write_policy(cfg, args.out)}: put it beside the client's key file")
+    return 0
+
+
 def cmd_flower_worker(args: argparse.Namespace) -> int:
     """``fedkg flower worker``: one client's long-lived worker beside its SuperNode."""
     from lightning_fedkg.flower.worker import serve
@@ -445,7 +454,7 @@ def add_method_commands(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser: fit, test, the commands methods add
-    (:func:`add_method_commands`), audit, data stats, flower up/split/worker."""
+    (:func:`add_method_commands`), audit, data stats, flower up/split/policy/worker."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
@@ -510,6 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--out", required=True, help="folder for client_<k>/")
     split.add_argument("overrides", nargs="*", help="key=value overrides")
     split.set_defaults(func=cmd_flower_split)
+    policy = flower_sub.add_parser("policy", help="write an organisation's client policy (what its client reveals) "
+                                                  "from the config it agrees to")
+    policy.add_argument("-c", "--config", required=True, help="YAML config file")
+    policy.add_argument("--out", required=True, help="the policy file, beside the client's key file "
+                                                     "(e.g. /secrets/policy.yaml)")
+    policy.add_argument("overrides", nargs="*", help="key=value overrides")
+    policy.set_defaults(func=cmd_flower_policy)
     worker = flower_sub.add_parser("worker", help="one client's long-lived worker beside its SuperNode (keeps the "
                                                   "party in memory between messages)")
     worker.add_argument("--data-path", required=True, help="the client's data folder (as its SuperNode's)")

@@ -221,7 +221,9 @@ def test_threshold_at_most_half_is_refused_and_a_split_view_at_the_default_fails
 
 def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
     """A Flower client registered with ``registered_cfg`` (the config the server sends in
-    ``hello``), with the identities of ``roster_cfg`` beside its key file (none: no roster)."""
+    ``hello``), with the policy and identities of ``roster_cfg`` beside its key file (none:
+    a policy that agrees with the registration, and no roster)."""
+    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
     from lightning_fedkg.flower.client import ClientRuntime
     from lightning_fedkg.flower.data import write_client_folders
     from lightning_fedkg.flower.backend import client_config_text, write_key_file
@@ -232,6 +234,8 @@ def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
         from lightning_fedkg.flower.backend import provision_beside_key
 
         provision_beside_key(roster_cfg, key, folders)
+    else:
+        write_policy(registered_cfg, key.parent / POLICY_FILE)
     client = ClientRuntime(folders[0], key, tmp_path / "work", "run1")
     answer, _ = client.handle({"kind": "hello", "config": client_config_text(registered_cfg)}, b"")
     return client, answer["digest"]
@@ -242,25 +246,29 @@ def _ask_keys(client, digest, threshold):
     return client.handle({"kind": "stage", "stage": sa.SA_KEYS, "round": 1, "digest": digest}, encode(message))
 
 
-def test_a_flower_client_checks_the_threshold_against_its_roster_not_the_registration(tmp_path):
+def test_a_flower_client_checks_the_threshold_against_its_own_policy_not_the_registration(tmp_path):
     """Attack (Flower): the server registers the client with a config whose t is 2 (still
     valid for n = 3) where the clients agreed on t = 3, then asks for t = 2. The client's
     whole config comes from that registration, so before the fix the client "checked" t
-    against the server's own word and answered; now t is the roster's beside its key file."""
+    against the server's own word and answered; now the registration is refused by the
+    policy beside its key file, and t is the roster's (checked in sa_keys, whatever the
+    config says: test_a_client_refuses_a_threshold_the_server_lowered)."""
     agreed = secure(federated__secure_aggregation__threshold=3)
     client, digest = _registered_runtime(tmp_path, secure(federated__secure_aggregation__threshold=2), agreed)
-    with pytest.raises(RuntimeError, match=r"threshold t=2.*t=3"):
+    with pytest.raises(ConfigError, match=r"secure_aggregation\.threshold: the run's config has 2, this client's "
+                                          r"policy 3"):
         _ask_keys(client, digest, 2)
+    client, digest = _registered_runtime(tmp_path / "agreed", agreed, agreed)
     answer, reply = _ask_keys(client, digest, 3)  # the agreed t is answered
     assert set(decode(reply).arrays) == {"c_pk", "s_pk"}
 
 
-def test_a_flower_client_with_a_roster_refuses_a_config_that_turns_secure_aggregation_off(tmp_path):
+def test_a_flower_client_refuses_a_config_that_turns_secure_aggregation_off(tmp_path):
     """Attack (Flower): the clients were provisioned for secure aggregation, and the server
     registers them with a config that has it off, so that they upload in clear. Before the
-    fix the client took the server's config as it came; the roster now pins it on."""
+    fix the client took the server's config as it came; its policy now pins it on."""
     client, digest = _registered_runtime(tmp_path, umls_config(), secure())
-    with pytest.raises(ConfigError, match="turns it off"):
+    with pytest.raises(ConfigError, match=r"secure_aggregation\.enabled: the run's config has False"):
         _ask_keys(client, digest, 2)
 
 

@@ -81,6 +81,7 @@ def test_data_digest_is_keyed_and_follows_every_file(tmp_path):
 
 # ---------------------------------------------------------------------- the client runtime
 def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
+    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
     from lightning_fedkg.flower.client import ClientRuntime, DataMismatchError
     from lightning_fedkg.flower.backend import client_config_text, write_key_file
 
@@ -88,6 +89,7 @@ def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
     folder = write_client_folders(cfg, tmp_path / "data")[0]
     key = write_key_file("secret", tmp_path / "key")
     assert oct(key.stat().st_mode & 0o777) == "0o600"
+    write_policy(cfg, tmp_path / POLICY_FILE)  # the organisation's own, beside its key file
     client = ClientRuntime(folder, key, tmp_path / "work", "run1")
     answer, _ = client.handle({"kind": "hello", "config": client_config_text(cfg)}, b"")
     assert answer["name"] == "client_0"
@@ -111,6 +113,7 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     from multiprocessing import AuthenticationError
     from multiprocessing.connection import Client
 
+    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
     from lightning_fedkg.flower.client import DataMismatchError, forward, worker_key
     from lightning_fedkg.flower.backend import client_config_text, write_key_file
     from lightning_fedkg.flower.worker import serve
@@ -118,6 +121,7 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     cfg = umls("federated.rounds=1")
     folder = write_client_folders(cfg, tmp_path / "data")[1]
     key = write_key_file("secret", tmp_path / "key")
+    write_policy(cfg, tmp_path / POLICY_FILE)
     paths = {"data-path": str(folder), "key-file": str(key), "work-dir": str(tmp_path / "work")}
     sock = str(tmp_path / "w" / "c.sock")
     assert forward(sock, str(key), {"kind": "hello"}, b"") is None  # nothing listens yet

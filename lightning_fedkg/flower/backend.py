@@ -108,15 +108,20 @@ def write_key_file(secret: str, path: str | Path) -> Path:
 
 
 def provision_beside_key(cfg: ExperimentConfig, key_file: str | Path, data: list[Path]) -> None:
-    """With secure aggregation, the clients' identities and roster (:mod:`~lightning_fedkg.federated.identities`)
-    beside ``key_file``, where each :class:`~.client.ClientRuntime` reads them: written once
-    for the clients of the data folders ``data``, reused afterwards. On one machine this
-    process is the provisioner; across organisations each one receives its own key and the
-    roster out of band (docs/deployment.md, "What an organisation runs on its own machine")."""
+    """Beside ``key_file``, where each :class:`~.client.ClientRuntime` reads them: the
+    clients' policy (``policy.yaml``, :mod:`~lightning_fedkg.federated.policy`: what they
+    reveal, here the run's own settings) and, with secure aggregation, their identities and
+    roster (:mod:`~lightning_fedkg.federated.identities`), written once for the clients of
+    the data folders ``data`` and reused afterwards. On one machine this process is the
+    provisioner; across organisations each one writes its own policy and receives its own
+    key and the roster out of band (docs/deployment.md, "What an organisation runs on its
+    own machine")."""
     from lightning_fedkg.federated.identities import IDENTITIES
+    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
     from lightning_fedkg.federated.secure import provision_identities as provision
     from lightning_fedkg.flower.data import CLIENT_FILE
 
+    write_policy(cfg, Path(key_file).parent / POLICY_FILE)
     if cfg.federated.secure_aggregation.enabled:
         names = [json.loads((Path(d) / CLIENT_FILE).read_text())["name"] for d in data]
         provision(Path(key_file).parent / IDENTITIES, cfg, names)

@@ -1,7 +1,9 @@
 """The client side: one organisation's ClientApp, with only its own data folder.
 
-A SuperNode's node config names ``data-path``, ``key-file`` and ``work-dir``; with secure
-aggregation the client reads ``identities/`` beside its key file, never the server's word.
+A SuperNode's node config names ``data-path``, ``key-file`` and ``work-dir``; beside its key
+file the client reads its organisation's ``policy.yaml`` (what it reveals: a run config that
+differs from it is refused) and, with secure aggregation, ``identities/``: never the
+server's word.
 Requests (:mod:`.wire`): ``hello`` (answered with the client's name and data digest),
 ``stage``, ``deliver`` and ``restore``. Since Flower starts a process per message, the
 client saves its state after every message on its own disk and answers the state's number;
@@ -44,9 +46,10 @@ class ClientRuntime:
     def __init__(self, data_path: str | Path, key_file: str | Path, work_dir: str | Path, run_id: str) -> None:
         self.data_path, self.run_id = Path(data_path), run_id
         self.secret = read_key_file(key_file)
-        # The client's identity and the roster (secure aggregation's policy) sit beside its
-        # key file, on its own disk: never from a command line or the server's messages.
-        self.identities = Path(key_file).parent / "identities"
+        # The client's policy, identity and roster sit beside its key file, on its own disk:
+        # never from a command line or the server's messages.
+        self.key_dir = Path(key_file).parent
+        self.identities = self.key_dir / "identities"
         self.name, self.kg, self.names = load_client_folder(self.data_path)
         self.dir = Path(work_dir) / run_id / self.name
         self.state_dir = self.dir / "states"
@@ -81,6 +84,7 @@ class ClientRuntime:
         start = time.perf_counter()
         from lightning_fedkg.config import config_from_yaml_text
         from lightning_fedkg.federated.party import build_party
+        from lightning_fedkg.federated.policy import POLICY_FILE, read_policy
         from lightning_fedkg.federated.protections import protected_halves
         from lightning_fedkg.federated.strategy import STRATEGIES
         from lightning_fedkg.federated.tasks import TASKS
@@ -90,6 +94,10 @@ class ClientRuntime:
             raise RuntimeError(f"{self.name} has no config for run {self.run_id} in {self.dir}: it missed the "
                                f"registration (restart the run's server)")
         cfg = config_from_yaml_text(self.config_path.read_text(), source=str(self.config_path))
+        # What this client reveals is its organisation's policy, beside its key file: the
+        # config is the server's word, so a setting on which the two differ is refused.
+        read_policy(self.key_dir / POLICY_FILE).check(
+            cfg, self.name, "the run's config (sent by the server at registration)")
         cfg.federated.federation_key = self.secret  # the clients' secret, from the key file only
         prepare_process(cfg)  # a client process of its own: fit's setup does not reach it
         self.cfg = cfg
@@ -104,19 +112,12 @@ class ClientRuntime:
         self._timed("build", start)
 
     def check_roster(self, cfg) -> None:
-        """Refuse secure aggregation without a roster beside the key file (the config came
-        from the server at registration, so its threshold is the server's word; the roster's
-        is the clients' own, :class:`~lightning_fedkg.federated.secure.SecureClient` uses it),
-        and a config without secure aggregation where a roster was provisioned."""
+        """Refuse secure aggregation without a roster beside the key file: t is the roster's
+        (:class:`~lightning_fedkg.federated.secure.SecureClient` uses it), and the peers'
+        identity keys are in it. Whether secure aggregation is on at all is the policy's."""
         from lightning_fedkg.config import ConfigError
         from lightning_fedkg.federated.identities import ROSTER, has_roster
 
-        # The roster pins secure aggregation on: a server must not switch it off in the
-        # config it sends (the uploads would then cross in clear).
-        if has_roster(self.identities) and not cfg.federated.secure_aggregation.enabled:
-            raise ConfigError(f"{self.name}: {self.identities / ROSTER} was provisioned for secure aggregation, but "
-                              "the run's config (sent by the server at registration) turns it off; refusing to "
-                              "upload in clear")
         if cfg.federated.secure_aggregation.enabled and not has_roster(self.identities):
             raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no "
                               f"{self.identities / ROSTER} beside this client's key file; the threshold it checks "
