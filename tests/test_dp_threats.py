@@ -82,22 +82,56 @@ def test_a_public_selection_buys_no_amplification():
                                                         rel=1e-5)
 
 
-def test_an_inflated_holder_count_is_refused():
-    """Finding 7: under distributed DP each client divides its noise by the holder count the
-    server sends. A server that inflated it to 30 (three clients hold any UMLS row) shrank the
-    noise of the sum √10-fold while every client still reported the full ε: this round
-    succeeded on the old code. Now a client refuses a count above the number of parties it
-    split its mask secrets among, and the round fails rather than release under-noised rows."""
-    cfg = dp_config(federated__dp__noise_multiplier=2.0, federated__dp__placement="distributed",
-                    federated__secure_aggregation__enabled=True, federated__rounds=1, federated__max_retries=0)
+def test_holder_counts_come_from_the_clients_own_masking():
+    """Finding 7: under distributed DP each client divided its noise by the holder count the
+    server sent; a server that inflated it to 30 (three clients hold any UMLS row) shrank the
+    noise of the sum √10-fold (the round succeeded on that code), and a bound on the count
+    only narrowed it. No count crosses now (issue 57): one sent is refused, and a client
+    counts a row's holders from the peers it masks that row with. A server that claims a
+    non-holder for a row in the masking positions gets a larger count, and a row whose masks
+    no longer cancel: its sum is noise to the server (≥ 100 here, against changes of about 1)."""
+    cfg = _dp_sa(federated__dp__noise_multiplier=2.0, federated__rounds=1, federated__max_retries=0,
+                 train__lr=1e-12)
     run = FederatedRun(cfg, run_dir=None)
     run.align()
-    honest = DPServer._row_counts
-    run.server._row_counts = lambda tensor, among: honest(run.server, tensor, among) * 10
+    original = type(run.server).configure_train
+
+    def sent_counts(round, selected):
+        messages = original(run.server, round, selected)
+        for m in messages.values():
+            m.arrays["dp.k.entity_emb"] = torch.full((m.arrays["entity_emb"].shape[0],), 30, dtype=torch.int32)
+        return messages
+
+    run.server.configure_train = sent_counts
     with pytest.raises(RoundFailed):
         run.train_round(1)
-    assert any("refusing to shrink the noise" in f["error"] for f in run.failures)
-    assert all(half.events == [] for half in run.client_halves.values())
+    assert all("own policy" in f["error"] for f in run.failures)
+    # claiming client_0 for the 20 rows that only client_1 and client_2 hold
+    run = FederatedRun(cfg, run_dir=None)
+    run.align()
+    index, rows = run.server.alignment.index, run.server.table["entity_emb"].shape[0]
+    held = {n: torch.zeros(rows, dtype=torch.bool).index_fill_(0, i, True) for n, i in index.items()}
+    target = (held["client_1"] & held["client_2"] & ~held["client_0"]).nonzero().squeeze(1)
+    assert len(target) == 20
+    local = torch.full((rows,), -1, dtype=torch.long)
+    local[index["client_1"]] = torch.arange(len(index["client_1"]))
+    original = type(run.server).configure_train
+
+    def claimed(round, selected):
+        messages = original(run.server, round, selected)
+        key = "sa.pos.client_0.entity_emb"
+        # appended: the pair's keystream covers the listed positions in order, so the rows
+        # both really hold keep their masks aligned
+        messages["client_1"].arrays[key] = torch.cat([messages["client_1"].arrays[key],
+                                                      local[target].to(torch.int32)])
+        return messages
+
+    run.server.configure_train = claimed
+    before = run.server.table["entity_emb"].clone()
+    run.train_round(1)
+    change = (run.server.table["entity_emb"] - before).abs()
+    others = held["client_0"] & held["client_1"] & held["client_2"]
+    assert float(change[target].median()) > 100 and float(change[others].median()) < 10
 
 
 def test_distributed_reports_the_epsilon_a_deviating_server_leaves():
@@ -116,13 +150,13 @@ def test_distributed_reports_the_epsilon_a_deviating_server_leaves():
     assert "deviating" in privacy["threat_model"]
 
 
-def test_a_realised_sigma_above_the_requested_one_is_not_believed():
+def test_a_realised_sigma_from_the_server_is_refused():
     """Finding 7: the survivors' realised σ came from the server and was accounted as sent; a
-    server claiming σ·10 (no dropouts, say, while it dropped holders) made every client report
-    far less than what its uploads cost. On the old code the
-    client accounted the inflated σ; now it takes at most the σ its share was computed for."""
-    cfg = dp_config(federated__dp__noise_multiplier=2.0, federated__dp__placement="distributed",
-                    federated__secure_aggregation__enabled=True, federated__rounds=1)
+    server claiming σ·10 made every client report far less than what its uploads cost (a
+    cap at the requested σ then limited it). No σ crosses now (issue 57): each client
+    computes what a dropout left from the survivors and its own masking, and refuses a
+    server that sends a σ with the unmasking."""
+    cfg = _dp_sa(federated__dp__noise_multiplier=2.0, federated__rounds=1, federated__max_retries=0)
     run = FederatedRun(cfg, run_dir=None)
     run.align()
     original = type(run.server).configure_sa_unmask
@@ -130,13 +164,15 @@ def test_a_realised_sigma_above_the_requested_one_is_not_believed():
     def lying(round, selected):
         messages = original(run.server, round, selected)
         for m in messages.values():
-            m.config["dp"]["sigma"] = 20.0
+            m.config["dp"] = {"sigma": 20.0}
         return messages
 
     run.server.configure_sa_unmask = lying
-    run.train_round(1)
-    for half in run.client_halves.values():
-        assert half.events[-1][1] == pytest.approx(2.0)
+    with pytest.raises(RoundFailed):
+        run.train_round(1)
+    assert all("own policy" in f["error"] for f in run.failures)
+    for half in run.client_halves.values():  # charged when sent, at the σ of its own settings
+        assert [e[:2] for e in half.events] == [(1, 2.0)]
 
 
 def test_what_crosses_in_clear_is_dropped_or_listed(monkeypatch):
@@ -211,3 +247,91 @@ def test_the_release_is_snapped_to_the_grid_and_accounted():
     exact = dplib.epsilon([(1.0, 2.0 * 2 / (2 + slack))], 1e-5, neighbours="replace")
     assert half.epsilon() == pytest.approx(exact, rel=1e-12)
     assert half.epsilon() > dplib.epsilon([(1.0, 2.0)], 1e-5, neighbours="replace")
+
+
+# ---------------------------------------------------------------- a deviating server (issue 57)
+def _dp_sa(**overrides):
+    return dp_config(federated__secure_aggregation__enabled=True, federated__dp__placement="distributed",
+                     federated__secure_aggregation__threshold=2, **overrides)
+
+
+def test_the_server_cannot_choose_the_noise():
+    """Finding 3 (issue 57): ``DPClient.handle`` took σ from the server's message and never
+    compared it with its own target. A server sending σ = 1e-6 got uploads noised with
+    1e-6·clip (on the old code this round trained and aggregated, every client complied and
+    its ε read about 4e12). A client now derives σ from its own policy and refuses a server
+    that sends one."""
+    run = FederatedRun(dp_config(federated__dp__epsilon=4.0, federated__rounds=2, federated__max_retries=0),
+                       run_dir=None)
+    run.align()
+    original = type(run.server).configure_train
+
+    def chosen_noise(round, selected):
+        messages = original(run.server, round, selected)
+        for m in messages.values():
+            m.config["dp"] = {"sigma": 1e-6}
+        return messages
+
+    run.server.configure_train = chosen_noise
+    with pytest.raises(RoundFailed):
+        run.train_round(1)
+    assert all("own policy" in f["error"] for f in run.failures), run.failures
+    assert all(half.events == [] for half in run.client_halves.values())
+
+
+def test_each_client_derives_its_noise_from_its_own_policy():
+    """The σ a client adds is the one its own settings calibrate (what the report prints
+    is what the clients used, not the server's figure)."""
+    cfg = dp_config(federated__dp__epsilon=4.0, federated__rounds=2)
+    run = FederatedRun(cfg, run_dir=None)
+    run.align()
+    run.train_round(1)
+    sigma = noise_multiplier(cfg, 3, DIM)
+    for half in run.client_halves.values():
+        assert half.events[-1][1] == pytest.approx(sigma, rel=1e-12)
+    privacy = run.server.report()["privacy"]
+    assert privacy["noise_multiplier"] == pytest.approx(sigma, rel=1e-12)
+    assert f"{sigma:.4g}" in privacy["mechanism"]
+
+
+def test_every_release_is_charged_when_it_is_sent():
+    """Finding 4 (issue 57): under distributed noise a release entered a client's ledger only
+    when that client received ``sa_unmask``; a server that unmasked with the other
+    survivors' shares (t = 2 of 3) and never asked the victim read three aggregates holding
+    its noised upload while its ledger held one (on the old code: 1 event, ε 2.16 against
+    4.0 for the others). Each upload is now charged as it is sent."""
+    run = FederatedRun(_dp_sa(federated__dp__noise_multiplier=2.0, federated__rounds=3), run_dir=None)
+    run.align()
+    victim = "client_1"
+    original = type(run.server).configure_sa_unmask
+
+    def skip_victim(round, selected):
+        messages = original(run.server, round, selected)
+        if round < 3:
+            messages.pop(victim)
+        return messages
+
+    run.server.configure_sa_unmask = skip_victim
+    for r in (1, 2, 3):
+        run.train_round(r)
+    ledgers = {n: [e[0] for e in h.events] for n, h in run.client_halves.items()}
+    assert ledgers == {n: [1, 2, 3] for n in run.client_halves}, ledgers
+    eps = {n: h.epsilon() for n, h in run.client_halves.items()}
+    assert eps[victim] == pytest.approx(eps["client_0"], rel=1e-12)
+
+
+def test_a_client_stops_uploading_when_its_budget_is_spent():
+    """A client with a target ε (calibrated over ``federated.rounds`` uploads) refuses an
+    upload beyond it: a server that runs more rounds than the client's policy planned for
+    gets no further release (on the old code the client uploaded and its ε passed the
+    target)."""
+    run = FederatedRun(dp_config(federated__dp__epsilon=4.0, federated__rounds=2, federated__max_retries=0),
+                       run_dir=None)
+    run.align()
+    run.train_round(1)
+    run.train_round(2)
+    assert all(h.epsilon() == pytest.approx(4.0, rel=1e-3) for h in run.client_halves.values())
+    with pytest.raises(RoundFailed):
+        run.train_round(3)
+    assert all("budget" in f["error"] for f in run.failures if f.get("round") == 3), run.failures
+    assert all(len(h.events) == 2 and h.epsilon() <= 4.0 * (1 + 1e-6) for h in run.client_halves.values())

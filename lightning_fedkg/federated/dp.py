@@ -2,10 +2,12 @@
 
 Each selected client clips its update (trained rows minus downloaded rows, per ``unit``) and
 adds Gaussian noise from ``os.urandom`` on a grid (:mod:`lightning_fedkg.privacy.noise`)
-before it uploads. ``placement: local`` noises every upload in full; ``distributed`` (with
-secure aggregation) splits the noise among a row's holders and also accounts
-``epsilon_deviating_server``. ε is composed per client over every upload, with no
-amplification by sampling. Threat model and guarantees: docs/privacy.md.
+before it uploads. σ is the client's own, from its own settings; the server sends none.
+``placement: local`` noises every upload in full; ``distributed`` (with secure aggregation)
+splits the noise among a row's holders, counted from the peers the client itself masks that
+row with, and also accounts ``epsilon_deviating_server``. Each upload is charged to the
+client's ledger as it is sent, composed with no amplification by sampling, and a client
+with a target ε refuses an upload beyond it. Threat model and guarantees: docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.privacy import dp as dplib
@@ -30,7 +31,8 @@ MASKED = ("train", "upload")
 EPSILON = "privacy/epsilon"
 EPSILON_ADD_REMOVE = "privacy/epsilon_add_remove"
 EPSILON_DEVIATING = "privacy/epsilon_deviating_server"
-_REPORTED = (EPSILON, EPSILON_ADD_REMOVE, EPSILON_DEVIATING)
+SIGMA = "privacy/noise_multiplier"
+_REPORTED = (EPSILON, EPSILON_ADD_REMOVE, EPSILON_DEVIATING, SIGMA)
 
 #: Upload metrics a DP client does not send: the training loss and example count are
 #: functions of its data that no noise covers, and holder-mean aggregation does not need them.
@@ -63,6 +65,10 @@ def check_dp_config(cfg, strategy) -> None:
     if dc.placement == "distributed" and not cfg.federated.secure_aggregation.enabled:
         raise ConfigError("federated.dp.placement=distributed needs federated.secure_aggregation.enabled=true: "
                           "without it the server sees each upload, whose noise is a fraction of the target")
+    if dc.placement == "distributed" and cfg.federated.secure_aggregation.mode == "dense":
+        raise ConfigError("federated.dp.placement=distributed needs federated.secure_aggregation.mode=shared_rows: "
+                          "a client divides its noise by the holders of each row, which it counts from the peers "
+                          "it masks that row with; in dense mode it masks every row with every peer")
 
 
 def noise_multiplier(cfg, num_clients: int, coordinates: int = 1) -> float:
@@ -123,58 +129,20 @@ def clip_update(update: dict[str, Tensor], clip: float, unit: str) -> dict[str, 
 
 
 class DPServer:
-    """Mixin (outermost) before a holder-mean server: tells clients σ (and, distributed, the
-    holders of their rows and their realised multiplier) and gathers their ε."""
+    """Mixin (outermost) before a holder-mean server: gathers the clients' ε and σ from
+    their replies. It sends no noise setting: each client derives its own."""
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
         check_dp_config(ctx.cfg, strategy)
         self.dp = ctx.cfg.federated.dp
-        self._num_clients = len(ctx.clients)
-        self._sigma: float | None = None
         self.epsilons: dict[str, dict[str, float]] = {}
-        self._shared: list[str] = []
-
-    @property
-    def sigma(self) -> float:
-        """σ, calibrated once the table (and so the widest clipped unit) is known."""
-        if self._sigma is None:
-            tables = {t: v for t, v in self.table.items()}
-            coords = clipped_coordinates(tables, self.dp.unit) if tables else 1
-            self._sigma = noise_multiplier(self.cfg, self._num_clients, coords)
-        return self._sigma
-
-    def _row_counts(self, tensor: str, among: list[str]) -> Tensor:
-        """How many of ``among`` hold each row of ``tensor`` (one count for a whole tensor)."""
-        idx = [self.client_index(tensor, n) for n in among if n in self.holders_of[tensor]]
-        if all(i is None for i in idx):
-            return torch.tensor([len(idx)], dtype=torch.long)
-        return holder_counts(int(self.table[tensor].shape[0]), idx)
-
-    def _with_dp(self, messages: dict[str, Message]) -> dict[str, Message]:
-        self._shared = sorted(messages)
-        config = {"sigma": self.sigma}
-        counts = {t: self._row_counts(t, self._shared) for t in self.table} \
-            if self.dp.placement == "distributed" else {}
-        for name, message in messages.items():
-            message.config["dp"] = dict(config)
-            for t, k in counts.items():
-                if name in self.holders_of[t]:
-                    idx = self.client_index(t, name)
-                    message.arrays[f"{PREFIX}k.{t}"] = (k if idx is None else k[idx]).to(torch.int32)
-        return messages
-
-    def configure_train(self, round, selected):
-        return self._with_dp(super().configure_train(round, selected))
-
-    def configure_upload(self, round, selected):
-        return self._with_dp(super().configure_upload(round, selected))
 
     def _collect(self, replies) -> None:
         for name, reply in replies.items():
             got = {k: float(reply.metrics[k]) for k in _REPORTED if k in reply.metrics}
             if got:
-                self.epsilons[name] = got
+                self.epsilons.setdefault(name, {}).update(got)
 
     def aggregate_train(self, round, replies, failures) -> None:
         self._collect(replies)
@@ -183,23 +151,6 @@ class DPServer:
     def aggregate_upload(self, round, replies, failures) -> None:
         self._collect(replies)
         super().aggregate_upload(round, replies, failures)
-
-    def configure_sa_unmask(self, round, selected):
-        """Distributed noise: each survivor's realised multiplier, from who survived."""
-        messages = super().configure_sa_unmask(round, selected)
-        if self.dp.placement == "distributed":
-            survivors = sorted(messages)
-            counts = {t: (self._row_counts(t, self._shared), self._row_counts(t, survivors)) for t in self.table}
-            for name, message in messages.items():
-                ratio = 1.0
-                for t, (k2, k3) in counts.items():
-                    if name in self.holders_of[t]:
-                        idx = self.client_index(t, name)
-                        mine = (k3.double() / k2.double().clamp(min=1)) if idx is None else \
-                            (k3[idx].double() / k2[idx].double().clamp(min=1))
-                        ratio = min(ratio, float(mine.min()))
-                message.config["dp"] = {"sigma": self.sigma * math.sqrt(ratio)}
-        return messages
 
     def aggregate_sa_unmask(self, round, replies, failures) -> None:
         self._collect(replies)
@@ -216,27 +167,31 @@ class DPServer:
     def report(self) -> dict:
         out = super().report()
         clients, add_remove = self._column(EPSILON), self._column(EPSILON_ADD_REMOVE)
+        sigmas = self._column(SIGMA)
+        sigma = min(sigmas.values(), default=None)  # the least noise any client added
         relation = self.dp.neighbours
         privacy = {
             "epsilon": max(clients.values(), default=0.0), "delta": self.dp.delta,
             "neighbours": relation,
             "epsilon_add_remove": max(add_remove.values(), default=0.0),
             "accountant": f"dp-accounting {self.dp.accountant.upper()}",
-            "mechanism": (f"Gaussian, noise multiplier {self.sigma:.4g}, clip {self.dp.clip} per {self.dp.unit}, "
+            "mechanism": (f"Gaussian, noise multiplier {'none sent' if sigma is None else f'{sigma:.4g}'} (each "
+                          f"client's own, from its own settings), clip {self.dp.clip} per {self.dp.unit}, "
                           f"{self.dp.placement} noise from os.urandom, released on a grid of clip·2^-{noiselib.GRID_BITS}; "
                           f"sensitivity {'2·clip (replace one)' if relation == 'replace' else 'clip (add/remove one)'}"),
             "amplification": "none: the selection is seeded from the run's config, public to the server and "
                              "to anyone with config.yaml; each upload is one Gaussian event, a round without "
                              "an upload costs nothing, ε composes every upload to the end of the run",
-            "unit": self.dp.unit, "noise_multiplier": self.sigma, "clip": self.dp.clip,
+            "unit": self.dp.unit, "noise_multiplier": sigma, "clients_noise_multiplier": sigmas, "clip": self.dp.clip,
             "placement": self.dp.placement, "clients": clients, "clients_add_remove": add_remove,
             "dropped_from_uploads": list(DROPPED), "unprotected": list(UNPROTECTED),
         }
         if self.dp.placement == "distributed":
             deviating = self._column(EPSILON_DEVIATING)
-            privacy["threat_model"] = ("epsilon: the server follows the protocol and every client adds its share; "
-                                       "epsilon_deviating_server: any server (it may inflate holder counts or "
-                                       "claim dropouts) and any coalition of the other clients")
+            privacy["threat_model"] = ("epsilon: the server follows the protocol (it asks every survivor to unmask) "
+                                       "and every holder adds its share; epsilon_deviating_server: any server (it "
+                                       "may claim holders or dropouts, or unmask without asking a client) and any "
+                                       "coalition of the other clients")
             privacy["epsilon_deviating_server"] = max(deviating.values(), default=0.0)
             privacy["clients_deviating_server"] = deviating
         else:
@@ -256,116 +211,154 @@ class DPServer:
         for name, saved in state["dp"]["epsilons"].items():
             mine = self.epsilons.setdefault(name, {})
             for key, eps in saved.items():
-                mine[key] = max(mine.get(key, 0.0), float(eps))
+                mine[key] = eps if key == SIGMA else max(mine.get(key, 0.0), float(eps))
 
 
 class DPClient:
     """Mixin before a client half (inside secure aggregation's, which masks what this one
-    noised): clips the update, adds the noise, keeps the ledger."""
+    noised): clips the update, adds the noise of its own σ, keeps the ledger."""
 
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
         self.dp = party.cfg.federated.dp
         self._reference: dict[str, Tensor] | None = None
-        #: ``[(round, σ_sum, slack, σ_own)]``: one Gaussian event per upload: the multiplier
-        #: on the released sum, the grid's slack (:func:`~lightning_fedkg.privacy.noise.grid_slack`)
-        #: and the multiplier of this client's own share (``σ/√k`` with the largest holder
-        #: count it divided by; ``σ`` for local noise).
+        self._sigma: float | None = None
+        #: ``[(round, σ_sum, slack, σ_own)]``: one Gaussian event per upload, charged when it
+        #: is sent: the multiplier on the released sum (distributed: lowered at the unmasking
+        #: when holders dropped), the grid's slack (:func:`~lightning_fedkg.privacy.noise.grid_slack`)
+        #: and the multiplier of this client's own share (``σ/√k`` with the most holders it
+        #: divided by; ``σ`` for local noise).
         self.events: list[tuple[int, float, float, float]] = []
-        self._pending: tuple[float, float, float] | None = None
 
     def before_fit(self, message) -> None:
         self._reference = {k: v.detach().clone() for k, v in self.upload().items()}
         super().before_fit(message)
 
-    def epsilon(self, neighbours: str | None = None, deviating: bool = False) -> float:
-        """ε at ``delta`` over every upload so far, under ``neighbours`` (default the
-        configured relation); ``deviating``: of this client's own noise share alone."""
-        return event_epsilon(self.events, self.dp.delta, self.dp.accountant, neighbours or self.dp.neighbours,
-                             deviating)
+    def sigma(self, update: dict[str, Tensor]) -> float:
+        """σ from this client's own settings (:func:`noise_multiplier`), for the widest unit
+        it clips (its own rows: the same every round), computed once."""
+        if self._sigma is None:
+            self._sigma = noise_multiplier(self.cfg, 0, clipped_coordinates(update, self.dp.unit))
+        return self._sigma
 
-    def _record(self, round: int, sigma: float, slack: float, own: float) -> dict[str, float]:
-        self.events.append((int(round), float(sigma), float(slack), float(own)))
-        out = {EPSILON: self.epsilon(), EPSILON_ADD_REMOVE: self.epsilon("add_remove")}
+    def epsilon(self, neighbours: str | None = None, deviating: bool = False,
+                events: list | None = None) -> float:
+        """ε at ``delta`` over every upload so far (or ``events``), under ``neighbours``
+        (default the configured relation); ``deviating``: of this client's own noise share alone."""
+        return event_epsilon(self.events if events is None else events, self.dp.delta, self.dp.accountant,
+                             neighbours or self.dp.neighbours, deviating)
+
+    def _report(self, round: int) -> dict[str, float]:
+        out = {EPSILON: self.epsilon(), EPSILON_ADD_REMOVE: self.epsilon("add_remove"), SIGMA: float(self._sigma)}
         if self.dp.placement == "distributed":
             out[EPSILON_DEVIATING] = self.epsilon(deviating=True)
-        self.party.log(out, round)
+        self.party.log({k: v for k, v in out.items() if k != SIGMA}, round)
         return out
 
-    def _holder_bound(self) -> int:
-        """The most holders any row can have this round, from what this client did itself:
-        the parties it split its mask secrets among in secure aggregation's key stage (the
-        secure half's round state, on this same object)."""
-        parties = getattr(getattr(self, "_round", None), "parties", None)
-        if not parties:
-            raise RuntimeError(f"{self.party.name}: distributed DP needs secure aggregation's round state")
-        return len(parties)
+    def _charge(self, event: tuple[int, float, float, float]) -> None:
+        """Add ``event`` to the ledger, unless it would take ε past the target ``epsilon``
+        (σ was calibrated to reach it over ``federated.rounds`` uploads): then refuse."""
+        target = self.dp.epsilon
+        if target is not None:
+            spent = self.epsilon(events=[*self.events, event])
+            if spent > target * (1 + 1e-6):
+                raise RuntimeError(f"{self.party.name}: this upload would spend ε {spent:.4g}, past the budget "
+                                   f"ε {target:g} of its own settings (federated.dp.epsilon over "
+                                   f"federated.rounds={self.cfg.federated.rounds} uploads); refusing to upload")
+        self.events.append(event)
 
-    def _noise_std(self, key: str, u: Tensor, counts: dict[str, Tensor], sigma: float):
-        """Per coordinate (broadcast): ``σ·clip``, or ``σ·clip/√k`` per row (distributed)."""
-        std = sigma * self.dp.clip
-        if self.dp.placement != "distributed":
-            return std, 1
-        k_rows = counts[key].to(torch.float64).clamp(min=1)
-        bound = self._holder_bound()
-        if float(k_rows.max()) > bound:
-            raise RuntimeError(f"{self.party.name}: the server claims {int(k_rows.max())} holders of a row of "
-                               f"{key!r}, more than the {bound} parties this client shared its secrets with; "
-                               "refusing to shrink the noise")
-        # one count per row (a tensor shared whole has one), broadcast over the row's values
-        std = std / (k_rows.view(-1, *([1] * (u.dim() - 1))) if u.dim() else k_rows[0]).sqrt()
-        return std, int(k_rows.max())
+    def _row_holders(self, key: str, among: list[str] | None = None) -> Tensor:
+        """Distributed: per row of ``key``, how many parties share its noise, counted from the
+        peers this client masks the row with (secure aggregation's round, this same object)."""
+        if not hasattr(self, "row_holders"):
+            raise RuntimeError(f"{self.party.name}: distributed DP needs secure aggregation's round state")
+        u = self._reference[key]
+        return self.row_holders(key, u.shape[0] if u.dim() > 1 else 1, among)
 
     def handle(self, stage, message, round):
-        counts = {k[len(PREFIX) + 2:]: v.long() for k, v in message.arrays.items() if k.startswith(f"{PREFIX}k.")}
-        message = Message(arrays={k: v for k, v in message.arrays.items() if not k.startswith(PREFIX)},
-                          metrics=message.metrics, config=message.config)
-        dp = message.config.get("dp")
+        sent = sorted({*(k for k in message.config if k == "dp"), *(k for k in message.arrays if k.startswith(PREFIX))})
+        if sent:
+            raise RuntimeError(f"{self.party.name}: the server sent noise settings {sent}; this client takes σ "
+                               "from its own policy and its holder counts from its own masking, never from the "
+                               "server; refusing")
         if stage == "sa_unmask" and self.dp.placement == "distributed":
+            lowered = self._realised(message.config["sa"], round)  # before the secure half spends the round
             reply = super().handle(stage, message, round) or Message()
-            sigma, slack, own = self._pending
-            self._pending = None
-            # a realised σ above the one this client's share was computed for is a lie
-            realised = min(float(dp["sigma"]), sigma)
-            return Message(arrays=reply.arrays, metrics={**reply.metrics, **self._record(round, realised, slack, own)},
-                           config=reply.config)
+            self._lower(round, lowered)
+            return Message(arrays=reply.arrays, metrics={**reply.metrics, **self._report(round)}, config=reply.config)
         if stage not in MASKED:
             return super().handle(stage, message, round)
-        reply = super().handle(stage, Message(arrays=message.arrays, metrics=message.metrics,
-                                              config={k: v for k, v in message.config.items() if k != "dp"}), round)
+        reply = super().handle(stage, message, round)
         if self._reference is None:
             raise RuntimeError(f"{self.party.name}: federated.dp needs a download before the first upload")
-        sigma = float(dp["sigma"])
         raw = {k: v - self._reference[k] for k, v in reply.arrays.items()}
         norms = update_norms(raw, self.dp.unit)
         update = clip_update(raw, self.dp.clip, self.dp.unit)
+        sigma = self.sigma(update)
         step = noiselib.grid(self.dp.clip)
         slack = noiselib.grid_slack(self.dp.clip, clipped_coordinates(update, self.dp.unit))
-        noisy, k_used = {}, 1
+        stds, k_used = {}, 1
         for key, u in update.items():
-            std, k = self._noise_std(key, u, counts, sigma)
-            k_used = max(k_used, k)
-            noisy[key] = (self._reference[key].double() + noiselib.snapped_release(u, std, step)).to(u.dtype)
+            stds[key] = sigma * self.dp.clip
+            if self.dp.placement == "distributed":
+                k = self._row_holders(key).to(torch.float64)
+                k_used = max(k_used, int(k.max()))
+                # one count per row (a tensor shared whole has one), broadcast over the row's values
+                stds[key] = stds[key] / (k.view(-1, *([1] * (u.dim() - 1))) if u.dim() else k[0]).sqrt()
+        # charged before anything leaves: a release the server reads without asking this
+        # client again (an unmasking with the other survivors' shares) is already counted
+        self._charge((int(round), sigma, slack, sigma / math.sqrt(k_used)))
+        noisy = {key: (self._reference[key].double() + noiselib.snapped_release(u, stds[key], step)).to(u.dtype)
+                 for key, u in update.items()}
         # what a user tunes ``clip`` by (the client's own TensorBoard, not the wire)
         self.party.log({"privacy/clipped_fraction": float((norms > self.dp.clip).double().mean()),
                         "privacy/median_update_norm": float(norms.median())}, round)
         metrics = {k: v for k, v in reply.metrics.items() if k not in DROPPED}
-        if self.dp.placement == "local":
-            metrics.update(self._record(round, sigma, slack, sigma))
-        else:  # accounted when the unmasking says how many holders' noise the sum kept
-            self._pending = (sigma, slack, sigma / math.sqrt(k_used))
+        metrics.update(self._report(round))
         return Message(arrays=noisy, metrics=metrics, config=reply.config)
 
+    def _realised(self, sa: dict, round: int) -> float | None:
+        """Distributed: the multiplier left on the sum if only the survivors ``sa`` names
+        unmask: ``σ·√(min k_survivors / k)`` over this client's rows, counted from its own
+        masking (None: no upload of this round on the ledger)."""
+        if not self.events or self.events[-1][0] != int(round) or not hasattr(self, "row_holders"):
+            return None
+        survivors = list(sa.get("survivors", []))
+        ratio = 1.0
+        for key in self._reference or {}:
+            k2 = self._row_holders(key).double()
+            k3 = self._row_holders(key, survivors).double()
+            ratio = min(ratio, float((k3 / k2).min()))
+        return self._sigma * math.sqrt(ratio)
+
+    def _lower(self, round: int, realised: float | None) -> None:
+        """Lower this round's charged σ to the realised one (never raise it: the survivors
+        the server names can only make ε larger)."""
+        if realised is not None and self.events and self.events[-1][0] == int(round):
+            r, sigma, slack, own = self.events[-1]
+            self.events[-1] = (r, min(sigma, realised), slack, own)
+
+    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
         state = super().state_dict()
         state["dp_events"] = [list(e) for e in self.events]
-        state["dp_pending"] = None if self._pending is None else list(self._pending)
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        saved = [tuple(e) for e in state["dp_events"]]
-        if len(saved) >= len(self.events):  # as the server's ε: what was spent is kept
-            self.events = saved
-        pending = state["dp_pending"]
-        self._pending = None if pending is None else tuple(float(x) for x in pending)
+        self._merge_events([tuple(e) for e in state["dp_events"]])
+
+    def spent_state(self) -> dict:
+        return {**super().spent_state(), "dp_events": [list(e) for e in self.events]}
+
+    def load_spent_state(self, state: dict) -> None:
+        super().load_spent_state(state)
+        self._merge_events([tuple(e) for e in state.get("dp_events", [])])
+
+    def _merge_events(self, saved: list[tuple]) -> None:
+        """Privacy spent never goes back: keep the longer ledger (a restored state's is the
+        shorter), and of two of one length each event's smaller σ."""
+        if len(saved) > len(self.events):
+            self.events = [(int(r), float(s), float(sl), float(o)) for r, s, sl, o in saved]
+        elif len(saved) == len(self.events):
+            self.events = [(r, min(s, float(saved[i][1])), sl, o) for i, (r, s, sl, o) in enumerate(self.events)]

@@ -463,6 +463,8 @@ class _ClientRound:
     shared: list[str] = field(default_factory=list)             # U2, as told with the masked stage
     stage: str = ""
     checked: list[str] | None = None                            # active: the survivor list I signed
+    #: shared_rows: ``{tensor: {peer: my row positions I mask with that peer}}`` (who holds my rows)
+    peer_rows: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
 
 class SecureClient:
@@ -539,9 +541,33 @@ class SecureClient:
         plain = Message(arrays={k: v for k, v in message.arrays.items() if not k.startswith(PREFIX) or k.startswith(keep)},
                         metrics=message.metrics, config={k: v for k, v in message.config.items() if k != "sa"})
         self._gidx.update({k[len(PREFIX) + 5:]: v.long() for k, v in extra.items() if k.startswith(f"{PREFIX}gidx.")})
+        self._current(message.config["sa"], stage).peer_rows = self._peer_rows(message.config["sa"], extra)
         reply = super().handle(stage, plain, round) or Message()
         return Message(arrays=self._mask(stage, reply.arrays, extra, message.config["sa"]),
                        metrics=reply.metrics, config=reply.config)
+
+    def _peer_rows(self, sa: dict, extra: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+        """``{tensor: {peer: positions}}``: the rows of mine each peer holds, as the masking
+        positions of this stage give them (shared_rows; empty in dense mode)."""
+        me = self.party.name
+        return {t: {p: extra[f"{PREFIX}pos.{p}.{t}"].long() for p in peers
+                    if p != me and f"{PREFIX}pos.{p}.{t}" in extra}
+                for t, peers in sa["holders"].items()}
+
+    def row_holders(self, tensor: str, rows: int, among: list[str] | None = None) -> Tensor:
+        """Per row of my ``rows`` of ``tensor`` (one for a tensor shared whole), how many
+        parties of this round hold it: me and the peers I mask it with (of ``among`` only, if
+        given). Counted from my own masking: a peer the server claims for a row of mine masks
+        it with me, or the row's masks do not cancel in the sum."""
+        st = self._round
+        if st is None or tensor not in st.peer_rows:
+            raise RuntimeError(f"secure aggregation: {self.party.name} has no masking positions of {tensor!r} "
+                               "this round")
+        count = torch.ones(rows, dtype=torch.long)
+        for peer, pos in st.peer_rows[tensor].items():
+            if among is None or peer in among:
+                count[pos] += 1
+        return count
 
     def _current(self, sa: dict, what: str) -> _ClientRound:
         """The round in progress, if ``sa`` names it; refuses otherwise (an unmasked round
