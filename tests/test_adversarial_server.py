@@ -65,8 +65,15 @@ def until_unmask(run, round=1):
     return server._round
 
 
-def unmask_request(survivors, dropped, round=1) -> Message:
-    return Message(config={"sa": {"round": round, "survivors": sorted(survivors), "dropped": sorted(dropped)}})
+def unmask_request(st, survivors, dropped) -> Message:
+    """The unmasking of the server round ``st`` (its round and attempt) for these lists."""
+    return Message(config={"sa": {"round": st.round, "attempt": st.attempt, "survivors": sorted(survivors),
+                                  "dropped": sorted(dropped)}})
+
+
+def check_request(st, survivors) -> Message:
+    """``active``'s consistency check of the server round ``st``: sign ``survivors``."""
+    return Message(config={"sa": {"round": st.round, "attempt": st.attempt, "survivors": survivors}})
 
 
 def rebuild(st, replies: dict, kind: str, owner: str) -> bytes:
@@ -101,12 +108,12 @@ def test_rollback_through_state_dict_cannot_unmask_a_round_twice(monkeypatch):
     st = until_unmask(run)
     saved = {n: copy.deepcopy(h.state_dict()) for n, h in run.pool.halves.items()}
     everyone = sorted(st.uploads)
-    first, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(everyone, []) for n in everyone})
+    first, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(st, everyone, []) for n in everyone})
     assert not failures
     others = [n for n in everyone if n != VICTIM]
     for n in others:
         run.pool.halves[n].load_state_dict(saved[n])
-    second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(others, [VICTIM]) for n in others})
+    second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(st, others, [VICTIM]) for n in others})
     assert not second, "a rolled-back client revealed shares a second time"
     assert all("already" in failures[n] and "AttributeError" not in failures[n] for n in others), failures
     assert VICTIM in seen  # the victim did upload: the attack had its target
@@ -156,14 +163,14 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     for n, client in runtimes.items():
         after_train[n] = client.latest()
     everyone = sorted(st.uploads)
-    first, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(everyone, []) for n in everyone})
+    first, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(st, everyone, []) for n in everyone})
     assert not failures and VICTIM in seen
     others = [n for n in everyone if n != VICTIM]
     for n in others:
         assert not runtimes[n].secrets_path.exists()  # spent by the unmasking
         restorer = ClientRuntime(runtimes[n].data_path, key, tmp_path / "work", "run1") if fresh else runtimes[n]
         restorer.handle({"kind": "restore", "state": after_train[n], "weights_only": True, "digest": digests[n]}, b"")
-    second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(others, [VICTIM]) for n in others})
+    second, failures = run.exchange(1, sa.SA_UNMASK, {n: unmask_request(st, others, [VICTIM]) for n in others})
     assert not second, "a restored Flower client revealed shares a second time"
     assert all("already" in failures[n] for n in others), failures
     # no saved state, numbered or pinned, holds a private key of the round
@@ -208,8 +215,8 @@ def test_threshold_at_most_half_is_refused_and_a_split_view_at_the_default_fails
     st = until_unmask(run)
     assert st.threshold == 3 and len(st.uploads) == 4 and VICTIM in seen
     told_alive, told_dropped = ["client_0", "client_2"], ["client_3"]
-    alive = {n: unmask_request(["client_0", "client_1", "client_2"], ["client_3"]) for n in told_alive}
-    gone = {n: unmask_request(["client_0", "client_2", "client_3"], [VICTIM]) for n in told_dropped}
+    alive = {n: unmask_request(st, ["client_0", "client_1", "client_2"], ["client_3"]) for n in told_alive}
+    gone = {n: unmask_request(st, ["client_0", "client_2", "client_3"], [VICTIM]) for n in told_dropped}
     replies, failures = run.exchange(1, sa.SA_UNMASK, {**alive, **gone})
     s_shares = [n for n, r in replies.items() if f"s.{VICTIM}" in r.arrays]
     assert len(s_shares) < st.threshold  # the victim's mask key stays out of reach
@@ -242,7 +249,7 @@ def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
 
 
 def _ask_keys(client, digest, threshold):
-    message = Message(config={"sa": {"round": 1, "threshold": threshold}})
+    message = Message(config={"sa": {"round": 1, "threshold": threshold, "attempt": sa.new_attempt()}})
     return client.handle({"kind": "stage", "stage": sa.SA_KEYS, "round": 1, "digest": digest}, encode(message))
 
 
@@ -334,16 +341,16 @@ def test_with_active_a_split_view_of_the_survivors_reveals_nothing():
     run.align()
     st = until_unmask(run)
     everyone = sorted(st.uploads)
-    signed, failures = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": everyone}})
+    signed, failures = run.exchange(1, sa.SA_CHECK, {n: check_request(st, everyone)
                                                      for n in everyone})
     assert set(signed) == set(everyone)
     others = [n for n in everyone if n != VICTIM]
-    again, failures = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": others}})
+    again, failures = run.exchange(1, sa.SA_CHECK, {n: check_request(st, others)
                                                     for n in others})
     assert not again and all("signed the survivors" in failures[n] for n in others)
     # unmasking "without the victim" with the signatures the server has: not the signed list
     sigs = {f"check.{n}": signed[n].arrays["sig"] for n in others}
-    asked = {n: Message(arrays=dict(sigs), config=unmask_request(others, [VICTIM]).config) for n in others}
+    asked = {n: Message(arrays=dict(sigs), config=unmask_request(st, others, [VICTIM]).config) for n in others}
     replies, failures = run.exchange(1, sa.SA_UNMASK, asked)
     assert not replies and all("signed" in failures[n] for n in others), failures
     # the honest unmask, with t signatures on the signed list, still completes the round
@@ -352,20 +359,74 @@ def test_with_active_a_split_view_of_the_survivors_reveals_nothing():
     assert set(replies) == set(everyone) and not failures
 
 
+# ---------------------------------------------------------------- 3a. signatures name their attempt
+def _keyed(run):
+    """One honest ``sa_keys`` exchange: the server's round record of the new attempt."""
+    server = run.server
+    replies, _ = run.exchange(1, sa.SA_KEYS, server.configure_sa_keys(1, server.select_clients(1)))
+    server.aggregate_sa_keys(1, replies, {})
+    return server._round
+
+
+def test_a_key_advert_signed_in_one_attempt_is_refused_in_the_next(tmp_path):
+    """Finding 5 (issue 57): ``active`` signatures covered the round only, so a key advert
+    signed in attempt 1 of a round verified in attempt 2 (on the old code the victim shared
+    under client_0's attempt-1 keys: answered, no failure). A peer whose attempt-1 mask key
+    the server learnt (it dropped, and its key was rebuilt) could so be replayed. Adverts now
+    name the attempt and the federation's roster, and a client keys each attempt once."""
+    run = FederatedRun(secure(**ACTIVE_T2), run_dir=tmp_path / "run")
+    run.align()
+    first = _keyed(run)
+    old = {k: first.__dict__[k][IMPERSONATED] for k in ("c_pk", "s_pk", "signatures")}
+    second = _keyed(run)  # the retry: a new attempt
+    assert second.attempt != first.attempt
+    message = run.server.configure_sa_shares(1, second.parties)[VICTIM]
+    message.arrays[f"c_pk.{IMPERSONATED}"], message.arrays[f"s_pk.{IMPERSONATED}"] = (
+        sa._tensor(old["c_pk"]), sa._tensor(old["s_pk"]))
+    message.arrays[f"sig.{IMPERSONATED}"] = sa._tensor(old["signatures"])
+    replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
+    assert VICTIM not in replies and "replayed" in failures[VICTIM], failures
+    # an attempt id is keyed once: asking again under the first one is refused
+    again = Message(config={"sa": {"round": 1, "threshold": 2, "attempt": first.attempt}})
+    replies, failures = run.exchange(1, sa.SA_KEYS, {VICTIM: again})
+    assert VICTIM not in replies and "fresh attempt" in failures[VICTIM], failures
+
+
+def test_survivor_signatures_of_one_attempt_do_not_count_in_the_next(tmp_path):
+    """Finding 5 (issue 57): the consistency check signed (round, stage, survivors), so the
+    signatures of attempt 1 on a survivor list still counted towards t in attempt 2 (on the
+    old code the victim revealed its shares with two attempt-1 signatures beside its own).
+    The statement now names the attempt and the round keys the signer shared under."""
+    run = FederatedRun(secure(**ACTIVE_T2), run_dir=tmp_path / "run")
+    run.align()
+    st = until_unmask(run)
+    everyone = sorted(st.uploads)
+    earlier, _ = run.exchange(1, sa.SA_CHECK, {n: check_request(st, everyone) for n in everyone})
+    st = until_unmask(run)  # the retry, to the same survivors
+    mine, _ = run.exchange(1, sa.SA_CHECK, {VICTIM: check_request(st, everyone)})
+    sigs = {f"check.{n}": earlier[n].arrays["sig"] for n in everyone if n != VICTIM}
+    sigs[f"check.{VICTIM}"] = mine[VICTIM].arrays["sig"]
+    asked = Message(arrays=sigs, config=unmask_request(st, everyone, []).config)
+    replies, failures = run.exchange(1, sa.SA_UNMASK, {VICTIM: asked})
+    assert VICTIM not in replies and "1 valid signatures" in failures[VICTIM], failures
+
+
 # ---------------------------------------------------------------- 3b. a server colluding with a client
 INSIDER, IMPERSONATED = "client_2", "client_0"
 
 
-def _forged_shares_request(server, victim: str, party: str, private: bytes, names=None):
+def _forged_shares_request(run, victim: str, party: str, private: bytes, names=None):
     """``sa_shares`` for ``victim`` in which the server's own keys stand for ``party``'s,
     signed as ``party`` with ``private``; ``names``: the party list the server claims."""
+    server = run.server
     c_sk, c_pk = secagg.new_keypair()
     _, s_pk = secagg.new_keypair()
     message = server.configure_sa_shares(1, server._round.parties)[victim]
     if names is not None:
         message.config["sa"]["parties"] = sorted(names)
     message.arrays[f"c_pk.{party}"], message.arrays[f"s_pk.{party}"] = sa._tensor(c_pk), sa._tensor(s_pk)
-    message.arrays[f"sig.{party}"] = sa._tensor(secagg.sign(private, sa._keys_statement(1, party, c_pk, s_pk)))
+    statement = sa._keys_statement(run.pool.halves[victim]._federation, 1, server._round.attempt, party, c_pk, s_pk)
+    message.arrays[f"sig.{party}"] = sa._tensor(secagg.sign(private, statement))
     return message, c_sk
 
 
@@ -397,12 +458,12 @@ def test_a_server_colluding_with_a_client_cannot_sign_for_another(tmp_path):
     run = _keyed_round(tmp_path)
     server = run.server
     for private in _coalition_keys(run):
-        message, _ = _forged_shares_request(server, VICTIM, IMPERSONATED, private)
+        message, _ = _forged_shares_request(run, VICTIM, IMPERSONATED, private)
         replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
         assert VICTIM not in replies and "signature" in failures[VICTIM], failures
     # the control: the same request signed with client_0's own key is answered, and the
     # server reads the share the victim meant for client_0 (what the forgery would have got)
-    message, c_sk = _forged_shares_request(server, VICTIM, IMPERSONATED, run.pool.halves[IMPERSONATED]._identity)
+    message, c_sk = _forged_shares_request(run, VICTIM, IMPERSONATED, run.pool.halves[IMPERSONATED]._identity)
     replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
     assert VICTIM in replies and not failures
     key = secagg.derive_key(secagg.agree(c_sk, server._round.c_pk[VICTIM]), f"fedkg-sa-share|1|{IMPERSONATED}|{VICTIM}")
@@ -420,11 +481,11 @@ def test_a_server_colluding_with_a_client_cannot_add_peers_outside_the_roster(tm
     server, sybil = run.server, "client_9"
     derived = secagg.derive_key(run.pool.halves[INSIDER]._key, f"fedkg-sa-identity|{sybil}")
     for private in (derived, *_coalition_keys(run)):
-        message, _ = _forged_shares_request(server, VICTIM, sybil, private, names=[sybil, VICTIM, INSIDER])
+        message, _ = _forged_shares_request(run, VICTIM, sybil, private, names=[sybil, VICTIM, INSIDER])
         replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
         assert VICTIM not in replies and "roster" in failures[VICTIM], failures
     crowd = [*server._round.parties, "client_8", sybil]
-    message, _ = _forged_shares_request(server, VICTIM, sybil, _coalition_keys(run)[1], names=crowd)
+    message, _ = _forged_shares_request(run, VICTIM, sybil, _coalition_keys(run)[1], names=crowd)
     replies, failures = run.exchange(1, sa.SA_SHARES, {VICTIM: message})
     assert VICTIM not in replies and "strict majority" in failures[VICTIM], failures
 
@@ -440,12 +501,11 @@ def _split_view_with_an_insider(run, told_alive, told_dropped):
     insider = run.pool.halves[INSIDER]
     requests = {}
     for signers, survivors, dropped in ((told_alive, everyone, []), (told_dropped, without, [VICTIM])):
-        signed, _ = run.exchange(1, sa.SA_CHECK, {n: Message(config={"sa": {"round": 1, "survivors": survivors}})
+        signed, _ = run.exchange(1, sa.SA_CHECK, {n: check_request(st, survivors)
                                                   for n in signers})
         sigs = {f"check.{n}": r.arrays["sig"] for n, r in signed.items()}
-        statement = sa._check_statement(1, "train", survivors)
-        sigs[f"check.{INSIDER}"] = sa._tensor(secagg.sign(insider._identity, statement))
-        requests.update({n: Message(arrays=dict(sigs), config=unmask_request(survivors, dropped).config)
+        sigs[f"check.{INSIDER}"] = sa._tensor(secagg.sign(insider._identity, insider._check(insider._round, survivors)))
+        requests.update({n: Message(arrays=dict(sigs), config=unmask_request(st, survivors, dropped).config)
                          for n in signers})
     replies, _ = run.exchange(1, sa.SA_UNMASK, requests)
     order = {n: i + 1 for i, n in enumerate(st.parties)}

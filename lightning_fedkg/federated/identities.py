@@ -41,6 +41,12 @@ class Roster:
             raise KeyError(f"{name!r} is not in the roster ({', '.join(sorted(self.members))})")
         return self.members[name]
 
+    def digest(self) -> str:
+        """SHA-256 (hex) of the roster: the federation a client's signatures name."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
+
     def to_json(self) -> dict:
         return {"members": {n: k.hex() for n, k in sorted(self.members.items())}, "threshold": self.threshold,
                 "num_clients": self.num_clients}

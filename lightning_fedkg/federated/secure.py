@@ -79,14 +79,37 @@ def _offset(key: bytes, round: int, stage: str, tensor: str, name: str, public: 
     return _words(secagg.derive_key(key, info), (rows, width))
 
 
-def _check_statement(round: int, stage: str, survivors: list[str]) -> bytes:
-    """What a client signs in the consistency check: this round's survivor list."""
-    return f"fedkg-sa-check|{round}|{stage}|{','.join(sorted(survivors))}".encode()
+def _check_statement(federation: str, round: int, attempt: str, stage: str, survivors: list[str],
+                     keys: bytes) -> bytes:
+    """What a client signs in the consistency check: this attempt's survivor list and the
+    digest of the round keys it shared under (:func:`_key_set`), so that a signature of
+    another attempt, or of a client that saw other keys, does not count."""
+    return (f"fedkg-sa-check|{federation}|{round}|{attempt}|{stage}|{','.join(sorted(survivors))}|".encode()
+            + bytes(keys))
 
 
-def _keys_statement(round: int, name: str, c_pk: bytes, s_pk: bytes) -> bytes:
-    """What a client signs when it advertises its round keys (``active``)."""
-    return f"fedkg-sa-keys|{round}|{name}|".encode() + bytes(c_pk) + bytes(s_pk)
+def _keys_statement(federation: str, round: int, attempt: str, name: str, c_pk: bytes, s_pk: bytes) -> bytes:
+    """What a client signs when it advertises its round keys (``active``): bound to the
+    federation (its roster's digest), the round and the attempt."""
+    return f"fedkg-sa-keys|{federation}|{round}|{attempt}|{name}|".encode() + bytes(c_pk) + bytes(s_pk)
+
+
+def _key_set(c_pk: dict[str, bytes], s_pk: dict[str, bytes]) -> bytes:
+    """SHA-256 of every party's round keys, as one client saw them."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(c_pk):
+        h.update(name.encode() + b"\0" + bytes(c_pk[name]) + bytes(s_pk[name]))
+    return h.digest()
+
+
+def new_attempt() -> str:
+    """A fresh attempt id (128 random bits): a round's every try is named anew, so nothing
+    signed in one try (or one run) verifies in another, and a client keys each id once."""
+    import secrets
+
+    return secrets.token_hex(16)
 
 
 def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
@@ -133,6 +156,7 @@ def provision_identities(folder, cfg, names: list[str]) -> identities.Roster:
 class _ServerRound:
     round: int
     threshold: int
+    attempt: str = ""
     parties: list[str] = field(default_factory=list)            # U1, in Shamir order
     c_pk: dict[str, bytes] = field(default_factory=dict)
     s_pk: dict[str, bytes] = field(default_factory=dict)
@@ -177,8 +201,12 @@ class SecureServer:
     # ---------------------------------------------------------------- keys
     def configure_sa_keys(self, round, selected):
         t = min(self.threshold, len(selected))
-        self._round = _ServerRound(round=round, threshold=t)
-        return {name: Message(config={"sa": {"round": int(round), "threshold": t}}) for name in selected}
+        self._round = _ServerRound(round=round, threshold=t, attempt=new_attempt())
+        return {name: Message(config={"sa": {**self._sa_head(), "threshold": t}}) for name in selected}
+
+    def _sa_head(self) -> dict:
+        """What every stage of the attempt names: the round and the attempt id."""
+        return {"round": int(self._round.round), "attempt": self._round.attempt}
 
     def _enough(self, answered, stage: str) -> None:
         if len(answered) < self._round.threshold:
@@ -202,7 +230,7 @@ class SecureServer:
         if self.sa.active:  # each client checks every advertisement against its author's identity
             keys.update({f"s_pk.{n}": _tensor(st.s_pk[n]) for n in st.parties})
             keys.update({f"sig.{n}": _tensor(st.signatures[n]) for n in st.parties})
-        config = {"sa": {"round": int(round), "threshold": st.threshold, "parties": st.parties}}
+        config = {"sa": {**self._sa_head(), "threshold": st.threshold, "parties": st.parties}}
         return {name: Message(arrays=dict(keys), config=config) for name in st.parties}
 
     def aggregate_sa_shares(self, round, replies, failures) -> None:
@@ -268,7 +296,7 @@ class SecureServer:
                         if pos is not None and pos.numel():
                             arrays[f"{PREFIX}pos.{peer}.{t}"] = pos.to(torch.int32)
             config = dict(message.config)
-            config["sa"] = {"round": int(st.round), "threshold": st.threshold, "parties": st.parties,
+            config["sa"] = {**self._sa_head(), "threshold": st.threshold, "parties": st.parties,
                             "shared": st.shared, "holders": holders, "serial": st.serial,
                             "rows": {t: self._rows_of(t) for t in holders},
                             "whole": sorted(t for t in holders if t in self._whole())}
@@ -293,7 +321,7 @@ class SecureServer:
     def configure_sa_check(self, round, selected):
         st = self._round
         survivors = sorted(st.uploads)
-        config = {"sa": {"round": int(round), "survivors": survivors}}
+        config = {"sa": {**self._sa_head(), "survivors": survivors}}
         return {name: Message(config=config) for name in survivors}
 
     def aggregate_sa_check(self, round, replies, failures) -> None:
@@ -306,7 +334,7 @@ class SecureServer:
         st = self._round
         survivors = sorted(st.uploads)
         dropped = [n for n in st.shared if n not in st.uploads]
-        config = {"sa": {"round": int(round), "survivors": survivors, "dropped": dropped}}
+        config = {"sa": {**self._sa_head(), "survivors": survivors, "dropped": dropped}}
         arrays = {f"check.{n}": _tensor(sig) for n, sig in st.checks.items()}
         asked = sorted(st.checks) if self.sa.active else survivors
         return {name: Message(arrays=dict(arrays), config=config) for name in asked}
@@ -455,6 +483,7 @@ class _ClientRound:
     s_sk: bytes
     s_pk: bytes
     seed: bytes
+    attempt: str = ""
     parties: list[str] = field(default_factory=list)
     own: tuple[bytes, bytes] | None = None                      # my shares of my own secrets
     c_pk_of: dict[str, bytes] = field(default_factory=dict)       # the peers' share-encryption keys
@@ -463,6 +492,7 @@ class _ClientRound:
     shared: list[str] = field(default_factory=list)             # U2, as told with the masked stage
     stage: str = ""
     checked: list[str] | None = None                            # active: the survivor list I signed
+    keys: bytes = b""                                            # active: digest of the round keys I shared under
     #: shared_rows: ``{tensor: {peer: my row positions I mask with that peer}}`` (who holds my rows)
     peer_rows: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
@@ -484,6 +514,10 @@ class SecureClient:
         self._round: _ClientRound | None = None
         self._gidx: dict[str, Tensor] = {}
         self._identity = self._own_identity(party) if self.sa.active else b""
+        #: the federation a signature names: the digest of the roster this client holds
+        self._federation = self.roster.digest() if self.roster is not None else ""
+        #: every attempt id this client has made keys for (spent: never keyed twice)
+        self._attempts: set[str] = set()
 
     def _own_identity(self, party) -> bytes:
         """active: this client's private identity key, checked against its roster entry."""
@@ -521,6 +555,13 @@ class SecureClient:
         super().load_state_dict(state)
         saved = state.get("secure_client") or {}
         self._gidx = {k: v.long() for k, v in saved.get("gidx", {}).items()}
+
+    def spent_state(self) -> dict:
+        return {**super().spent_state(), "sa_attempts": sorted(self._attempts)}
+
+    def load_spent_state(self, state: dict) -> None:
+        super().load_spent_state(state)
+        self._attempts |= set(state.get("sa_attempts", []))
 
     def round_secrets(self) -> dict | None:
         """The secrets of the round in progress, or ``None`` once unmasked (or before any).
@@ -573,9 +614,10 @@ class SecureClient:
         """The round in progress, if ``sa`` names it; refuses otherwise (an unmasked round
         has no secrets left: a second unmasking of it is refused here, by name)."""
         st = self._round
-        if st is None or st.round != int(sa["round"]):
-            raise RuntimeError(f"secure aggregation: {self.party.name} has no secrets of round {sa['round']} for "
-                               f"{what}: that round was already unmasked or never keyed here; refusing")
+        if st is None or st.round != int(sa["round"]) or st.attempt != sa.get("attempt"):
+            raise RuntimeError(f"secure aggregation: {self.party.name} has no secrets of round {sa['round']}, attempt "
+                               f"{sa.get('attempt')} for {what}: that attempt was already unmasked or never keyed "
+                               "here; refusing")
         return st
 
     # ---------------------------------------------------------------- keys and shares
@@ -585,14 +627,19 @@ class SecureClient:
             source = "roster" if self.roster is not None else "config"
             raise RuntimeError(f"secure aggregation: the server asks for threshold t={sa['threshold']}, this "
                                f"client's {source} gives t={self.threshold}; refusing")
+        attempt = sa.get("attempt")
+        if not isinstance(attempt, str) or len(attempt) != 32 or attempt in self._attempts:
+            raise RuntimeError(f"secure aggregation: {self.party.name} is asked for keys under attempt {attempt!r}, "
+                               "which is not a fresh attempt id (it keys each one once); refusing")
+        self._attempts.add(attempt)
         c_sk, c_pk = secagg.new_keypair()
         s_sk, s_pk = secagg.new_keypair()
         self._round = _ClientRound(round=int(sa["round"]), threshold=self.threshold, c_sk=c_sk, c_pk=c_pk,
-                                   s_sk=s_sk, s_pk=s_pk, seed=secagg.new_seed())
+                                   s_sk=s_sk, s_pk=s_pk, seed=secagg.new_seed(), attempt=attempt)
         out = {"c_pk": _tensor(c_pk), "s_pk": _tensor(s_pk)}
         if self.sa.active:
-            out["sig"] = _tensor(secagg.sign(self._identity, _keys_statement(int(sa["round"]), self.party.name,
-                                                                             c_pk, s_pk)))
+            out["sig"] = _tensor(secagg.sign(self._identity, _keys_statement(
+                self._federation, int(sa["round"]), attempt, self.party.name, c_pk, s_pk)))
         return Message(arrays=out)
 
     def _share_key(self, peer: str, peer_public: bytes) -> bytes:
@@ -600,18 +647,19 @@ class SecureClient:
         lo, hi = sorted((self.party.name, peer))
         return secagg.derive_key(secagg.agree(st.c_sk, peer_public), f"fedkg-sa-share|{st.round}|{lo}|{hi}")
 
-    def _verified_keys(self, parties: list[str], arrays: dict[str, Tensor], round: int) -> dict[str, bytes]:
+    def _verified_keys(self, parties: list[str], arrays: dict[str, Tensor], st: _ClientRound) -> dict[str, bytes]:
         """active: ``{peer: mask public key}`` once every peer's advertisement carries its
-        author's signature; a substituted key aborts the round before any share is made."""
+        author's signature on this round and attempt; a substituted or replayed key aborts
+        the round before any share is made."""
         out = {}
         for peer in parties:
             if peer == self.party.name:
                 continue
             c_pk, s_pk = _bytes(arrays[f"c_pk.{peer}"]), _bytes(arrays[f"s_pk.{peer}"])
             if not secagg.verify(self._identity_of(peer), _bytes(arrays[f"sig.{peer}"]),
-                                 _keys_statement(round, peer, c_pk, s_pk)):
-                raise RuntimeError(f"secure aggregation: {peer}'s round-{round} keys do not carry its signature; "
-                                   "refusing to share (a substituted key)")
+                                 _keys_statement(self._federation, st.round, st.attempt, peer, c_pk, s_pk)):
+                raise RuntimeError(f"secure aggregation: {peer}'s keys do not carry its signature on round {st.round}, "
+                                   f"attempt {st.attempt}; refusing to share (a substituted or replayed key)")
             out[peer] = s_pk
         return out
 
@@ -630,7 +678,7 @@ class SecureClient:
         if unknown:
             raise RuntimeError(f"secure aggregation: {unknown} are not in {me}'s roster; refusing to share with them")
         if self.sa.active:
-            st.s_pk_of = self._verified_keys(parties, message.arrays, st.round)
+            st.s_pk_of = self._verified_keys(parties, message.arrays, st)
         st.parties = parties
         b_shares = secagg.split_secret(st.seed, st.threshold, len(parties))
         s_shares = secagg.split_secret(st.s_sk, st.threshold, len(parties))
@@ -642,6 +690,8 @@ class SecureClient:
             key = self._share_key(peer, _bytes(message.arrays[f"c_pk.{peer}"]))
             out[f"ct.{peer}"] = _tensor(secagg.encrypt(key, b_shares[i] + s_shares[i], f"{st.round}|{me}->{peer}"))
         st.c_pk_of = {p: _bytes(message.arrays[f"c_pk.{p}"]) for p in parties if p != me}
+        if self.sa.active:
+            st.keys = _key_set({**st.c_pk_of, me: st.c_pk}, {**st.s_pk_of, me: st.s_pk})
         return Message(arrays=out)
 
     # ---------------------------------------------------------------- masking
@@ -705,15 +755,17 @@ class SecureClient:
             raise RuntimeError(f"secure aggregation: {self.party.name} signed the survivors {st.checked} of round "
                                f"{st.round} already; refusing to sign {survivors}")
         st.checked = survivors
-        return Message(arrays={"sig": _tensor(secagg.sign(self._identity, _check_statement(st.round, st.stage,
-                                                                                             survivors)))})
+        return Message(arrays={"sig": _tensor(secagg.sign(self._identity, self._check(st, survivors)))})
+
+    def _check(self, st: _ClientRound, survivors: list[str]) -> bytes:
+        return _check_statement(self._federation, st.round, st.attempt, st.stage, survivors, st.keys)
 
     def _verify_check(self, st: _ClientRound, survivors: list[str], arrays: dict[str, Tensor]) -> None:
         """active: the list is the one I signed, and at least t survivors signed it too."""
         if st.checked != survivors:
             raise RuntimeError(f"secure aggregation: unmasking for survivors {survivors}, but {self.party.name} "
                                f"signed {st.checked}; refusing")
-        statement = _check_statement(st.round, st.stage, survivors)
+        statement = self._check(st, survivors)
         signed = [n for n in survivors if f"check.{n}" in arrays
                   and secagg.verify(self._identity_of(n), _bytes(arrays[f"check.{n}"]), statement)]
         if len(signed) < st.threshold:
