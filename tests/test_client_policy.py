@@ -39,7 +39,7 @@ def _registered(tmp_path, registered_cfg, provisioned_cfg):
 
 
 def _keys(client, digest, threshold=3):
-    message = Message(config={"sa": {"round": 1, "threshold": threshold, "attempt": "a1"}})
+    message = Message(config={"sa": {"round": 1, "threshold": threshold, "attempt": sa.new_attempt()}})
     head = {"kind": "stage", "stage": sa.SA_KEYS, "round": 1, "digest": digest}
     return decode(client.handle(head, encode(message))[1])
 
