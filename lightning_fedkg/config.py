@@ -314,6 +314,10 @@ class SecureAggregationConfig:
     revealed (Bonawitz et al. §6; one more exchange per round), under each client's own
     identity key checked against a provisioned roster (:mod:`~lightning_fedkg.federated.identities`).
     ``fractional_bits``: fixed-point precision; a mean is exact to ``2^-(bits+1)``.
+    ``min_holders`` (``shared_rows``): a client uploads only the rows that at least this many
+    parties of the round hold, counted from the peers it masks each row with, and keeps the
+    others to itself (a row's aggregate over fewer would show the server those clients'
+    rows); 2 by default, 3 to stand a server colluding with one client.
     """
 
     enabled: bool = False
@@ -322,6 +326,7 @@ class SecureAggregationConfig:
     hide_aggregate: bool = False
     active: bool = False
     fractional_bits: int = field(default=16, metadata={"range": Range(min=1, max=30)})
+    min_holders: int = field(default=2, metadata={"range": Range(min=1)})
 
 
 @dataclass

@@ -85,7 +85,8 @@ def rebuild(st, replies: dict, kind: str, owner: str) -> bytes:
 
 
 def read_upload(server, st, victim: str, seed: bytes, s_sk: bytes) -> torch.Tensor:
-    """The victim's upload, as the server reads it once it holds both of its secrets."""
+    """The victim's upload, as the server reads it once it holds both of its secrets (its
+    rows, without the upload-indicator column)."""
     y = st.uploads[victim][T].clone()
     y -= sa._words(secagg.derive_key(seed, f"fedkg-sa-self|{st.round}|{st.stage}|{T}"), y.shape)
     for peer in st.shared:
@@ -93,7 +94,7 @@ def read_upload(server, st, victim: str, seed: bytes, s_sk: bytes) -> torch.Tens
             key = secagg.derive_key(secagg.agree(s_sk, st.s_pk[peer]), sa._pair_info(st.round, st.stage, T, victim, peer))
             pos = server.positions(T, victim, peer)
             y[pos] -= sa._sign(victim, peer) * sa._words(key, (pos.numel(), y.shape[1]))
-    return secagg.signed(y)
+    return secagg.signed(y)[:, :-1]
 
 
 # ---------------------------------------------------------------- 1. rollback
@@ -409,6 +410,54 @@ def test_survivor_signatures_of_one_attempt_do_not_count_in_the_next(tmp_path):
     asked = Message(arrays=sigs, config=unmask_request(st, everyone, []).config)
     replies, failures = run.exchange(1, sa.SA_UNMASK, {VICTIM: asked})
     assert VICTIM not in replies and "1 valid signatures" in failures[VICTIM], failures
+
+
+# ---------------------------------------------------------------- 3c. the holder sets
+def _named_alone(run, mode):
+    """One round of ``mode`` in which the server tells the victim that no peer holds any of its
+    rows (its masked stage names it alone, no masking positions), then unmasks honestly.
+    Returns the server's round record and the unmask replies it got."""
+    server, selected = run.server, run.server.select_clients(1)
+    replies = {}
+    for stage in server.stages:
+        messages = getattr(server, f"configure_{stage}")(1, selected)
+        if stage == "train":
+            m = messages[VICTIM]
+            m.config["sa"]["holders"] = {t: [VICTIM] for t in m.config["sa"]["holders"]}
+            for k in [k for k in m.arrays if k.startswith("sa.pos.")]:
+                del m.arrays[k]
+        replies, failures = run.exchange(1, stage, messages)
+        if stage == sa.SA_UNMASK or VICTIM in failures:
+            return server._round, replies, failures
+        getattr(server, f"aggregate_{stage}")(1, replies, failures)
+    raise AssertionError("the round never reached its unmasking")
+
+
+@pytest.mark.parametrize("mode", ["shared_rows", "dense"])
+def test_a_server_that_names_no_co_holder_reads_nothing(monkeypatch, mode):
+    """Found while declaring every field's stance (issue 57): which peers a client masks a row
+    with came from the server's ``holders`` and masking positions, unchecked. A server naming
+    no co-holder made the victim mask with its self-mask alone, which the honest unmasking
+    then hands over: on the old code the server read the victim's exact upload in both modes,
+    with ``active`` (``torch.equal``, every row). Now ``dense`` refuses a holder set other than
+    the sharers (it masks every row with every sharer), and ``shared_rows`` uploads only rows
+    that at least ``min_holders`` (default 2) parties hold by its own masking: the rows the
+    server named it alone for cross as zeros."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__secure_aggregation__active=True, federated__secure_aggregation__mode=mode),
+                       run_dir=None)
+    run.align()
+    st, replies, failures = _named_alone(run, mode)
+    if mode == "dense":
+        assert VICTIM in failures and "every sharer" in failures[VICTIM], failures
+        return
+    order = {n: i + 1 for i, n in enumerate(st.parties)}
+    shares = {order[h]: sa._bytes(r.arrays[f"b.{VICTIM}"]) for h, r in replies.items() if f"b.{VICTIM}" in r.arrays}
+    seed = secagg.combine_secret(shares, st.threshold)
+    y = st.uploads[VICTIM][T].clone()
+    y -= sa._words(secagg.derive_key(seed, f"fedkg-sa-self|{st.round}|{st.stage}|{T}"), y.shape)
+    read = secagg.signed(y)
+    assert bool((read == 0).all()) and bool((seen[VICTIM] != 0).any())
 
 
 # ---------------------------------------------------------------- 3b. a server colluding with a client

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated.aggregation import holder_mean
+from lightning_fedkg.federated.aggregation import holder_counts, holder_mean
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
 from lightning_fedkg.run import fit
@@ -102,8 +102,15 @@ def spy_plaintext(monkeypatch):
 
 
 def holder_mean_of(run, seen, round, before, tensor, clients):
+    """The plain holder-mean over ``clients``; in ``shared_rows`` a row fewer than
+    ``min_holders`` of them hold is kept by its holder (not uploaded), so it stays ``before``."""
     index = run.server.alignments[run.server.group_of[tensor]].index
-    return holder_mean(before, [index[n] for n in clients], [seen[(round, n)][tensor] for n in clients])
+    expected = holder_mean(before, [index[n] for n in clients], [seen[(round, n)][tensor] for n in clients])
+    sa = run.cfg.federated.secure_aggregation
+    if sa.mode == "shared_rows" and expected.dim() > 1:
+        alone = holder_counts(before.shape[0], [index[n] for n in clients]) < sa.min_holders
+        expected[alone] = before[alone]
+    return expected
 
 
 @pytest.mark.parametrize("strategy,tensor,extra", [
@@ -139,7 +146,7 @@ def test_a_masked_upload_is_statistically_unrelated_to_its_plaintext(tmp_path, m
     run_dir = tmp_path / "run"
     fit(secure(federated__record_payloads=True, federated__rounds=1, federated__eval_every=1), run_dir)
     (path,) = sorted((run_dir / "payloads").glob("r0001_*_client_1_to_server_upload.safetensors"))
-    masked = secagg.from_wire(decode(path.read_bytes()).arrays["entity_emb"]).double().flatten()
+    masked = secagg.from_wire(decode(path.read_bytes()).arrays["entity_emb"])[:, :-1].double().flatten()
     plain = secagg.quantise(seen[(1, "client_1")]["entity_emb"], BITS, secagg.MODULUS).double().flatten()
     n = masked.numel()
     assert n > 1000
@@ -191,23 +198,43 @@ def drop(run, name, stage, times=None):
 @pytest.mark.parametrize("stage", ["train", "sa_keys", "sa_shares"])
 @pytest.mark.slow
 def test_a_client_that_drops_is_left_out_and_the_round_completes(monkeypatch, stage):
+    """client_0 drops (every row it holds, client_1 and client_2 hold too); a row whose other
+    holders all dropped is the next test's."""
     seen = spy_plaintext(monkeypatch)
     run = FederatedRun(secure(), run_dir=None)
     run.align()
-    drop(run, "client_1", stage, times=1)
+    drop(run, "client_0", stage, times=1)
     before = run.server.table["entity_emb"].clone()
     run.train_round(1)
-    survivors = ["client_0", "client_2"]
+    survivors = ["client_1", "client_2"]
     if stage == "train":  # it had shared its keys: its masks are rebuilt from the others' shares
-        masked_by_1 = run.channel.records(round=1, sender="client_1", name="sa_shares")
-        assert masked_by_1 and (1, "client_1") not in seen  # it shared, then never uploaded
-        unmask = run.channel.records(round=1, sender="client_0", name="sa_unmask")
-        assert unmask and "s.client_1" in unmask[0].shapes and "b.client_1" not in unmask[0].shapes
+        masked_by_0 = run.channel.records(round=1, sender="client_0", name="sa_shares")
+        assert masked_by_0 and (1, "client_0") not in seen  # it shared, then never uploaded
+        unmask = run.channel.records(round=1, sender="client_1", name="sa_unmask")
+        assert unmask and "s.client_0" in unmask[0].shapes and "b.client_0" not in unmask[0].shapes
     expected = holder_mean_of(run, seen, 1, before, "entity_emb", survivors)
     assert float((run.server.table["entity_emb"] - expected).abs().max()) <= TOLERANCE
-    assert [f["party"] for f in run.failures] == ["client_1"]
+    assert [f["party"] for f in run.failures] == ["client_0"]
     run.train_round(2)  # back in the next round
-    assert (2, "client_1") in seen
+    assert (2, "client_0") in seen
+
+
+@pytest.mark.slow
+def test_a_row_left_to_one_holder_by_a_dropout_is_not_unmasked(monkeypatch):
+    """client_1 drops after its upload was masked with client_2 on the 20 rows only the two
+    of them hold: unmasking would show the server client_2's rows there (an aggregate of one;
+    before min_holders the round completed so). client_2 refuses to unmask, the round is
+    retried, and with client_1 back it completes over everyone."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(), run_dir=None)
+    run.align()
+    drop(run, "client_1", "train", times=1)
+    before = run.server.table["entity_emb"].clone()
+    run.train_round(1)
+    refused = [f for f in run.failures if f["party"] == "client_2"]
+    assert refused and "20 uploaded rows" in refused[0]["error"] and "refusing to unmask" in refused[0]["error"]
+    expected = holder_mean_of(run, seen, 1, before, "entity_emb", ["client_0", "client_1", "client_2"])
+    assert float((run.server.table["entity_emb"] - expected).abs().max()) <= TOLERANCE
 
 
 def test_more_than_n_minus_t_dropouts_fail_the_round_cleanly_and_it_is_retried(monkeypatch):
@@ -282,6 +309,7 @@ def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victi
     stage, rnd = victim["stage"], victim["round"]
     words = secagg.from_wire(victim["masked"])
     plain = secagg.quantise(victim["plain"].reshape(words.shape[0], -1), BITS, secagg.MODULUS)
+    plain = torch.cat([plain, torch.ones(plain.shape[0], 1, dtype=plain.dtype)], 1)  # every row uploaded
 
     def pair_mask(peer: str) -> tuple[Tensor, Tensor]:
         """The client_1-peer mask as ``peer`` computes it: its private key, client_1's public one."""
@@ -309,6 +337,33 @@ def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victi
     corr = float(torch.corrcoef(torch.stack([u, plain[rows_0].double().flatten()]))[0, 1])
     assert abs(corr) < 4 / n ** 0.5
     assert torch.equal(secagg.signed(coalition - with_0), plain)  # every key: everything
+
+
+def test_rows_too_few_parties_hold_stay_with_their_holder(monkeypatch):
+    """``min_holders`` (default 2): under FedR with relations split by relation every relation
+    row has one holder, whose aggregate would be that client's row. No such row crosses (its
+    upload indicator is 0 and the server's table keeps its initial rows) and each client keeps
+    its own trained row through a download; ``min_holders=1`` uploads them as before."""
+    seen = spy_plaintext(monkeypatch)
+    run = FederatedRun(secure(federated__strategy="fedr"), run_dir=None)
+    run.align()
+    initial = run.server.table["relation_emb"].clone()
+    run.train_round(1)
+    assert torch.equal(run.server.table["relation_emb"], initial)
+    uploads = run.channel.records(round=1, sender="client_0", name="upload")
+    assert uploads and uploads[0].shapes["relation_emb"][1] == 8 + 1  # the indicator column
+    trained = {n: h.shared()["relation"].read()["relation_emb"].clone() for n, h in run.client_halves.items()}
+    run.load_evaluation_state(1, "val")  # the server's download: its initial rows for these
+    for name, half in run.client_halves.items():
+        assert torch.equal(half.shared()["relation"].read()["relation_emb"], trained[name])
+    loose = FederatedRun(secure(federated__strategy="fedr", federated__secure_aggregation__min_holders=1),
+                         run_dir=None)
+    loose.align()
+    before = loose.server.table["relation_emb"].clone()
+    loose.train_round(1)
+    expected = holder_mean_of(loose, seen, 1, before, "relation_emb", list(loose.server.clients))
+    assert float((loose.server.table["relation_emb"] - expected).abs().max()) <= TOLERANCE
+    assert not torch.equal(loose.server.table["relation_emb"], before)
 
 
 # ---------------------------------------------------------------- hidden aggregate

@@ -85,8 +85,8 @@ def _as_rows(arrays: dict[str, Tensor], bits: int) -> dict[str, Tensor]:
             out[name] = read.float()
         elif f"{name}@sum" in arrays:
             continue
-        elif value.dtype == torch.int32:
-            out[name] = (value.double() / (1 << bits)).float()
+        elif value.dtype == torch.int32:  # masked words; the last column is the upload indicator
+            out[name] = (value[:, :-1].double() / (1 << bits)).float()
         elif value.is_floating_point():
             out[name] = value.float()
     return out

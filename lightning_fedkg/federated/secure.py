@@ -19,7 +19,6 @@ from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated import identities
-from lightning_fedkg.federated.aggregation import holder_counts
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.strategy import STRATEGIES, RetryRound, num_selected
@@ -383,11 +382,10 @@ class SecureServer:
                         total = torch.zeros(rows, y.shape[1], dtype=torch.int64)
                     total.index_add_(0, self._index(t, u), y)
             total = torch.remainder(total, secagg.MODULUS)
-            if self.sa.mode == "dense":
-                counts = secagg.signed(total[:, -1])
-                total = total[:, :-1]
-            else:
-                counts = holder_counts(rows, [self._index(t, u) for u in holders])
+            # each row's count of uploads is the sum of the clients' own indicators: a row a
+            # client kept to itself (too few holders) counts neither its zeros nor itself
+            counts = secagg.signed(total[:, -1])
+            total = total[:, :-1]
             table = self.table[t]
             shape = (1, *table.shape) if t in self._whole() else tuple(table.shape)
             if self.sa.hide_aggregate:
@@ -495,6 +493,8 @@ class _ClientRound:
     keys: bytes = b""                                            # active: digest of the round keys I shared under
     #: shared_rows: ``{tensor: {peer: my row positions I mask with that peer}}`` (who holds my rows)
     peer_rows: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    #: shared_rows: ``{tensor: which of my rows I uploaded}`` (held by at least ``min_holders``)
+    uploaded: dict[str, Tensor] = field(default_factory=dict)
 
 
 class SecureClient:
@@ -513,6 +513,9 @@ class SecureClient:
             self.threshold = self.roster.threshold
         self._round: _ClientRound | None = None
         self._gidx: dict[str, Tensor] = {}
+        #: shared_rows: ``{tensor: my rows kept to myself}`` (too few holders to upload them);
+        #: a download does not overwrite them
+        self._kept: dict[str, Tensor] = {}
         self._identity = self._own_identity(party) if self.sa.active else b""
         #: the federation a signature names: the digest of the roster this client holds
         self._federation = self.roster.digest() if self.roster is not None else ""
@@ -548,13 +551,15 @@ class SecureClient:
         # could be revealed twice. A client process that ends between two messages keeps
         # them through round_secrets() instead, which the unmasking spends.
         state = super().state_dict()
-        state["secure_client"] = {"gidx": {k: v.clone() for k, v in self._gidx.items()}}
+        state["secure_client"] = {"gidx": {k: v.clone() for k, v in self._gidx.items()},
+                                  "kept": {k: v.clone() for k, v in self._kept.items()}}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         saved = state.get("secure_client") or {}
         self._gidx = {k: v.long() for k, v in saved.get("gidx", {}).items()}
+        self._kept = {k: v.bool() for k, v in saved.get("kept", {}).items()}
 
     def spent_state(self) -> dict:
         return {**super().spent_state(), "sa_attempts": sorted(self._attempts)}
@@ -712,6 +717,11 @@ class SecureClient:
         out = {}
         for t, x in arrays.items():
             q = secagg.quantise(x.reshape(1 if t in sa["whole"] else x.shape[0], -1), bits, bound)
+            if self.sa.mode == "dense" and sorted(sa["holders"][t]) != sorted(shared):
+                # dense masks every row of the union with every sharer: a peer left out of
+                # the masking would leave rows that only the self-mask hides
+                raise RuntimeError(f"secure aggregation: dense mode masks {t!r} with every sharer {shared}, but "
+                                   f"the server names {sorted(sa['holders'][t])}; refusing")
             if self.sa.mode == "dense":
                 full = torch.zeros(sa["rows"][t], q.shape[1] + 1, dtype=torch.int64)
                 full[self._gidx[t], :-1] = q
@@ -719,9 +729,17 @@ class SecureClient:
                 if self.sa.hide_aggregate:  # over every row: the readers need not know whose rows these are
                     full[:, :-1] += _offset(self._key, st.round, stage, t, me, st.s_pk, full.shape[0], q.shape[1])
                 q = full
-            elif self.sa.hide_aggregate:
-                gidx = self._gidx[t]
-                q = q + _offset(self._key, st.round, stage, t, me, st.s_pk, int(gidx.max()) + 1, q.shape[1])[gidx]
+            else:
+                # a row fewer than min_holders parties hold (by my own masking) would be shown
+                # to the server by its aggregate: kept to myself, uploaded as zeros, and the
+                # indicator column (the server's count of each row's uploads) says so
+                kept = self.row_holders(t, q.shape[0]) < self.sa.min_holders
+                q[kept] = 0
+                st.uploaded[t], self._kept[t] = ~kept, kept
+                if self.sa.hide_aggregate:
+                    gidx = self._gidx[t]
+                    q = q + _offset(self._key, st.round, stage, t, me, st.s_pk, int(gidx.max()) + 1, q.shape[1])[gidx]
+                q = torch.cat([q, (~kept).long().unsqueeze(1)], dim=1)
             words = q + _words(secagg.derive_key(st.seed, f"fedkg-sa-self|{st.round}|{stage}|{t}"), q.shape)
             # active: the signed keys of on_sa_shares, never what this message says they are
             s_pk = {p: (st.s_pk_of[p] if self.sa.active else _bytes(extra[f"{PREFIX}s_pk.{p}"]))
@@ -783,6 +801,12 @@ class SecureClient:
         self._check_survivors(st, survivors)
         if self.sa.active:
             self._verify_check(st, survivors, message.arrays)
+        for t, uploaded in st.uploaded.items():
+            left = self.row_holders(t, uploaded.numel(), survivors)[uploaded]
+            if bool((left < self.sa.min_holders).any()):
+                raise RuntimeError(f"secure aggregation: with the survivors {survivors}, {int((left < self.sa.min_holders).sum())} "
+                                   f"uploaded rows of {t!r} would be held by fewer than min_holders="
+                                   f"{self.sa.min_holders} parties, whose aggregate shows them; refusing to unmask")
         # Spent before anything leaves: whatever happens next, this round is never unmasked again.
         self._round = None
         dropped = [n for n in st.shared if n not in survivors]  # from what I was told when masking
@@ -837,4 +861,21 @@ class SecureClient:
                 plain = secagg.signed(plain)
                 value[rows] = plain.to(torch.float64) / float(1 << self.sa.fractional_bits) / counts[rows, None]
             arrays[name] = value.to(base.dtype).view(base.shape)
-        super().receive(arrays)
+        super().receive(self._keep_own(arrays))
+
+    def _keep_own(self, arrays: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``arrays`` with the rows this client kept to itself (too few holders to upload)
+        replaced by its own values: what the server sends for them is not an aggregate."""
+        kept = {t: k for t, k in self._kept.items() if t in arrays and bool(k.any())}
+        if not kept:
+            return arrays
+        own = self.upload()
+        arrays = dict(arrays)
+        for t, k in kept.items():
+            value = arrays[t].clone()
+            if k.numel() == 1 and (value.dim() == 0 or value.shape[0] != 1):  # a tensor shared whole
+                value = own[t].to(value.dtype).clone()
+            else:
+                value[k] = own[t][k].to(value.dtype)
+            arrays[t] = value
+        return arrays
