@@ -65,7 +65,8 @@ def _stretch(secret: str) -> bytes:
     each process once (a client calls :func:`federation_key` from several places)."""
     from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-    return Scrypt(salt=SCRYPT_SALT, length=DIGEST_BYTES, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P).derive(secret.encode("utf-8"))
+    kdf = Scrypt(salt=SCRYPT_SALT, length=DIGEST_BYTES, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P)
+    return kdf.derive(secret.encode("utf-8"))
 
 
 def hash_names(names: Sequence[str], key: bytes) -> Tensor:

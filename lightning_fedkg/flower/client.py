@@ -29,8 +29,8 @@ from typing import Any
 from lightning_fedkg.flower.data import data_digest, load_client_folder, read_key_file
 from lightning_fedkg.flower.wire import pack, unpack
 
-__all__ = ["ClientRuntime", "DataMismatchError", "ClientBusyError", "WorkerError", "answer_request", "forward", "worker_key", "handle",
-           "make_client_app", "client_app"]
+__all__ = ["ClientRuntime", "DataMismatchError", "ClientBusyError", "WorkerError", "answer_request", "forward",
+           "worker_key", "handle", "make_client_app", "client_app"]
 
 log = logging.getLogger("lightning_fedkg")
 
