@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_fedkg"
 
 #: Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
-    ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands")),
+    ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands", "private_files")),
     ("data, evaluation, models, privacy", ("data", "evaluation", "models", "privacy")),
     ("builders", ("builders",)),
     ("federated core", ("federated",)),

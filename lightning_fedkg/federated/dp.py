@@ -164,14 +164,31 @@ class DPServer:
     def _column(self, key: str) -> dict[str, float]:
         return {n: e[key] for n, e in sorted(self.epsilons.items()) if key in e}
 
+    def _tail_delta(self, sigma: float | None, holders: int = 1, epsilon: float | None = None) -> float | None:
+        """What the noise sampler's cut adds to δ per release of a clipped unit
+        (:func:`~lightning_fedkg.privacy.noise.tail_delta`), at the sensitivity the ledger
+        accounts (the relation's, widened by the grid's slack), for ``sigma`` the least any
+        client reported and the widest unit of the table (every client's is narrower: the
+        bound only grows with the width); None before any client reported its σ."""
+        if sigma is None:
+            return None
+        coords = clipped_coordinates(dict(self.table), self.dp.unit) if self.table else 1
+        sensitivity = dplib.sensitivity(self.dp.neighbours) + noiselib.grid_slack(self.dp.clip, coords)
+        return noiselib.tail_delta(sigma, sensitivity, coords, holders=holders, epsilon=epsilon)
+
     def report(self) -> dict:
         out = super().report()
         clients, add_remove = self._column(EPSILON), self._column(EPSILON_ADD_REMOVE)
         sigmas = self._column(SIGMA)
         sigma = min(sigmas.values(), default=None)  # the least noise any client added
         relation = self.dp.neighbours
+        epsilon = max(clients.values(), default=0.0)
+        # distributed: the sum of at most every client's share, bounded through the run's ε
+        n = len(self.clients)
+        tail = self._tail_delta(sigma) if self.dp.placement == "local" else \
+            self._tail_delta(sigma, holders=n, epsilon=epsilon)
         privacy = {
-            "epsilon": max(clients.values(), default=0.0), "delta": self.dp.delta,
+            "epsilon": epsilon, "delta": self.dp.delta, "delta_tail_per_row": tail,
             "neighbours": relation,
             "epsilon_add_remove": max(add_remove.values(), default=0.0),
             "accountant": f"dp-accounting {self.dp.accountant.upper()}",
@@ -193,6 +210,9 @@ class DPServer:
                                        "may claim holders or dropouts, or unmask without asking a client) and any "
                                        "coalition of the other clients")
             privacy["epsilon_deviating_server"] = max(deviating.values(), default=0.0)
+            # a client's own share alone: the local bound at the smallest share, σ/√n
+            privacy["delta_tail_per_row_deviating_server"] = self._tail_delta(
+                None if sigma is None else sigma / math.sqrt(n))
             privacy["clients_deviating_server"] = deviating
         else:
             privacy["threat_model"] = "the server and any coalition of other clients see every upload"

@@ -1,10 +1,11 @@
 """Per-client identity keys and the security policy of secure aggregation (``active``).
 
-A provisioning folder ``identities/`` holds ``<client>.key`` (an Ed25519 private key, mode
-0600, for that client only) and ``roster.json`` (every member's public key, ``threshold``
-and ``num_clients``: the policy the clients agreed to). A client reads both from its own
-disk, never from the server. :func:`provision` writes the folder; it must be handed out
-honestly and out of band (threat model: docs/privacy.md).
+A provisioning folder ``identities/`` (mode 0700) holds ``<client>.key`` (an Ed25519 private
+key, mode 0600, for that client only) and ``roster.json`` (every member's public key,
+``threshold`` and ``num_clients``: the policy the clients agreed to). A client reads both
+from its own disk, never from the server, and refuses a key others may read or a folder
+others may write. :func:`provision` writes the folder; it must be handed out honestly and
+out of band (threat model: docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.private_files import check_private_file, check_private_folder, make_private_folder
 
 __all__ = ["IDENTITIES", "ROSTER", "Roster", "write_identities", "provision", "read_roster", "read_private_key",
            "has_roster"]
@@ -59,10 +61,11 @@ def _key_path(folder: Path, name: str) -> Path:
 
 
 def write_identities(folder: str | Path, names: list[str], threshold: int, num_clients: int | None = None) -> Roster:
-    """Fresh random identity keys for ``names`` in ``folder``: one ``<name>.key`` (0600) each
-    and ``roster.json`` with their public keys and the policy (t = ``threshold``, n =
-    ``num_clients``, default ``len(names)``). Every file is written atomically, the roster
-    last, so a roster on disk means its keys are all there. Overwrites what was there."""
+    """Fresh random identity keys for ``names`` in ``folder`` (made 0700, also when it
+    existed): one ``<name>.key`` (0600) each and ``roster.json`` with their public keys and
+    the policy (t = ``threshold``, n = ``num_clients``, default ``len(names)``). Every file is
+    written atomically, the roster last, so a roster on disk means its keys are all there.
+    Overwrites what was there."""
     from lightning_fedkg.atomic import write_atomic
     from lightning_fedkg.privacy import secagg
 
@@ -72,7 +75,7 @@ def write_identities(folder: str | Path, names: list[str], threshold: int, num_c
         raise ConfigError(f"identities need distinct client names, got {names}")
     if not 1 <= threshold <= n:
         raise ConfigError(f"an identity roster's threshold {threshold} must be in [1, {n}]")
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_folder(folder)
     members = {}
     for name in names:
         private, members[name] = secagg.new_identity()
@@ -87,11 +90,12 @@ def provision(folder: str | Path, names: list[str], t: int) -> Roster:
     """The identities of a federation of clients ``names`` with threshold ``t`` in
     ``folder``: written once and reused as they are afterwards (a resumed run keeps its
     keys). A folder written for other clients or another t is refused rather than
-    replaced: the clients may already hold its keys.
+    replaced: the clients may already hold its keys. The folder is made 0700 either way.
     :func:`~lightning_fedkg.federated.secure.provision_identities` takes t from a config."""
     folder = Path(folder)
     if not has_roster(folder):
         return write_identities(folder, list(names), t, len(names))
+    make_private_folder(folder)
     roster = read_roster(folder)
     if set(roster.members) != set(names) or roster.threshold != t or roster.num_clients != len(names):
         raise ConfigError(f"{folder / ROSTER} was written for clients {sorted(roster.members)} with t="
@@ -111,11 +115,12 @@ def has_roster(folder: str | Path | None) -> bool:
 
 def read_roster(folder: str | Path) -> Roster:
     """The :class:`Roster` in ``folder/roster.json``; a ConfigError names the file when it
-    is missing or malformed."""
+    is missing or malformed, or the folder when others may write to it."""
     path = Path(folder) / ROSTER
     if not path.is_file():
         raise ConfigError(f"no identity roster at {path}: provision the federation's identities "
                           "(lightning_fedkg.federated.identities.provision) and give every client the roster")
+    check_private_folder(folder, "identity keys and the roster")
     try:
         data = json.loads(path.read_text())
         members = {str(n): bytes.fromhex(k) for n, k in data["members"].items()}
@@ -135,11 +140,14 @@ def read_roster(folder: str | Path) -> Roster:
 
 def read_private_key(folder: str | Path, name: str) -> bytes:
     """Client ``name``'s private identity key (32 raw bytes) from ``folder/<name>.key``; a
-    ConfigError names the file when it is missing or not a key."""
+    ConfigError names the file when it is missing, not a key, or readable by others (any
+    group or other bit), or the folder when others may write to it."""
     path = _key_path(Path(folder), name)
     if not path.is_file():
         raise ConfigError(f"no identity key for {name} at {path}: each client needs its own private key "
                           f"beside the roster")
+    check_private_folder(folder, "identity keys and the roster")
+    check_private_file(path, "the private identity key")
     try:
         key = bytes.fromhex(path.read_text().strip())
     except ValueError:

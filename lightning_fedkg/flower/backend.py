@@ -98,10 +98,14 @@ def serve_process(grid, cfg: ExperimentConfig, run_dir: str | Path, num_clients:
 
 
 def write_key_file(secret: str, path: str | Path) -> Path:
-    """Write the federation secret readable by its owner only (``0600``)."""
+    """Write the federation secret readable by its owner only (``0600``, also over an
+    existing file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # open's mode applies to a new file only: an existing one keeps its bits, so set them
+    # before the secret is written
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
     return path

@@ -7,11 +7,14 @@ server's word.
 Requests (:mod:`.wire`): ``hello`` (answered with the client's name and data digest),
 ``stage``, ``deliver`` and ``restore``. Since Flower starts a process per message, the
 client saves its state after every message on its own disk and answers the state's number;
-a client worker (:mod:`.worker`) can hold the party instead. See docs/deployment.md.
+a client worker (:mod:`.worker`) can hold the party instead. One process at a time handles
+a client's request (a lock in its folder). See docs/deployment.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -26,8 +29,8 @@ from typing import Any
 from lightning_fedkg.flower.data import data_digest, load_client_folder, read_key_file
 from lightning_fedkg.flower.wire import pack, unpack
 
-__all__ = ["ClientRuntime", "DataMismatchError", "WorkerError", "answer_request", "forward", "worker_key", "handle",
-           "make_client_app", "client_app"]
+__all__ = ["ClientRuntime", "DataMismatchError", "ClientBusyError", "WorkerError", "answer_request", "forward",
+           "worker_key", "handle", "make_client_app", "client_app"]
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -35,9 +38,19 @@ log = logging.getLogger("lightning_fedkg")
 #: simulation serves many messages and keeps its party between them.
 _RUNTIMES: dict[tuple[str, str], "ClientRuntime"] = {}
 
+#: The file in a client's folder whose lock a process holds while it handles a request.
+LOCK_FILE = "client.lock"
+#: Seconds a request waits for another process of the same client to finish its own (which
+#: may be a round of training) before it fails with :class:`ClientBusyError`.
+LOCK_TIMEOUT = 3600.0
+
 
 class DataMismatchError(RuntimeError):
     """The client's data is not the data it registered with."""
+
+
+class ClientBusyError(RuntimeError):
+    """Another process of this client held its lock for longer than :data:`LOCK_TIMEOUT`."""
 
 
 class ClientRuntime:
@@ -68,6 +81,39 @@ class ClientRuntime:
     @property
     def config_path(self) -> Path:
         return self.dir / "config.yaml"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.dir / LOCK_FILE
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the client's exclusive lock (``flock`` on :data:`LOCK_FILE` in its folder,
+        created 0600) while the block runs, waiting for another process that holds it, at
+        most :data:`LOCK_TIMEOUT` seconds. The kernel releases it when its holder exits, even
+        by SIGKILL, so a lock left behind cannot exist."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # flock belongs to an open file: another open of the same file, in this process or
+        # another, waits like a second process
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline, pause = time.monotonic() + LOCK_TIMEOUT, 0.01
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise ClientBusyError(
+                            f"{self.name}: another process of this client has held {self.lock_path} for "
+                            f"{LOCK_TIMEOUT:g} s (a ClientApp or the client worker, handling another request of "
+                            f"run {self.run_id}); refusing this one rather than answer from a state that process "
+                            "is changing. The server may retry it") from None
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.5)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def store_config(self, text: str) -> None:
         from lightning_fedkg.atomic import write_atomic
@@ -220,8 +266,11 @@ class ClientRuntime:
 
     # ------------------------------------------------------------------ requests
     def handle(self, head: dict, payload: bytes) -> tuple[dict, bytes]:
-        from lightning_fedkg.federated.message import Message, decode, encode
-
+        """Answer one request. Every request that reads or writes the client's states runs
+        under :meth:`locked`: two processes serving one client folder (two ClientApps, or a
+        ClientApp beside the worker) could otherwise both load the round's secrets and both
+        answer an unmasking, one with each secret of a peer. ``hello`` only stores the
+        config (atomically) and touches no state."""
         kind = head["kind"]
         if kind == "hello":
             self.store_config(head["config"])
@@ -233,6 +282,15 @@ class ClientRuntime:
                 f"{self.name}: the data in {self.data_path} is not the data this client registered with "
                 f"(digest {self.digest[:16]}..., registered {str(head.get('digest'))[:16]}...); restart the "
                 f"SuperNode with its original data folder or start a new run")
+        with self.locked():
+            return self._handle_locked(kind, head, payload)
+
+    def _handle_locked(self, kind: str, head: dict, payload: bytes) -> tuple[dict, bytes]:
+        from lightning_fedkg.federated.message import Message, decode, encode
+
+        # The newest saved state, re-read now that no other process can be changing it: one
+        # that handled a request since this process last did has saved a newer number, and
+        # ready() loads it (with round_secrets.pt as that process left it, gone once spent).
         self.ready()
         self.pin(head.get("pin", []))
         if kind == "restore":

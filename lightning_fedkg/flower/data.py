@@ -112,10 +112,14 @@ def data_digest(folder: str | Path, key: bytes) -> str:
 
 def read_key_file(path: str | Path) -> str:
     """The federation secret in ``path`` (one line; never passed on a command line, where
-    ``ps`` shows it). Raises ``ValueError`` for a missing or empty file."""
+    ``ps`` shows it). Raises ``ValueError`` for a missing or empty file, and a ConfigError
+    (a ValueError) for one with any group or other permission bit."""
+    from lightning_fedkg.private_files import check_private_file
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"federation key file {path} does not exist")
+    check_private_file(path, "the federation key file")
     secret = path.read_text().strip()
     if not secret:
         raise ValueError(f"federation key file {path} is empty")
