@@ -181,6 +181,47 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
             assert (state["half"].get("secure_client") or {}).get("round") is None
 
 
+@pytest.mark.slow
+def test_a_flower_restore_does_not_roll_back_what_a_client_spent(tmp_path):
+    """Issue 57: what a client released and must never take back (the DP ledger, the attempt
+    ids it keyed, a querier's revealed batches) lives in ``spent.json`` beside its states,
+    which only grows, and is merged in after every state load. A ``restore`` to the state
+    before round 2, then a fresh process: the ledger still holds both uploads and both
+    attempt ids stay spent (without the file, the fresh process knew no attempt id: 0)."""
+    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.flower.client import ClientRuntime
+    from lightning_fedkg.flower.data import write_client_folders
+
+    cfg = secure(federated__dp__enabled=True, federated__dp__noise_multiplier=2.0)
+    run = FederatedRun(cfg, run_dir=None)
+    key = write_key_file("secret", tmp_path / "key")
+    folders = write_client_folders(cfg, tmp_path / "data")
+    provision_beside_key(cfg, key, folders)
+    runtimes, digests = {}, {}
+    for folder in folders:
+        client = ClientRuntime(folder, key, tmp_path / "work", "run1")
+        answer, _ = client.handle({"kind": "hello", "config": client_config_text(cfg)}, b"")
+        digests[client.name] = answer["digest"]
+
+        def runtime_of(name=client.name, folder=folder):  # a fresh process for every message
+            runtimes[name] = ClientRuntime(folder, key, tmp_path / "work", "run1")
+            return runtimes[name]
+
+        run.pool.halves[client.name] = _proxy(runtime_of, answer["digest"])
+    run.align()
+    run.train_round(1)
+    after_first = {n: runtimes[n].latest() for n in digests}
+    run.train_round(2)
+    for n, number in after_first.items():
+        ClientRuntime(runtimes[n].data_path, key, tmp_path / "work", "run1").handle(
+            {"kind": "restore", "state": number, "weights_only": False, "digest": digests[n]}, b"")
+    for n in digests:
+        fresh = ClientRuntime(runtimes[n].data_path, key, tmp_path / "work", "run1")
+        fresh.ready()
+        assert [e[0] for e in fresh.half.events] == [1, 2], n
+        assert len(fresh.half._attempts) == 2, n  # both rounds' attempt ids, kept as keyed
+
+
 # ---------------------------------------------------------------- 2. the threshold
 def test_a_client_refuses_a_threshold_the_server_lowered(monkeypatch):
     """Attack: the server sends t = 1 in ``sa_keys``; each 1-of-n share is the secret, so one

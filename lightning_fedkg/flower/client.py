@@ -184,6 +184,7 @@ class ClientRuntime:
         latest = self.latest()
         if self.half is None:
             self.build()
+            self.load_spent()
         if latest >= 0 and latest != self.counter:
             self.load(latest, weights_only=False)
             self.load_round_secrets()
@@ -221,9 +222,29 @@ class ClientRuntime:
         state = load_checkpoint(self.state_path(number))
         self.half.party.load_state_dict(state["party"], weights_only=weights_only)
         self.half.load_state_dict(state["half"])
+        self.load_spent()  # an earlier state never takes back what was released since
         if not weights_only:
             restore_rng(state["rng"])
         self._timed("load", start)
+
+    @property
+    def spent_path(self) -> Path:
+        """What the client released and never takes back
+        (:meth:`~lightning_fedkg.federated.strategy.ClientHalf.spent_state`: DP's ledger, the
+        attempts it keyed, the batches a querier revealed): one file that only grows, merged
+        in after every state load, never part of a numbered state a ``restore`` can pick."""
+        return self.dir / "spent.json"
+
+    def load_spent(self) -> None:
+        if self.spent_path.is_file():
+            self.half.load_spent_state(json.loads(self.spent_path.read_text()))
+
+    def save_spent(self) -> None:
+        from lightning_fedkg.atomic import write_atomic
+
+        spent = self.half.spent_state()
+        if spent:
+            write_atomic(self.spent_path, lambda f: f.write(json.dumps(spent).encode()), mode=0o600)
 
     def save(self) -> int:
         """Save the party as the next state number; drop the oldest beyond ``keep_states``."""
@@ -234,6 +255,7 @@ class ClientRuntime:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         save_atomic({"party": self.half.party.state_dict(), "half": self.half.state_dict(), "rng": capture_rng()},
                     self.state_dir / f"{number:08d}.pt")
+        self.save_spent()
         self.save_round_secrets()
         self.counter = number
         keep = self.cfg.federated.flower.keep_states
