@@ -183,3 +183,66 @@ def test_an_unroutable_evaluation_query_is_counted_unanswered(runs, mode):
         if name != "2p":
             assert after["by_type"][name] == m
     run.close()
+
+
+# ---------------------------------------------------------------- a deviating server
+def isolating_server(run, victim: str) -> tuple[list, dict]:
+    """Make ``run``'s server deviate as the review did (finding A): at every reveal it sends
+    the querier ``victim``'s padded table alone as the total, with ``victim``'s sealed seed,
+    ``contributors=[victim]``, a holder count of 1 on ``victim``'s columns and ``top`` = the
+    union's width. Returns ``(replies, truth)``: each querier reply with the victim's union
+    columns, and ``{context: victim's plain table}`` as its own scoring produced it."""
+    from lightning_fedkg.federated.message import Message
+
+    server, half = run.server, run.client_halves[victim]
+    replies, truth = [], {}
+    score = half._score
+
+    def recording_score(message):
+        out = score(message)
+        truth[message.config["context"]] = out
+        return out
+
+    def isolate(name, start, stop):
+        if victim not in server._masked:
+            return {}
+        table, seed = server._masked[victim]
+        columns = server.directory["entity_index"][victim]
+        counts = torch.zeros(table.shape[1], dtype=torch.long)
+        counts[columns] = 1
+        return {server.querier: Message(
+            arrays={"total": table, "counts": counts, "seeds": seed[None]},
+            config={"kind": "reveal", "contributors": [victim], "context": server._context,
+                    "top": int(table.shape[1])})}
+
+    def record(name, start, stop, reply):
+        replies.append((server._context, server.directory["entity_index"][victim], reply))
+
+    half._score = recording_score
+    server._reveal_messages = isolate
+    server._revealed = record
+    return replies, truth
+
+
+@pytest.mark.slow
+def test_a_server_isolating_one_clients_table_gets_it_from_the_querier(runs):
+    """Finding A, as the review found it: on today's code the querier unpads ``client_1``'s
+    table sent alone and returns all of it."""
+    from lightning_fedkg.federated.entry import load_run_from
+
+    cfg, run = load_run_from(runs["private"])
+    replies, truth = isolating_server(run, "client_1")
+    run.evaluate("test", 1)
+    entries, error = 0, 0.0
+    for context, columns, reply in replies:
+        if reply is None:
+            continue
+        got = torch.full((reply.arrays["top"].shape[0], int(reply.arrays["top"].max()) + 1), float("nan"),
+                         dtype=torch.float64)
+        got.scatter_(1, reply.arrays["top"], reply.arrays["values"])
+        plain = truth[f"{context}"].double()
+        entries += plain.numel()
+        error = max(error, float((got[:, columns] - plain).abs().max()))
+    print("recovered", entries, "entries of client_1, largest error", error, "failures", run.failures[:2])
+    run.close()
+    assert entries > 0 and error == 0.0
