@@ -120,8 +120,8 @@ def attack(run, payloads: Path) -> dict:
                 continue
             state = request.arrays[f"s{request.config['root'][1]}"]
             table = reply.arrays["scores"]
-            if "columns" in request.arrays:  # a table over the union: the client's own columns
-                table = table[:, request.arrays["columns"]]
+            if "columns" in request.arrays:  # a table over the union (and its holder row): its own columns
+                table = table[:-1, request.arrays["columns"]]
             states.append(as_floats(state, dim))
             scores.append(as_floats(table, table.shape[1]))
         truth = encoder.entity_emb.detach().double()
@@ -232,7 +232,7 @@ def q2p_attack(run, payloads: Path) -> dict:
                 continue
             table = reply.arrays["scores"]
             if "columns" in request.arrays:
-                table = table[:, request.arrays["columns"]]
+                table = table[:-1, request.arrays["columns"]]
             particles.append(as_floats(request.arrays[f"s{request.config['root'][1]}"], k * dim).view(-1, k, dim))
             scores.append(as_floats(table, table.shape[1]))
         truth, bias = encoder.entity_emb.detach().double(), encoder.entity_bias.detach().double()
