@@ -430,6 +430,31 @@ def test_the_querier_reveals_a_batch_once_and_a_restore_does_not_roll_that_back(
 
 
 @pytest.mark.slow
+def test_the_querier_takes_the_members_from_its_roster_where_it_has_one(runs, tmp_path):
+    """A Flower client's config comes from the server: one that says 2 clients would have
+    the querier accept a sum without client_2. Where the querier holds an identity roster
+    (as secure aggregation's clients do) the members are the roster's."""
+    import copy
+
+    from lightning_fedkg.federated.entry import load_run_from
+    from lightning_fedkg.federated.identities import write_identities
+
+    _, run = load_run_from(runs["private"])
+    querier = run.parties["client_0"]
+    querier.cfg = copy.deepcopy(querier.cfg)
+    querier.cfg.data.num_clients = 2  # the server's word
+    log = tampering_server(run, lambda server, message: None)
+    run.evaluate("test", 1)
+    errors = refusals(run)
+    assert len(errors) == BATCHES and all("name non-members ['client_2']" in e for e in errors), errors[0]
+    write_identities(tmp_path / "identities", ["client_0", "client_1", "client_2"], 2)
+    querier.identities = tmp_path / "identities"
+    run.evaluate("test", 1)
+    assert len(refusals(run)) == BATCHES and all(reply is not None for _, reply in log[BATCHES:])
+    run.close()
+
+
+@pytest.mark.slow
 def test_a_scorer_refuses_a_batch_that_names_one_query_twice(runs):
     """A query copied into a second row would get the querier's per-query reveal twice in
     one batch (with other hard answers each time): every scorer refuses the batch."""

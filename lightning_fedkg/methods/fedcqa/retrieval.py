@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
@@ -613,7 +614,12 @@ class RetrievalClient:
         self.revealed_contexts.update(str(c) for c in state.get("revealed_contexts", ()))
 
     def _members(self) -> list[str]:
-        """The federation's clients as this client's own config has them."""
+        """The federation's clients as this client holds them itself: its identity roster
+        where it has one (a Flower client's config came from the server at registration),
+        else its own config (``client_k`` for k below ``data.num_clients``)."""
+        folder = getattr(self.party, "identities", None)
+        if identities.has_roster(folder):
+            return sorted(identities.read_roster(folder).members)
         return [client_name(k) for k in range(int(self.party.cfg.data.num_clients))]
 
     def _state(self, message: Message, name: str, queries: Tensor | None, node: int) -> Tensor:
@@ -675,9 +681,9 @@ class RetrievalClient:
         whole. What the server gets is bounded per query, whatever the total holds."""
         a, config = message.arrays, message.config
         members = self._members()
-        if self.party.name != members[0]:
+        if self.party.name != client_name(0):
             raise RetrievalRefused(f"{self.party.name} was asked to reveal a batch, but the querier is "
-                                   f"{members[0]} (the first client)")
+                                   f"{client_name(0)} (the first client)")
         contributors = [str(c) for c in config["contributors"]]
         if sorted(contributors) != sorted(members):
             problems = [f"lack {sorted(set(members) - set(contributors))}",
