@@ -291,7 +291,7 @@ def test_a_server_isolating_one_clients_table_gets_nothing_from_the_querier(runs
     False, the review's) got back every score of ``client_1``: 64,800 entries (480 queries ×
     135 union entities), error 0. Now the querier refuses it for naming too few members;
     with every member named it refuses it for its holder counts (the other members' pads
-    were never added)."""
+    were never added; before, it returned noise, errors of 2e9)."""
     from lightning_fedkg.federated.entry import load_run_from
 
     _, run = load_run_from(runs["private"])

@@ -437,9 +437,9 @@ def hop_owner_fit(run, payloads: Path, key: bytes) -> dict:
         others = torch.cat([p.module.encoder.relation_emb.detach().double() for p in run.clients if p is not party])
         nearest = torch.cdist(others, found).min(1).values / others.norm(dim=1)
         hit = nearest < 1e-5
+        unmatched = torch.cdist(found, others).min(1).values / found.norm(dim=1) >= 1e-5
         out[party.name] = {"states": len(states), "relations": len(others), "recovered": int(hit.sum()),
-                           "max_error": float(nearest[hit].max()),
-                           "unmatched": int((torch.cdist(found, others).min(1).values / found.norm(dim=1) >= 1e-5).sum())}
+                           "max_error": float(nearest[hit].max()), "unmatched": int(unmatched.sum())}
     return out
 
 
@@ -451,7 +451,6 @@ def test_what_a_hop_owner_learns_other_clients_relation_rows(private_gqe):
     rounding (GQE, dimension 16). If this changes, docs/privacy.md's table must too."""
     run, payloads, key = private_gqe
     result = hop_owner_fit(run, payloads, key)
-    print(result)
     figures = {name: (r["recovered"], r["relations"]) for name, r in result.items()}
     assert figures == {"client_0": (21, 60), "client_1": (25, 62), "client_2": (27, 62)}, result
     assert all(r["max_error"] < 1e-7 for r in result.values()), result
