@@ -9,7 +9,9 @@ LayerNorm leaves on one hyperplane: a max-affine fit recovers each entity row bu
 component along the hyperplane's normal, which no score depends on (docs/privacy.md). It
 reads nothing but the recorded cq_step payloads, as the server received them: under
 ``task.retrieval: paper`` it recovers what the scores expose, under ``private`` (default)
-no better than chance.
+no better than chance, and again everything with one client's federation key. What the
+clients learn under ``private`` is measured too: the querier fits the rows of entities it
+does not hold, a hop owner other clients' relation rows (docs/privacy.md's table).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import torch
 
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.federation import FederatedRun
-from lightning_fedkg.federated.message import decode
+from lightning_fedkg.federated.message import Message, decode
 from lightning_fedkg.methods.fedcqa.retrieval import digest_keys
+from lightning_fedkg.methods.fedcqa.sealed import open_states, unmask_mean
 
 from conftest import make_small_config
 
@@ -105,12 +108,16 @@ def fit_l1(states: torch.Tensor, distances: torch.Tensor, iterations: int = 50) 
     return torch.nan_to_num(rows)
 
 
-def attack(run, payloads: Path) -> dict:
+def attack(run, payloads: Path, key: bytes | None = None) -> dict:
     """The server's reconstruction from its view; returns per client the recovered entity
     rows' largest relative error and the share matched to the right entity, and the
-    recovered relation rows' largest relative error and count."""
+    recovered relation rows' largest relative error and count. ``key``: a colluding
+    client's federation key, with which the server first opens what was sealed
+    (:func:`unsealed`)."""
     dim = run.cfg.model.dim
     transfers = exchanges(payloads)
+    if key is not None:
+        transfers = unsealed(transfers, key, dim)
     out = {}
     for party in run.clients:
         name, encoder = party.name, party.module.encoder
@@ -120,8 +127,8 @@ def attack(run, payloads: Path) -> dict:
                 continue
             state = request.arrays[f"s{request.config['root'][1]}"]
             table = reply.arrays["scores"]
-            if "columns" in request.arrays:  # a table over the union: the client's own columns
-                table = table[:, request.arrays["columns"]]
+            if "columns" in request.arrays:  # a table over the union (and its holder row): its own columns
+                table = table[:-1, request.arrays["columns"]]
             states.append(as_floats(state, dim))
             scores.append(as_floats(table, table.shape[1]))
         truth = encoder.entity_emb.detach().double()
@@ -232,7 +239,7 @@ def q2p_attack(run, payloads: Path) -> dict:
                 continue
             table = reply.arrays["scores"]
             if "columns" in request.arrays:
-                table = table[:, request.arrays["columns"]]
+                table = table[:-1, request.arrays["columns"]]
             particles.append(as_floats(request.arrays[f"s{request.config['root'][1]}"], k * dim).view(-1, k, dim))
             scores.append(as_floats(table, table.shape[1]))
         truth, bias = encoder.entity_emb.detach().double(), encoder.entity_bias.detach().double()
@@ -291,3 +298,159 @@ def test_the_q2p_attack_recovers_nothing_under_private_retrieval(tmp_path, query
         assert r["flatness"] > 0.1, (name, r)  # the sealed bytes lie on no plane
         assert r["matched"] <= 0.05 and r["plane_error"] > 0.5, (name, r)
     run.close()
+
+
+# ---------------------------------------------------------------- who learns what under private
+def unsealed(transfers: list, key: bytes, dim: int) -> list:
+    """``transfers`` as the server reads them with a colluding client's federation key: each
+    state opened, each padded table unpadded (its seed opened), laid out as ``paper``'s."""
+    out = []
+    for client, request, reply in transfers:
+        kind, structure = request.config.get("kind"), request.config.get("structure")
+        req, rep = dict(request.arrays), dict(reply.arrays)
+        if kind == "project":
+            for node in request.config["nodes"]:
+                nid, queries = node["id"], request.arrays.get(f"{node['id']}:q")
+                if queries is None:
+                    continue
+                for ref in node["refs"]:
+                    req[f"{nid}:s{ref}"] = open_states(key, structure, queries, ref, req[f"{nid}:s{ref}"], dim)
+                if str(nid) in rep:
+                    rep[str(nid)] = open_states(key, structure, queries, nid, rep[str(nid)], dim)
+        elif kind == "score" and "columns" in req:
+            queries, columns = req.pop("q"), req.pop("columns")
+            req = {k: open_states(key, structure, queries, int(k[1:]), v, dim) if k.startswith("s") else v
+                   for k, v in req.items()}
+            own = unmask_mean(key, rep["scores"], [(rep["seed"], f"{request.config['context']}|{client}")], 1)
+            rep = {"scores": own[:, columns]}
+        out.append((client, Message(arrays=req, config=request.config), Message(arrays=rep)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def private_gqe(tmp_path_factory, query_cache):
+    """A GQE run under private retrieval after one recorded test evaluation, its payloads
+    and the federation key every client holds."""
+    tmp = tmp_path_factory.mktemp("private_gqe")
+    run, payloads = evaluated_run(tmp, task__cache_dir=str(query_cache))
+    yield run, payloads, federation_key(run.cfg.federated.federation_key, run.cfg.seed)
+    run.close()
+
+
+@pytest.mark.slow
+def test_a_client_colluding_with_the_server_gives_back_what_paper_leaks(private_gqe):
+    run, payloads, key = private_gqe
+    for name, r in attack(run, payloads, key).items():
+        assert r["pairs"] == PAIRS["gqe"], (name, r)
+        assert r["entity_error"] < 1e-5 and r["matched"] == 1.0, (name, r)
+        assert r["relations"] >= 20 and r["relation_error"] < 1e-5, (name, r)
+
+
+def union_rows(run, key: bytes, union: torch.Tensor) -> tuple[torch.Tensor, dict[str, set]]:
+    """``(a holder's row per union entity [N, d], {client: its union columns})``; after the
+    hidden secure aggregate every holder has the same row (checked)."""
+    rows = torch.full((len(union), run.cfg.model.dim), float("nan"), dtype=torch.float64)
+    held = {}
+    for party in run.clients:
+        own = digest_keys(hash_names(party.names["entity"], key))
+        columns = torch.searchsorted(union, own)
+        emb = party.module.encoder.entity_emb.detach().double()
+        seen = ~torch.isnan(rows[columns, 0])
+        assert torch.equal(rows[columns][seen], emb[seen]), party.name
+        rows[columns] = emb
+        held[party.name] = set(columns.tolist())
+    return rows, held
+
+
+def querier_fit(run, payloads: Path, key: bytes, querier: str = "client_0") -> dict:
+    """What the querier learns in one test evaluation: it opens the root states routed to it
+    for scoring (it holds the federation key) and unpads each batch's holder-mean table
+    over the union; from the queries whose root is one state it fits, by the L1 fit above,
+    the rows of the union's entities it does not hold. Returns how many such entities,
+    how many fitted rows are nearest their own entity's row, and the median and largest
+    relative error."""
+    transfers = exchanges(payloads)
+    reveals = {r.config["context"]: r for c, r, _ in transfers if c == querier and r.config.get("kind") == "reveal"}
+    states, means = [], []
+    for client, request, _ in transfers:
+        if client != querier or request.config.get("kind") != "score" or request.config["root"][0] != "s":
+            continue
+        root = request.config["root"][1]
+        state = open_states(key, request.config["structure"], request.arrays["q"], root,
+                            request.arrays[f"s{root}"], run.cfg.model.dim)
+        reveal = reveals[request.config["context"]]
+        seeds = [(reveal.arrays["seeds"][i], f"{reveal.config['context']}|{c}")
+                 for i, c in enumerate(reveal.config["contributors"])]
+        states.append(state.reshape(state.shape[0], -1).double())
+        means.append(unmask_mean(key, reveal.arrays["total"], seeds, len(run.clients)))
+    union = run.server.directory["entity_keys"]
+    truth, held = union_rows(run, key, union)
+    others = sorted(set(range(len(union))) - held[querier])
+    rows = fit_l1(torch.cat(states), GAMMA - torch.cat(means)[:, others])
+    error = (rows - truth[others]).norm(dim=1) / truth[others].norm(dim=1)
+    matched = torch.cdist(rows, truth).argmin(1) == torch.tensor(others)
+    return {"pairs": sum(len(s) for s in states), "entities": len(others), "matched": int(matched.sum()),
+            "median_error": float(error.median()), "max_error": float(error.max())}
+
+
+@pytest.mark.slow
+def test_what_the_querier_learns_the_rows_of_entities_it_does_not_hold(private_gqe):
+    """Finding B: the querier's view of one test evaluation (300 state and holder-mean
+    pairs) gives the rows of all 20 union entities it does not hold, median relative
+    error 1.1e-7 (GQE, dimension 16). If this changes, docs/privacy.md's table must too."""
+    run, payloads, key = private_gqe
+    r = querier_fit(run, payloads, key)
+    assert r["pairs"] == PAIRS["gqe"] and r["entities"] == 20 and r["matched"] == 20, r
+    assert r["median_error"] < 1e-6 and r["max_error"] < 1e-6, r
+
+
+def hop_owner_fit(run, payloads: Path, key: bytes) -> dict:
+    """What each client learns as a hop owner: it opens the states routed to it for a
+    projection (it holds the federation key), subtracts each of its own entity rows from
+    each, and keeps the differences that recur, to 1e-4 in every coordinate, for two
+    distinct states. A GQE first-hop state is anchor + relation, so another client's
+    relation recurs wherever two of its states started at anchors this client holds (the
+    same rows everywhere after the hidden secure aggregate). Returns per client the other
+    clients' relation rows (both directions), how many recurring differences match one of
+    them to relative error 1e-5, the largest such error, and how many match none."""
+    dim = run.cfg.model.dim
+    opened: dict[str, list] = {p.name: [] for p in run.clients}
+    for client, request, _ in exchanges(payloads):
+        if request.config.get("kind") != "project":
+            continue
+        for node in request.config["nodes"]:
+            for ref in node["refs"]:
+                nid = node["id"]
+                state = open_states(key, request.config["structure"], request.arrays[f"{nid}:q"], ref,
+                                    request.arrays[f"{nid}:s{ref}"], dim)
+                opened[client].append(state.reshape(state.shape[0], -1).double())
+    out = {}
+    for party in run.clients:
+        states = torch.unique(torch.cat(opened[party.name]), dim=0)
+        own = party.module.encoder.entity_emb.detach().double()
+        differences = (states[:, None, :] - own[None]).reshape(-1, dim)
+        state_of = torch.arange(len(states)).repeat_interleave(len(own))
+        _, group = torch.unique(torch.round(differences * 1e4).long(), dim=0, return_inverse=True)
+        recurring = [differences[group == g].mean(0) for g in torch.unique(group).tolist()
+                     if len(torch.unique(state_of[group == g])) >= 2]
+        found = torch.stack(recurring)
+        others = torch.cat([p.module.encoder.relation_emb.detach().double() for p in run.clients if p is not party])
+        nearest = torch.cdist(others, found).min(1).values / others.norm(dim=1)
+        hit = nearest < 1e-5
+        unmatched = torch.cdist(found, others).min(1).values / found.norm(dim=1) >= 1e-5
+        out[party.name] = {"states": len(states), "relations": len(others), "recovered": int(hit.sum()),
+                           "max_error": float(nearest[hit].max()), "unmatched": int(unmatched.sum())}
+    return out
+
+
+@pytest.mark.slow
+def test_what_a_hop_owner_learns_other_clients_relation_rows(private_gqe):
+    """Finding B: each client, from the states it opens as a hop owner in one test
+    evaluation and its own entity rows, recovers 21 of the 60 (client_0), 25 of 62
+    (client_1) and 27 of 62 (client_2) relation rows of the other clients, to float32
+    rounding (GQE, dimension 16). If this changes, docs/privacy.md's table must too."""
+    run, payloads, key = private_gqe
+    result = hop_owner_fit(run, payloads, key)
+    figures = {name: (r["recovered"], r["relations"]) for name, r in result.items()}
+    assert figures == {"client_0": (21, 60), "client_1": (25, 62), "client_2": (27, 62)}, result
+    assert all(r["max_error"] < 1e-7 for r in result.values()), result

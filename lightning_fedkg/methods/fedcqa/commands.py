@@ -35,6 +35,7 @@ class Query(Command):
         if args.top < 1:  # checked before torch and the run are loaded: --top 0 would print an empty list
             raise ConfigError(f"--top: {args.top} answers; give a whole number of at least 1 (default 10)")
         from lightning_fedkg.federated.entry import load_run_from
+        from lightning_fedkg.federated.strategy import client_name
 
         from .query_text import QuerySyntaxError, answer_query
         from .retrieval import UnroutableQuery, explain_lacks
@@ -44,8 +45,9 @@ class Query(Command):
         cfg, run = load_run_from(args.from_run)
         if cfg.federated.task != "query_answering":
             raise ConfigError(f"{args.from_run} is a {cfg.federated.task!r} run, not a query_answering one")
-        # the querier reveals this many answers to the server, no more (task.retrieval: private)
-        run.server.reveal_top = args.top
+        # The querier (the first client, in this process) reveals this many answers to the
+        # server, no more (task.retrieval: private): set on its own config, not the server's.
+        run.parties[client_name(0)].cfg.task.reveal_top = args.top
         try:
             structure, answers = answer_query(cfg, run, args.query, top=args.top)
         except QuerySyntaxError as err:

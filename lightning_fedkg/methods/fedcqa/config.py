@@ -57,10 +57,13 @@ class QueryTaskConfig:
 
     ``retrieval`` is how cross-graph queries are answered: ``private`` (default) seals the
     query states between clients and pads the score tables so that only a querying client
-    (in evaluation the first client) sees the combined scores and the server only the ranks
+    (the first client) sees the combined scores and the server only each query's metrics
     (or ``fedkg query``'s top-k); ``paper`` is the paper's retrieval (§4.2, Eq. 5–6), states
     and score tables in clear at the server, which lets it rebuild every entity and relation
-    row: for comparison only.
+    row: for comparison only. ``reveal_top`` (default 10, at least 1) is how many answers,
+    with their scores, the querier reveals for a query it has no answers to rank
+    (``fedkg query --top`` sets it); the querier reads it from its own config, never from
+    the server's message.
     """
 
     encoder: Literal["gqe", "q2p", "tree_lstm", "gqe_fedngdb"] = "gqe"
@@ -84,6 +87,7 @@ class QueryTaskConfig:
     query_seed: int = 0
     cache_dir: str = ""
     retrieval: Literal["private", "paper"] = "private"
+    reveal_top: int = field(default=10, metadata={"range": Range(min=1)})
 
 
 def default_cache_dir() -> Path:

@@ -6,7 +6,8 @@ projection runs at the client that owns its relation (**hops**), and every clien
 own entities, the tables are holder-averaged and the answers ranked (**score**). Under
 ``task.retrieval: paper`` the server sees the states and tables (enough to rebuild the rows);
 under ``private`` (default) they cross sealed and padded (:mod:`.sealed`) and a querying
-client ranks, so the server sees keys, ciphertext, padded sums and ranks. A query no client
+client ranks, so the server sees keys, ciphertext, padded sums and per-query metrics (or a
+typed query's top answers). A query no client
 can route is never sent and counts as unanswered. The mixins run as evaluation stages on
 the ``test`` split. See docs/methods/fedcqa.md.
 """
@@ -14,15 +15,18 @@ the ``test`` split. See docs/methods/fedcqa.md.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.strategy import client_name
 
 from .config import cache_dir, query_settings
 from .encoders import run_plan
@@ -30,7 +34,7 @@ from .entries import QUERY_METRICS, by_type
 from .module import ENCODERS
 from .queries import STRUCTURES, anchors_and_relations, num_slots, relation_owners
 from .ranking import filtered_ranks, per_query_metrics
-from .sealed import add_words, mask_scores, open_states, seal_states, unmask_mean
+from .sealed import RetrievalRefused, add_words, mask_scores, open_states, seal_states, unmask_mean
 
 __all__ = ["CrossQueries", "issue_cross_queries", "digest_keys", "stage_plan", "UnroutableQuery", "explain_lacks",
            "RetrievalServer", "RetrievalClient"]
@@ -187,11 +191,9 @@ class RetrievalServer:
     in-graph evaluation; ``report()`` adds ``"in_graph"`` and ``"cross_graph"``.
 
     ``task.retrieval: private`` seals states and pads score tables (:mod:`.sealed`); the
-    querier (the first client) unmasks the holder-mean and returns ranks, or the top
-    :attr:`reveal_top` of a typed query. ``paper``: states and tables in clear (Eq. 5–6)."""
-
-    #: How many answers the querier reveals for a query without answers (``fedkg query --top``).
-    reveal_top = 10
+    querier (the first client) unmasks the holder-mean and returns each query's metrics, or
+    the top ``task.reveal_top`` of a typed query (its own setting).
+    ``paper``: states and tables in clear (Eq. 5–6)."""
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
@@ -247,7 +249,12 @@ class RetrievalServer:
     def configure_cq_step(self, round, split):
         step = self.steps[self.cursor]
         self._started = time.perf_counter()
-        if split != "test" or step[0] == "keys" and self.directory is not None:
+        if split != "test":
+            return {}
+        if self.cursor == 0:
+            # a fresh name for this evaluation's batches: the querier reveals each batch once
+            self._evaluation = secrets.token_hex(8)
+        if step[0] == "keys" and self.directory is not None:
             return {}
         if step[0] == "keys":
             return {name: Message(config={"kind": "keys"}) for name in self.clients}
@@ -319,29 +326,24 @@ class RetrievalServer:
         if not self.private:
             return {c: Message(arrays=arrays, config=config) for c in self.clients}
         d = self.directory
-        config.update(structure=name, width=int(d["entity_keys"].shape[0]), context=f"{round}|{name}|{start}")
+        self._context = f"{self._evaluation}|{round}|{name}|{start}"
+        config.update(structure=name, width=int(d["entity_keys"].shape[0]), context=self._context)
         arrays["q"] = start + self._live
         return {c: Message(arrays={**arrays, "columns": d["entity_index"][c]}, config=config)
                 for c in self.clients if c in d["entity_index"]}
 
     def _reveal_messages(self, name: str, start: int, stop: int) -> dict[str, Message]:
-        """The querier gets the sum of the padded tables, each entity's number of holders,
-        the sealed pad seeds, and the hard and easy answers of the rows (or how many of the
-        best it may reveal)."""
+        """The querier gets the sum of the padded tables (their last row counts each
+        entity's holders), the sealed pad seeds and the hard and easy answers of the rows
+        (none for a typed query: it reveals its top answers)."""
         if not self._masked:
             return {}
-        d = self.directory
         contributors = [c for c in self.clients if c in self._masked]
-        counts = torch.zeros(d["entity_keys"].shape[0], dtype=torch.long)
-        for c in contributors:
-            counts[d["entity_index"][c]] += 1
-        arrays = {"total": add_words([self._masked[c][0] for c in contributors]), "counts": counts,
+        arrays = {"total": add_words([self._masked[c][0] for c in contributors]),
                   "seeds": torch.stack([self._masked[c][1] for c in contributors])}
         config = {"kind": "reveal", "contributors": contributors, "context": self._context}
         cq = self.cross[name]
-        if cq.hard_keys.numel() == 0:
-            config["top"] = int(self.reveal_top)
-        else:
+        if cq.hard_keys.numel():
             arrays.update(zip(("hard_rows", "hard_cols", "easy_rows", "easy_cols"),
                               self._live_answers(cq, start, stop)))
         return {self.querier: Message(arrays=arrays, config=config)}
@@ -372,7 +374,6 @@ class RetrievalServer:
                 self._states[node][rows] = state if self.private else state.float()
             return self.in_graph
         if step[0] == "score" and self.private:
-            self._context = f"{round}|{name}|{start}"
             self._masked = {c: (r.arrays["scores"], r.arrays["seed"]) for c, r in replies.items()}
             return self.in_graph
         if step[0] == "score":
@@ -404,9 +405,10 @@ class RetrievalServer:
         ``exchange(round, stage, messages, split=)`` the runner's
         (:meth:`~lightning_fedkg.federated.federation.FederatedRun.exchange`):
         ``(scores [B, N] over the union, the union's entity keys [N])``, the holder-mean
-        scores (``paper``) or, under ``private``, the top :attr:`reveal_top` the querier
-        revealed and ``-inf`` elsewhere. Raises :class:`UnroutableQuery` when a query cannot
-        be routed (a relation no client owns, an owner without the branch's anchor)."""
+        scores (``paper``) or, under ``private``, the top ``task.reveal_top`` (the querier's
+        own setting) that the querier revealed and ``-inf`` elsewhere. Raises
+        :class:`UnroutableQuery` when a query cannot be routed (a relation no client owns, an
+        owner without the branch's anchor)."""
         saved = self.cross, self.steps, self.cursor, self.results
         self.cross = {queries.structure: queries}
         self.steps, self.cursor = self._schedule(), 0
@@ -459,10 +461,11 @@ class RetrievalServer:
             return
         hard_rows, hard_cols, easy_rows, easy_cols = self._live_answers(cq, start, stop)
         ranks = filtered_ranks(scores[live], hard_rows, hard_cols, easy_rows, easy_cols)
-        self._count(name, b, ranks, hard_rows, ~torch.isnan(scores[live]).any(1))
+        self._count(name, b, per_query_metrics(ranks, hard_rows, len(live)), ~torch.isnan(scores[live]).any(1))
 
     def _revealed(self, name: str, start: int, stop: int, reply: Message | None) -> None:
-        """``private``: the querier's ranks (twice each, as integers) or top answers."""
+        """``private``: the querier's metrics per routed query (``float32 [rows,
+        len(QUERY_METRICS)]``) or a typed query's top answers."""
         b, n = stop - start, self.directory["entity_keys"].shape[0]
         self.last_scores = torch.full((b, n), float("nan"), dtype=torch.float64)
         cq = self.cross[name]
@@ -475,14 +478,16 @@ class RetrievalServer:
         if reply is None:  # nothing routed, or the querier failed: the batch is unanswered
             self.results["unanswered"] += b
             return
-        hard_rows = self._live_answers(cq, start, stop)[0]
-        ranks = reply.arrays["ranks2"].float() / 2
-        self._count(name, b, ranks, hard_rows, torch.ones(len(self._live), dtype=torch.bool))
+        values = reply.arrays["metrics"]
+        if tuple(values.shape) != (len(self._live), len(QUERY_METRICS)):
+            raise ValueError(f"the querier's metrics have shape {tuple(values.shape)}, not "
+                             f"({len(self._live)}, {len(QUERY_METRICS)}) (routed rows, metrics)")
+        metrics = {k: values[:, i] for i, k in enumerate(QUERY_METRICS)}
+        self._count(name, b, metrics, torch.ones(len(self._live), dtype=torch.bool))
 
-    def _count(self, name: str, b: int, ranks: Tensor, hard_rows: Tensor, answered: Tensor) -> None:
-        """Add the ``answered`` routed rows' metrics to the type's sums; the other rows of the
-        ``b`` are unanswered."""
-        metrics = per_query_metrics(ranks, hard_rows, len(answered))
+    def _count(self, name: str, b: int, metrics: dict[str, Tensor], answered: Tensor) -> None:
+        """Add the ``answered`` routed rows' ``metrics`` (:func:`per_query_metrics`' form) to
+        the type's sums; the other rows of the ``b`` are unanswered."""
         entry = self.results["by_type"].setdefault(name, {**{k: 0.0 for k in QUERY_METRICS}, "queries": 0})
         for k in QUERY_METRICS:
             entry[k] += float(metrics[k][answered].sum())
@@ -551,7 +556,17 @@ def _mean_by_type(per_client: list[dict]) -> dict:
 class RetrievalClient:
     """Client mixin: answers the server's retrieval steps with its own rows and operators;
     under ``task.retrieval: private`` it opens and seals states, pads its score table and,
-    as the querier, takes the pads off and ranks (:mod:`.sealed`)."""
+    as the querier, takes the pads off and ranks (:mod:`.sealed`).
+
+    What the querier reveals it decides from its own config, never from a value the server
+    sends: whose tables must be in the sum (every member of the federation), how many
+    holders each entity has (from the tables), how much it returns per query (the metrics,
+    or ``task.reveal_top`` answers), and each batch once (:meth:`spent_state`)."""
+
+    def __init__(self, party, strategy) -> None:
+        super().__init__(party, strategy)
+        #: The batch contexts this client revealed as the querier: never revealed again.
+        self.revealed_contexts: set[str] = set()
 
     def _own_keys(self, kind: str) -> Tensor:
         cache = self.__dict__.setdefault("_retrieval_keys", {})
@@ -588,6 +603,25 @@ class RetrievalClient:
         finally:
             module.train(was_training)
 
+    # ---------------------------------------------------------------- what never goes back
+    def spent_state(self) -> dict:
+        """The parent's, plus ``revealed_contexts``: the batches revealed as the querier."""
+        return {**super().spent_state(), "revealed_contexts": sorted(self.revealed_contexts)}
+
+    def load_spent_state(self, state: dict) -> None:
+        """Add an earlier process's revealed contexts to this one's (never fewer)."""
+        super().load_spent_state(state)
+        self.revealed_contexts.update(str(c) for c in state.get("revealed_contexts", ()))
+
+    def _members(self) -> list[str]:
+        """The federation's clients as this client holds them itself: its identity roster
+        where it has one (a Flower client's config came from the server at registration),
+        else its own config (``client_k`` for k below ``data.num_clients``)."""
+        folder = getattr(self.party, "identities", None)
+        if identities.has_roster(folder):
+            return sorted(identities.read_roster(folder).members)
+        return [client_name(k) for k in range(int(self.party.cfg.data.num_clients))]
+
     def _state(self, message: Message, name: str, queries: Tensor | None, node: int) -> Tensor:
         """The state ``name`` of ``message``: as it came, or opened when sealed."""
         state = message.arrays[name]
@@ -620,19 +654,56 @@ class RetrievalClient:
     def _score(self, message: Message) -> Tensor:
         encoder, device = self.party.module.encoder, self.party.module.device
         queries = message.arrays.get("q")
+        if queries is not None and len(torch.unique(queries)) != len(queries):
+            # one query in several rows of a batch would let the server ask the querier's
+            # per-query reveal about it several times over
+            raise RetrievalRefused(f"{self.party.name}: a score batch names a query in more than one row "
+                                   f"({len(queries)} rows, {len(torch.unique(queries))} queries)")
         states = {k[1:]: self._state(message, k, queries, int(k[1:])).to(device)
                   for k in message.arrays if k.startswith("s")}
         query = encoder.output(run_plan(encoder, message.config["root"], None, states))
         return encoder.score(query).float().cpu()
 
     def _reveal(self, message: Message) -> dict[str, Tensor]:
-        """The querier: the holder-mean from the padded sum, then what the server may see:
-        twice each hard answer's filtered rank, or the ``top`` answers and their scores."""
+        """The querier: the holder-mean from the padded sum, then per query what the server
+        may see: its metrics (``float32 [rows, len(QUERY_METRICS)]``, columns in
+        :data:`QUERY_METRICS` order) or, without answers to rank (``fedkg query``), its top
+        ``task.reveal_top`` answers and their scores. Raises :class:`RetrievalRefused`
+        unless this client is the querier, every member contributed, the batch is new and
+        the holder counts are in range.
+
+        Why every member suffices against a server that sends one client's table alone
+        (the review's attack): a pad is taken off only where its seed is given, a seed opens
+        only under the context and the member it was sealed for, and a pad not cancelled
+        exactly once leaves its words uniform, which the holder-count row refuses (a count
+        passes with probability (members + 1) / 2^64 per entity). So an accepted total holds
+        every member's padded table for this context, and no one table can pose as the
+        whole. What the server gets is bounded per query, whatever the total holds."""
         a, config = message.arrays, message.config
-        seeds = [(a["seeds"][i], f"{config['context']}|{c}") for i, c in enumerate(config["contributors"])]
-        scores = unmask_mean(self._key, a["total"], seeds, a["counts"])
-        if "top" in config:
-            best = scores.topk(min(int(config["top"]), scores.shape[1]))
+        members = self._members()
+        if self.party.name != client_name(0):
+            raise RetrievalRefused(f"{self.party.name} was asked to reveal a batch, but the querier is "
+                                   f"{client_name(0)} (the first client)")
+        contributors = [str(c) for c in config["contributors"]]
+        if sorted(contributors) != sorted(members):
+            problems = [f"lack {sorted(set(members) - set(contributors))}",
+                        f"name non-members {sorted(set(contributors) - set(members))}", "repeat a member"]
+            wrong = [set(members) - set(contributors), set(contributors) - set(members),
+                     len(set(contributors)) != len(contributors)]
+            raise RetrievalRefused(f"the querier reveals only the sum of every member's table: the contributors "
+                                   f"{contributors} {' and '.join(p for p, w in zip(problems, wrong) if w)} "
+                                   f"(members by its own config: {members})")
+        if a["seeds"].shape[0] != len(contributors):
+            raise RetrievalRefused(f"{a['seeds'].shape[0]} sealed seeds for {len(contributors)} contributors")
+        context = str(config["context"])
+        if context in self.revealed_contexts:
+            raise RetrievalRefused(f"batch {context!r} was revealed once already; the querier reveals a batch once")
+        self.revealed_contexts.add(context)  # spent on trying: a refused total gets no second try
+        seeds = [(a["seeds"][i], f"{context}|{c}") for i, c in enumerate(contributors)]
+        scores = unmask_mean(self._key, a["total"], seeds, len(members))
+        if "hard_rows" not in a:
+            best = scores.topk(min(int(self.party.cfg.task.reveal_top), scores.shape[1]))
             return {"top": best.indices, "values": best.values}
         ranks = filtered_ranks(scores, a["hard_rows"], a["hard_cols"], a["easy_rows"], a["easy_cols"])
-        return {"ranks2": torch.round(2 * ranks).long()}
+        metrics = per_query_metrics(ranks, a["hard_rows"], scores.shape[0])
+        return {"metrics": torch.stack([metrics[k] for k in QUERY_METRICS], 1)}

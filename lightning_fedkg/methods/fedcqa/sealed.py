@@ -5,9 +5,10 @@ Query states travel between clients sealed with ChaCha20-Poly1305 under a key pe
 96-bit nonce per state and the query's place (structure, index, node) as associated data:
 the server routes ciphertext it can neither read nor move to another query unnoticed.
 Score tables are fixed point (:data:`SCORE_BITS` fractional bits) in ℤ_{2^64}, laid out over
-the union of entities, plus a one-time pad from a fresh random seed that the client seals
-for the querier under a key derived from the federation key; the server adds the tables
-mod 2^64 and only the querier can take the pads off. See docs/methods/fedcqa.md.
+the union of entities, with one more row, the client's holder indicator, plus a one-time
+pad from a fresh random seed that the client seals for the querier under a key derived from
+the federation key; the server adds the tables mod 2^64 and only the querier can take the
+pads off. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from torch import Tensor
 
 from lightning_fedkg.privacy.secagg import decrypt, derive_key, encrypt
 
-__all__ = ["SCORE_BITS", "SEALED_SEED_BYTES", "seal_states", "open_states", "mask_scores", "add_words",
-           "unmask_mean"]
+__all__ = ["SCORE_BITS", "SEALED_SEED_BYTES", "RetrievalRefused", "seal_states", "open_states", "mask_scores",
+           "add_words", "unmask_mean"]
 
 #: Fractional bits of a score in the padded tables: a float32 score of magnitude at least
 #: 2^-9 is exact, a smaller one within 2^-(SCORE_BITS+1).
@@ -32,6 +33,11 @@ SCORE_LIMIT = float(1 << 24)
 _NONCE, _TAG, _SEED = 12, 16, 16
 #: Bytes of a sealed pad seed: nonce, seed, tag.
 SEALED_SEED_BYTES = _NONCE + _SEED + _TAG
+
+
+class RetrievalRefused(RuntimeError):
+    """A client refused a private retrieval step: what it was asked would reveal more than
+    the protocol allows, or what it was sent is not what the protocol sends."""
 
 
 @lru_cache(maxsize=1 << 16)
@@ -89,15 +95,18 @@ def _seed_key(federation_key: bytes) -> bytes:
 
 def mask_scores(federation_key: bytes, scores: Tensor, columns: Tensor, width: int,
                 context: str) -> tuple[Tensor, Tensor]:
-    """A client's padded table and its sealed pad seed: ``(int64 [b, width], uint8
-    [SEALED_SEED_BYTES])``. ``scores [b, n_c]`` go to the union's ``columns``, fixed point;
-    a fresh seed's pad covers every column, so the table is uniform to whoever lacks it.
+    """A client's padded table and its sealed pad seed: ``(int64 [b + 1, width], uint8
+    [SEALED_SEED_BYTES])``. Rows ``0..b-1``: ``scores [b, n_c]`` at the union's ``columns``,
+    fixed point; row ``b``: the client's holder indicator (the integer 1 on its columns), so
+    that the querier counts each entity's holders from the tables, not from the server. A
+    fresh seed's pad covers every word, so the table is uniform to whoever lacks it.
     ``context`` (the batch and the client) is bound to the sealed seed."""
     x = scores.detach().to("cpu", torch.float64)
     if not bool(torch.isfinite(x).all()) or (x.numel() and float(x.abs().max()) >= SCORE_LIMIT):
         raise ValueError(f"private retrieval: a score is not finite or not below {SCORE_LIMIT:g} in magnitude")
-    table = np.zeros((x.shape[0], width), dtype=np.int64)
-    table[:, columns.numpy()] = torch.round(x * float(1 << SCORE_BITS)).to(torch.int64).numpy()
+    table = np.zeros((x.shape[0] + 1, width), dtype=np.int64)
+    table[:-1, columns.numpy()] = torch.round(x * float(1 << SCORE_BITS)).to(torch.int64).numpy()
+    table[-1, columns.numpy()] = 1
     seed = os.urandom(_SEED)
     words = table.view(np.uint64) + _pad(seed, table.shape)  # wraps mod 2^64
     sealed = encrypt(_seed_key(federation_key), seed, context)
@@ -112,15 +121,29 @@ def add_words(tables: list[Tensor]) -> Tensor:
     return torch.from_numpy(total.view(np.int64))
 
 
-def unmask_mean(federation_key: bytes, total: Tensor, seeds: list[tuple[Tensor, str]], counts: Tensor) -> Tensor:
-    """The querier's holder-mean ``float64 [b, width]`` from the server's ``total``: each
-    ``(sealed seed, context)`` opened and its pad taken off, the fixed point read back and
-    divided by each entity's ``counts``; an entity no contributor holds scores ``-inf``."""
+def unmask_mean(federation_key: bytes, total: Tensor, seeds: list[tuple[Tensor, str]], members: int) -> Tensor:
+    """The querier's holder-mean ``float64 [b, width]`` from the server's ``total`` (``int64
+    [b + 1, width]``): each ``(sealed seed, context)`` opened and its pad taken off, the
+    last row read as each entity's number of holders, the fixed point read back and divided
+    by it; an entity no contributor holds scores ``-inf``.
+
+    Raises :class:`RetrievalRefused` when a holder count is outside ``[0, members]``: the
+    total is then not the sum of exactly the tables these seeds padded (a pad left in, or
+    one taken off that was never added, leaves that row uniform in ℤ_{2^64}, where a count
+    passes with probability (members + 1) / 2^64 per entity)."""
+    if total.dim() != 2 or total.shape[0] < 1:
+        raise RetrievalRefused(f"private retrieval: a total of shape {tuple(total.shape)} has no holder-count row")
     words = total.numpy().view(np.uint64).copy()
     for sealed, context in seeds:
         seed = decrypt(_seed_key(federation_key), bytes(sealed.numpy().tobytes()), context)
         words -= _pad(seed, words.shape)
-    sums = torch.from_numpy(words.view(np.int64).copy()).to(torch.float64) / float(1 << SCORE_BITS)
+    plain = torch.from_numpy(words.view(np.int64).copy())
+    counts = plain[-1]
+    if len(counts) and not bool(((counts >= 0) & (counts <= members)).all()):
+        bad = int(((counts < 0) | (counts > members)).sum())
+        raise RetrievalRefused(f"private retrieval: {bad} of {len(counts)} holder counts are outside [0, {members}] "
+                               f"(the total is not the sum of every contributor's padded table for this context)")
+    sums = plain[:-1].to(torch.float64) / float(1 << SCORE_BITS)
     held = counts > 0
     return torch.where(held[None, :], sums / counts.clamp(min=1).to(torch.float64)[None, :],
                        torch.tensor(float("-inf"), dtype=torch.float64))

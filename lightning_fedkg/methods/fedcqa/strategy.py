@@ -2,7 +2,7 @@
 
 Hu et al., "FedCQA: Answering Complex Queries on Multi-Source Knowledge Graphs via
 Federated Learning" (§4.1, Eq. 2–4): the server averages the operator networks and
-holder-averages entity rows; relation rows stay with their owners. :class:`FedCQA`
+holder-averages entity rows; relation rows are not aggregated. :class:`FedCQA`
 requires secure aggregation with the aggregate hidden (``secret: secure``, default) or runs
 the paper's static masks (``secret: paper``, :mod:`.paper_secret`). Baselines (§5.1.3):
 :class:`CQAFedE` and :class:`CQAFedR` share in clear; Local is ``single``, Central

@@ -63,7 +63,7 @@ class QueryAnswering(Task):
     splits = ("val", "test")
     table_columns = (("MRR", "mrr"), ("HR@1", "hits@1"), ("HR@3", "hits@3"), ("HR@10", "hits@10"))
     config_class = QueryTaskConfig
-    policy_keys = ("retrieval",)
+    policy_keys = ("retrieval", "reveal_top")
     has_data_stats = True
 
     def build_module(self, cfg, kg):
