@@ -120,7 +120,7 @@ def test_a_dropout_lowers_the_distributed_noise_and_the_survivors_account_it():
                     federated__secure_aggregation__enabled=True, federated__rounds=1)
     run = FederatedRun(cfg, run_dir=None)
     run.align()
-    half = run.client_halves["client_1"]
+    half = run.client_halves["client_0"]  # every row it holds, the two others hold too
     original = half.handle
 
     def fail_upload(stage, message, round):
@@ -131,11 +131,12 @@ def test_a_dropout_lowers_the_distributed_noise_and_the_survivors_account_it():
     half.handle = fail_upload
     run.train_round(1)
     full = dplib.epsilon([(1.0, 2.0)], 1e-5, neighbours="replace")
-    for name in ("client_0", "client_2"):
+    for name in ("client_1", "client_2"):
         (_, sigma, _, own), = run.client_halves[name].events
         assert own == pytest.approx(2.0 / math.sqrt(3))  # its own share, what a deviating server leaves
-        assert sigma < 2.0 and run.client_halves[name].epsilon() > full
-    assert run.client_halves["client_1"].events == []
+        # rows all three held kept two shares of three: σ·√(2/3), counted by the client itself
+        assert sigma == pytest.approx(2.0 * math.sqrt(2 / 3)) and run.client_halves[name].epsilon() > full
+    assert run.client_halves["client_0"].events == []
 
 
 def test_dp_settings_are_checked():
