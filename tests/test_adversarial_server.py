@@ -485,8 +485,10 @@ def test_a_server_that_names_no_co_holder_reads_nothing(monkeypatch, mode):
     that at least ``min_holders`` (default 2) parties hold by its own masking: the rows the
     server named it alone for cross as zeros."""
     seen = spy_plaintext(monkeypatch)
-    run = FederatedRun(secure(federated__secure_aggregation__active=True, federated__secure_aggregation__mode=mode),
-                       run_dir=None)
+    hidden = {"federated__secure_aggregation__hide_aggregate": True, "federated__federation_key": "k" * 20} \
+        if mode == "dense" else {}  # active refuses dense without it (next test)
+    run = FederatedRun(secure(federated__secure_aggregation__active=True, federated__secure_aggregation__mode=mode,
+                              **hidden), run_dir=None)
     run.align()
     st, replies, failures = _named_alone(run, mode)
     if mode == "dense":
@@ -499,6 +501,17 @@ def test_a_server_that_names_no_co_holder_reads_nothing(monkeypatch, mode):
     y -= sa._words(secagg.derive_key(seed, f"fedkg-sa-self|{st.round}|{st.stage}|{T}"), y.shape)
     read = secagg.signed(y)
     assert bool((read == 0).all()) and bool((seen[VICTIM] != 0).any())
+
+
+def test_active_refuses_dense_mode_without_the_hidden_aggregate():
+    """A dense client lays its rows over the union at the indices the server gives it and
+    cannot count who else holds them: a server lying about the alignment (a place no other
+    client fills, a union it made larger) reads such a row as an aggregate of one. ``active``
+    claims to hold against a deviating server, so with dense mode it needs hide_aggregate,
+    whose offsets the server cannot take off wherever a row is placed."""
+    with pytest.raises(ConfigError, match="mode=dense needs hide_aggregate"):
+        FederatedRun(secure(federated__secure_aggregation__active=True, federated__secure_aggregation__mode="dense"),
+                     run_dir=None)
 
 
 # ---------------------------------------------------------------- 3b. a server colluding with a client

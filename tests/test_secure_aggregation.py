@@ -121,8 +121,8 @@ def holder_mean_of(run, seen, round, before, tensor, clients):
     ("fedec", "entity_emb", {}),  # a client half with state of its own
     ("fede", "entity_emb", {"federated__secure_aggregation__active": True}),
     ("fedlu", "avatar_entity_emb", {"federated__secure_aggregation__active": True,
-                                     "federated__secure_aggregation__mode": "dense"}),
-], ids=["fede", "fede_dense", "fedr", "fedlu", "fedec", "fede_active", "fedlu_dense_active"])
+                                     "federated__secure_aggregation__mode": "shared_rows"}),
+], ids=["fede", "fede_dense", "fedr", "fedlu", "fedec", "fede_active", "fedlu_active"])
 @pytest.mark.slow
 def test_the_masked_aggregate_is_the_plain_holder_mean(monkeypatch, strategy, tensor, extra):
     seen = spy_plaintext(monkeypatch)

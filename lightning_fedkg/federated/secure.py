@@ -21,6 +21,7 @@ from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.stances import checked, harmless, pinned
 from lightning_fedkg.federated.strategy import STRATEGIES, RetryRound, num_selected
 from lightning_fedkg.privacy import secagg
 
@@ -128,6 +129,11 @@ def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
                           f"(a strict majority of the {n} clients selected per round): with t <= n/2 a server "
                           "telling half the clients that a peer survived and half that it dropped gets t shares "
                           "of both its secrets")
+    if sc.active and sc.mode == "dense" and not sc.hide_aggregate:
+        raise ConfigError("federated.secure_aggregation.active with mode=dense needs hide_aggregate=true: a dense "
+                          "client cannot count the holders of its rows, so a server that lies about the alignment "
+                          "could give a row a place only that client fills and read it as an aggregate; "
+                          "shared_rows counts them (min_holders), hide_aggregate hides what any place sums to")
     if sc.hide_aggregate and not cfg.federated.federation_key:
         raise ConfigError("federated.secure_aggregation.hide_aggregate needs federated.federation_key: the offset "
                           "comes from it, and the default key derives from the seed, which the server knows")
@@ -497,8 +503,81 @@ class _ClientRound:
     uploaded: dict[str, Tensor] = field(default_factory=dict)
 
 
+_ACTIVE = "federated.secure_aggregation.active"
+_HIDDEN = "federated.secure_aggregation.hide_aggregate"
+_ROUND = {
+    "config.sa.round": checked("the round the attempt was keyed for: every later stage must name it, and it is "
+                               "in every statement the client signs"),
+    "config.sa.attempt": checked("an id the client keyed once (spent: never keyed again), named by every later "
+                                 "stage of the attempt and in every statement it signs"),
+}
+_NOT_READ = harmless("not read: the client's own value from an earlier stage of the attempt stands")
+_HIDDEN_SUM = harmless("the hidden aggregate the client decodes with the federation key: a deviating value spoils "
+                       "the rows it reads (quality); it reveals nothing")
+_HIDDEN_FIELDS = {f"arrays.{{tensor}}@{k}": _HIDDEN_SUM for k in ("sum", "count", "serial", "holders")}
+_HIDDEN_FIELDS["arrays.sa.okey.{n}.{n}.{stage}.{n}.{peer}"] = _HIDDEN_SUM
+_HIDDEN_FIELDS["arrays.sa.gidx.{tensor}"] = harmless(
+    "where the client's rows sit in the union: with hide_aggregate it only indexes the client's own offsets, "
+    "which the server cannot take off, whatever the index. Without it (dense mode) it places the rows: a server "
+    "lying about the alignment could give a row a place no other client fills, so active refuses dense mode "
+    "without hide_aggregate, and an honest-but-curious server is trusted with it", when=_HIDDEN)
+_MASKED = {
+    **_ROUND, **_HIDDEN_FIELDS,
+    "config.sa.threshold": _NOT_READ, "config.sa.parties": _NOT_READ, "config.sa.serial": _NOT_READ,
+    "config.sa.shared": checked("the sharers: must include this client, at least t of them, all among the parties "
+                                "it shared its secrets with; masked once per attempt"),
+    "config.sa.holders.{tensor}": checked(
+        "whom the client masks a tensor with: in dense mode every sharer or refused; in shared_rows a named peer "
+        "without masking positions masks nothing, and a row is uploaded only if min_holders parties hold it by "
+        "the client's own masking"),
+    "config.sa.rows.{tensor}": harmless("dense: the union's size the rows are laid over: one that does not hold "
+                                        "the client's indices is refused, a larger one adds masked zeros",
+                                        when=_HIDDEN),
+    "config.sa.whole": harmless("which tensors are masked as one row: one taken whole is masked whole with "
+                                "every holder, or refused where its masking positions do not fit"),
+    "arrays.sa.ct.{peer}": checked("the peer's shares, authenticated (ChaCha20-Poly1305) under the pair's key, "
+                                   "bound to the round and direction"),
+    "arrays.sa.s_pk.{peer}": harmless("not read under active: the client masks with the keys it verified in "
+                                      "sa_shares (without active, the server is trusted to relay them)",
+                                      when=_ACTIVE),
+    "arrays.sa.pos.{peer}.{tensor}": checked(
+        "which rows of mine a peer holds: a position counts that peer only if it masks the row too (else the "
+        "row's sum, count column included, is noise to the server); a row fewer than min_holders hold is kept, "
+        "and the client refuses to unmask when the survivors leave an uploaded row below min_holders"),
+}
+_SURVIVORS = checked("at least t of the sharers, with this client; under active the list it signed (one per "
+                     "attempt), with t valid signatures; no uploaded row left below min_holders")
+
+
 class SecureClient:
     """Mixin before a :class:`~.strategy.ClientHalf` (see the module doc)."""
+
+    RECEIVES = {
+        SA_KEYS: {**_ROUND, "config.sa.threshold": pinned("must equal t of the client's roster (in process, of "
+                                                          "its own config)")},
+        SA_SHARES: {
+            **_ROUND, "config.sa.threshold": _NOT_READ,
+            "config.sa.parties": checked("must include this client, be at least t with t a strict majority of "
+                                         "them, and (with a roster) hold only its members"),
+            "arrays.c_pk.{peer}": checked("covered by the peer's signature on the federation, round and attempt "
+                                          "(without active, the server is trusted to relay it)", when=_ACTIVE),
+            "arrays.s_pk.{peer}": checked("as the peer's share key: signed", when=_ACTIVE),
+            "arrays.sig.{peer}": checked("verified with the peer's key in the client's roster", when=_ACTIVE),
+        },
+        "train": _MASKED,
+        # an upload outside the round (FedLU's unlearning) sends no rows, so no hidden sums
+        "upload": {k: v for k, v in _MASKED.items() if "@" not in k and ".okey." not in k},
+        SA_CHECK: {**_ROUND, "config.sa.survivors": checked("at least t of the sharers, with this client; it signs "
+                                                            "one list per attempt")},
+        SA_UNMASK: {
+            **_ROUND, "config.sa.survivors": _SURVIVORS,
+            "config.sa.dropped": checked("disjoint from the survivors; the client reveals mask-key shares only of "
+                                         "the sharers it recorded that are not survivors"),
+            "arrays.check.{peer}": checked("signatures on the survivor list, round, attempt and round keys, verified "
+                                           "with the roster", when=_ACTIVE),
+        },
+        "evaluate": _HIDDEN_FIELDS, "deliver": _HIDDEN_FIELDS,
+    }
 
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.stances import ROWS, harmless
 from lightning_fedkg.federated.tasks import weighted_average
 from lightning_fedkg.registry import STRATEGIES
 from lightning_fedkg.seeding import derive_seed
@@ -27,6 +28,9 @@ from lightning_fedkg.seeding import derive_seed
 #: that marks (uint8, one per row of the client's) the group's rows the client's batches named
 #: (upload), or the rows the server averaged, which the client takes (download).
 NAMED = "named:"
+#: The stance of a download's ``NAMED`` marks.
+NAMED_ROWS = harmless("which downloaded rows the client takes (named_rows): the others stay its own; secure "
+                      "aggregation and DP refuse named_rows, whose uploads say which rows a client trained")
 
 if TYPE_CHECKING:
     from lightning_fedkg.config import ExperimentConfig
@@ -202,8 +206,20 @@ class ClientHalf:
     """Client side of a strategy: acts on its own :class:`~..party.Party` only.
 
     It may keep state of its own between rounds (:meth:`state_dict`), which the runner
-    checkpoints with its party.
+    checkpoints with its party. ``RECEIVES`` declares the stance of every field it reads from
+    a server's message (:mod:`~lightning_fedkg.federated.stances`); a subclass adds its own.
     """
+
+    RECEIVES = {
+        "align": {"config.groups": harmless("read by no client: each describes the groups its own strategy "
+                                            "declares")},
+        "train": {"arrays.{tensor}": ROWS, f"arrays.{NAMED}{{group}}": NAMED_ROWS},
+        "evaluate": {"arrays.{tensor}": ROWS, f"arrays.{NAMED}{{group}}": NAMED_ROWS,
+                     "config.split": harmless("which split the client evaluates: its metrics cross unprotected "
+                                              "whichever it is (privacy.unprotected)")},
+        "deliver": {"arrays.{tensor}": ROWS, f"arrays.{NAMED}{{group}}": NAMED_ROWS,
+                    "config.split": harmless("not read: a delivery only writes arrays")},
+    }
 
     def __init__(self, party: Any, strategy: type["Strategy"]) -> None:
         self.party = party

@@ -26,6 +26,7 @@ from lightning_fedkg.federated import identities
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.stances import checked, harmless
 from lightning_fedkg.federated.strategy import client_name
 
 from .config import cache_dir, query_settings
@@ -553,6 +554,16 @@ def _mean_by_type(per_client: list[dict]) -> dict:
             for name, t in totals.items()}
 
 
+#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.federated.stances`).
+_PRIVATE = "task.retrieval=private"
+_SEALED = checked("sealed states: each opens only for its structure, query and node (ChaCha20-Poly1305), "
+                  "or the step is refused", when=_PRIVATE)
+_WORK = harmless("what the client computes on its own rows and operators (which relation, anchors, plan or "
+                 "columns): its output is sealed for the query and node, or padded for the querier, and "
+                 "unknown keys are refused. Under retrieval: paper it crosses in clear: the server rebuilds "
+                 "every row (documented)")
+
+
 class RetrievalClient:
     """Client mixin: answers the server's retrieval steps with its own rows and operators;
     under ``task.retrieval: private`` it opens and seals states, pads its score table and,
@@ -562,6 +573,28 @@ class RetrievalClient:
     sends: whose tables must be in the sum (every member of the federation), how many
     holders each entity has (from the tables), how much it returns per query (the metrics,
     or ``task.reveal_top`` answers), and each batch once (:meth:`spent_state`)."""
+
+    RECEIVES = {"cq_step": {
+        "config.kind": harmless("which retrieval step: each answers only with what that step seals or pads"),
+        "config.structure": _WORK, "config.nodes": _WORK, "config.root": _WORK, "config.width": _WORK,
+        "arrays.{n}:rel": _WORK, "arrays.{n}:inv": _WORK, "arrays.{n}:a{n}": _WORK, "arrays.columns": _WORK,
+        "arrays.{n}:q": checked("the queries the states are sealed for: a state opens for its own only", when=_PRIVATE),
+        "arrays.q": checked("the queries of a score batch: sealed inputs open for their own only, and a batch "
+                            "naming one query twice is refused", when=_PRIVATE),
+        "arrays.{n}:s{n}": _SEALED, "arrays.s{n}": _SEALED,
+        "config.context": checked("the batch a padded table and its sealed seed are bound to; the querier "
+                                  "reveals each batch once (spent state)", when=_PRIVATE),
+        "config.contributors": checked("the querier unpads only a sum naming every member it knows (its roster, "
+                                       "else its own data.num_clients)", when=_PRIVATE),
+        "arrays.seeds": checked("sealed for the querier under (batch, member): one that opens for no named member "
+                                "is refused", when=_PRIVATE),
+        "arrays.total": harmless("the padded sum: anything but every member's tables for this batch unpads to "
+                                 "noise, whose holder counts fall outside [0, members] and are refused; a constant "
+                                 "added to it shifts the scores (integrity is not protected)", when=_PRIVATE),
+        **{f"arrays.{k}": harmless("the answers to rank: whatever the server lists, the querier returns four "
+                                   "numbers per query (or its own reveal_top answers)", when=_PRIVATE)
+           for k in ("hard_rows", "hard_cols", "easy_rows", "easy_cols")},
+    }}
 
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)

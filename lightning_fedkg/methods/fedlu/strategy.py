@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from .config import FedLUConfig
 from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.stances import harmless
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.tasks import weighted_average, with_count
@@ -179,6 +180,10 @@ class FedLUServer(HolderMeanServer):
 
 class FedLUClient(ClientHalf):
     """Receives the avatar rows and the flags, trains both sides, uploads the avatar only."""
+
+    RECEIVES = {"train": {f"config.{flag}": harmless("FedLU's schedule: whether this round distils from the local "
+                                                     "or the global side; it changes training, not what crosses")
+                          for flag in ("distill_local", "distill_global")}}
 
     def before_fit(self, message: Message) -> None:
         module = self.party.module
