@@ -1,0 +1,250 @@
+#!/usr/bin/env python
+"""Regenerate the published results, and render the pages' tables from what it wrote.
+
+    python scripts/reproduce.py run --tier quick          # the UMLS quick starts, 5 seeds (~30 min, 2 cores)
+    python scripts/reproduce.py render                    # rewrite every marked block from the JSONs
+    python scripts/reproduce.py render --check            # exit 1 where a page differs (a test runs this)
+    python scripts/reproduce.py tiers                     # what each tier runs and costs
+
+``run`` runs each experiment of a tier as a user does (``fedkg fit -c CONFIG seed=S`` in a
+fresh process, the config's own settings), reads its ``metrics.json`` and keeps what it
+printed; it writes ``docs/results/reproduce/<tier>.json`` with the commit, the commands, the
+machine and the wall times, then renders. A run folder that holds a ``metrics.json`` is
+reused (``--fresh`` runs it again). ``render`` replaces the text between
+``<!-- reproduce:NAME -->`` and ``<!-- /reproduce:NAME -->`` in README.md and docs/**/*.md,
+so no published number is typed: NAME is ``<tier>.<experiment>.<what>`` (:data:`FIELDS`),
+or ``<tier>.printed.<experiment>`` (the table the run printed), or ``<tier>.table``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "docs" / "results" / "reproduce"
+PAGES = ("README.md", "docs")
+
+#: Each tier: what it runs, its seeds and cost. An experiment is ``name: (config, overrides)``.
+TIERS = {
+    "quick": {
+        "about": "the UMLS quick starts as shipped, seeds 0-4: about 30 min on 2 cores",
+        "seeds": [0, 1, 2, 3, 4],
+        "experiments": {
+            "umls_fede": ("configs/fede/umls_fede.yaml", []),
+            "umls_fedr": ("configs/fede/umls_fedr.yaml", []),
+            "umls_single": ("configs/fede/umls_single.yaml", []),
+            "umls_entire": ("configs/fede/umls_entire.yaml", []),
+            "umls_fedlu": ("configs/fedlu/umls_fedlu.yaml", []),
+            "umls_fedprox": ("configs/fedlu/umls_fedprox.yaml", []),
+            "umls_fedec": ("configs/fedlu/umls_fedec.yaml", []),
+            "umls_fedcqa_gqe": ("configs/fedcqa/umls_fedcqa_gqe.yaml", []),
+            "umls_local_gqe": ("configs/fedcqa/umls_local_gqe.yaml", []),
+        },
+    },
+}
+
+#: What an inline block of one experiment renders: ``<tier>.<experiment>.<what>``.
+FIELDS = {
+    "mean": lambda s: _f(s["mrr_mean"]),
+    "mean_std": lambda s: f"{_f(s['mrr_mean'])} ± {_f(s['mrr_std'])}",
+    "seeds": lambda s: " ".join(_f(m) for m in s["mrrs"]),
+    "cross_mean": lambda s: _f(s["cross_mrr_mean"], 3),
+    "in_mean": lambda s: _f(s["mrr_mean"], 3),
+}
+
+
+def _f(x: float, digits: int = 4) -> str:
+    """``.7410``: the pages' form of a metric in [0, 1]."""
+    return f"{x:.{digits}f}".lstrip("0") if x >= 0 else f"-{-x:.{digits}f}".replace("-0", "-", 1)
+
+
+# ---------------------------------------------------------------- running
+def machine() -> dict:
+    """Where the numbers were made."""
+    import torch
+
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def code() -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def printed_table(stdout: str) -> str:
+    """The results table a ``fedkg fit`` printed: from its summary line (``strategy=...``) to
+    the line before ``metrics written to``."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("strategy="))
+    end = next(i for i, line in enumerate(lines) if line.startswith("metrics written to"))
+    return "\n".join(lines[start:end])
+
+
+def fit_command(config: str, seed: int, overrides: list[str], out: Path) -> list[str]:
+    return ["fedkg", "fit", "-c", config, f"seed={seed}", *overrides, "--out", str(out)]
+
+
+def run_one(config: str, seed: int, overrides: list[str], out: Path, fresh: bool) -> dict:
+    """One ``fedkg fit`` (or its earlier result): metrics, what it printed, wall seconds."""
+    record = out / "reproduce_run.json"
+    if record.is_file() and (out / "metrics.json").is_file() and not fresh:
+        print(f"    seed {seed}: reusing {out}", flush=True)
+        return json.loads(record.read_text())
+    if fresh and out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    command = fit_command(config, seed, overrides, out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "lightning_fedkg.cli", *command[1:]], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    result = {"seed": seed, "command": " ".join(command), "wall_s": round(wall, 1), "test": metrics["test"],
+              "cross_graph": {k: v for k, v in (metrics.get("cross_graph") or {}).items() if not isinstance(v, dict)},
+              "printed": printed_table(proc.stdout)}
+    record.write_text(json.dumps(result, indent=1))
+    print(f"    seed {seed}: test MRR {metrics['test']['mrr']:.4f} ({wall:.0f} s)", flush=True)
+    return result
+
+
+def summary(runs: list[dict]) -> dict:
+    mrrs = [r["test"]["mrr"] for r in runs]
+    out = {"mrrs": mrrs, "mrr_mean": statistics.mean(mrrs), "mrr_std": statistics.stdev(mrrs) if len(mrrs) > 1 else 0.0,
+           "hits@10_mean": statistics.mean(r["test"]["hits@10"] for r in runs),
+           "wall_s_mean": round(statistics.mean(r["wall_s"] for r in runs), 1)}
+    cross = [r["cross_graph"]["mrr"] for r in runs if "mrr" in r.get("cross_graph", {})]
+    if cross:
+        out["cross_mrr_mean"] = statistics.mean(cross)
+    return out
+
+
+def run_tier(name: str, seeds: list[int] | None, out: Path, fresh: bool) -> Path:
+    tier = TIERS[name]
+    seeds = tier["seeds"] if seeds is None else seeds
+    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    results = {}
+    for exp, (config, overrides) in tier["experiments"].items():
+        print(f"  {exp} ({config})", flush=True)
+        runs = [run_one(config, s, overrides, out / name / exp / f"seed_{s}", fresh) for s in seeds]
+        results[exp] = {"config": config, "overrides": overrides, "runs": runs, "summary": summary(runs)}
+    payload = {"tier": name, "about": tier["about"], "command": f"python scripts/reproduce.py run --tier {name}",
+               "code": code(), "machine": machine(), "started": started,
+               "wall_s": round(time.perf_counter() - clock, 1), "seeds": seeds, "results": results}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+# ---------------------------------------------------------------- rendering
+BLOCK = re.compile(r"<!-- reproduce:(?P<name>[\w.@-]+) -->(?P<body>.*?)<!-- /reproduce:(?P=name) -->", re.S)
+
+
+def load(tier: str) -> dict:
+    path = RESULTS / f"{tier}.json"
+    if not path.is_file():
+        raise SystemExit(f"no {path}: run python scripts/reproduce.py run --tier {tier}")
+    return json.loads(path.read_text())
+
+
+def table(data: dict) -> str:
+    """The tier's summary table: per experiment mean ± std of test MRR, Hits@10, per seed."""
+    rows = ["| experiment | test MRR (mean ± std) | Hits@10 | per seed | s per run |", "| --- | --- | --- | --- | ---: |"]
+    for exp, res in data["results"].items():
+        s = res["summary"]
+        rows.append(f"| `{res['config']}` | {FIELDS['mean_std'](s)} | {_f(s['hits@10_mean'])} | {FIELDS['seeds'](s)} | "
+                    f"{s['wall_s_mean']:.0f} |")
+    c = data["code"]
+    rows.append("")
+    rows.append(f"Seeds {', '.join(map(str, data['seeds']))}; `{data['command']}` at "
+                f"{(c['commit'] or '?')[:10]}{' (with uncommitted changes)' if c['dirty'] else ''}, "
+                f"{data['machine']['cpus']} CPUs, torch {data['machine']['torch']}, {data['started'][:10]}.")
+    return "\n".join(rows)
+
+
+def render_block(name: str) -> str:
+    tier, _, rest = name.partition(".")
+    data = load(tier)
+    if rest == "table":
+        return "\n" + table(data) + "\n"
+    if rest.startswith("printed."):
+        run = data["results"][rest.split(".", 1)[1]]["runs"][0]
+        return f"\n```\n{run['printed']}\n```\n"
+    exp, what = rest.rsplit(".", 1)
+    return FIELDS[what](data["results"][exp]["summary"])
+
+
+def render_text(text: str) -> str:
+    return BLOCK.sub(lambda m: f"<!-- reproduce:{m['name']} -->{render_block(m['name'])}<!-- /reproduce:{m['name']} -->",
+                     text)
+
+
+def pages() -> list[Path]:
+    out = []
+    for entry in PAGES:
+        path = REPO / entry
+        out += sorted(path.rglob("*.md")) if path.is_dir() else [path]
+    return out
+
+
+def render(check: bool) -> int:
+    differ = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        if "<!-- reproduce:" not in text:
+            continue
+        new = render_text(text)
+        if new != text:
+            differ.append(page)
+            if not check:
+                page.write_text(new, encoding="utf-8")
+    for page in differ:
+        print(f"{'differs' if check else 'rendered'}: {page.relative_to(REPO)}")
+    if check and differ:
+        print("run python scripts/reproduce.py render", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a tier and write its JSON, then render")
+    run.add_argument("--tier", required=True, choices=sorted(TIERS))
+    run.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the tier's)")
+    run.add_argument("--out", default="runs/reproduce", help="root of the run folders (default: %(default)s)")
+    run.add_argument("--fresh", action="store_true", help="run again what a run folder already holds")
+    check = sub.add_parser("render", help="rewrite the marked blocks of the pages from the JSONs")
+    check.add_argument("--check", action="store_true", help="only compare; exit 1 where a page differs")
+    sub.add_parser("tiers", help="list the tiers")
+    args = parser.parse_args(argv)
+    if args.command == "tiers":
+        for name, tier in TIERS.items():
+            print(f"{name}: {tier['about']}; {', '.join(tier['experiments'])}")
+        return 0
+    if args.command == "render":
+        return render(args.check)
+    run_tier(args.tier, args.seeds, REPO / args.out, args.fresh)
+    return render(check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
