@@ -152,6 +152,32 @@ def instrument_secure(run: FederatedRun, timings: dict) -> None:
         setattr(run.server, f"aggregate_{name}", timed_aggregate)
 
 
+def instrument_dp(timings: dict) -> None:
+    """Record the seconds the clients spend in DP's clipping and noised release (``dp``)
+    under ``federated.dp`` (the ledger's accounting is in the rest of the round)."""
+    from lightning_fedkg.federated import dp as dp_module
+
+    for name in ("clip_update", "update_norms"):
+        original = getattr(dp_module, name)
+
+        def timed(*a, _original=original, **k):
+            start = time.perf_counter()
+            out = _original(*a, **k)
+            timings["dp"] += time.perf_counter() - start
+            return out
+
+        setattr(dp_module, name, timed)
+    original_release = dp_module.noiselib.snapped_release
+
+    def timed_release(*a, **k):
+        start = time.perf_counter()
+        out = original_release(*a, **k)
+        timings["dp"] += time.perf_counter() - start
+        return out
+
+    dp_module.noiselib.snapped_release = timed_release
+
+
 def instrument_transport(run: FederatedRun, timings: dict) -> None:
     """Wrap the transport's ``send`` to record the seconds spent serializing and decoding."""
     original = run.channel.send
@@ -249,6 +275,8 @@ def main(argv=None) -> dict:
     secure_s: dict[str, float] = defaultdict(float)
     if args.secure:
         instrument_secure(run, secure_s)
+    if cfg.federated.dp.enabled:
+        instrument_dp(secure_s)
     start = time.perf_counter()
     run.align()
     print(f"alignment (round 0): {time.perf_counter() - start:.2f}s, "
@@ -294,6 +322,8 @@ def main(argv=None) -> dict:
                 # active only: the signed survivor list
                 "check": secure_round.get("stage:sa_check", 0.0) + secure_round.get("server:sa_check", 0.0),
             }
+        if cfg.federated.dp.enabled:
+            rec["dp_s"] = secure_round.get("dp", 0.0)
 
         eval_s, avg, per_client = None, None, None
         if args.eval_every and (r % args.eval_every == 0 or r == args.rounds):
@@ -327,6 +357,9 @@ def main(argv=None) -> dict:
             print(f"      secure aggregation: key agreement {sec['key_agreement']:.3f}s, masking {sec['masking']:.3f}s, "
                   f"unmasking {sec['unmasking']:.3f}s, survivor check {sec['check']:.3f}s; "
                   f"bytes by exchange {rec['bytes_by_name']}", flush=True)
+        if "dp_s" in rec:
+            print(f"      differential privacy (clipping and noised release, every client): {rec['dp_s']:.3f}s",
+                  flush=True)
 
     evals = [rec["eval_s"] for rec in rounds if "eval_s" in rec]
     train_key = "train_s_extrapolated" if bounded else "train_s"
@@ -364,6 +397,8 @@ def main(argv=None) -> dict:
     if args.secure:
         summary["mean_secure_s_per_round"] = {
             k: sum(rec["secure_s"][k] for rec in rounds) / len(rounds) for k in rounds[0]["secure_s"]}
+    if cfg.federated.dp.enabled:
+        summary["mean_dp_s_per_round"] = sum(rec["dp_s"] for rec in rounds) / len(rounds)
 
     print("\nsummary")
     tag = " (EXTRAPOLATED from bounded epochs)" if bounded else ""
@@ -381,6 +416,8 @@ def main(argv=None) -> dict:
     if args.secure:
         print("  secure aggregation per round: " + ", ".join(
             f"{k} {v:.3f}s" for k, v in summary["mean_secure_s_per_round"].items()))
+    if "mean_dp_s_per_round" in summary:
+        print(f"  differential privacy per round (clipping and noised release): {summary['mean_dp_s_per_round']:.3f}s")
     print(f"  peak RSS: {summary['peak_rss_mib']:.0f} MiB")
     print(f"  bytes: {summary['total_bytes']} total ({fmt_bytes(summary['total_bytes'])}), "
           f"{summary['mean_bytes_train_per_round']:.0f} per round without evaluation downloads")
