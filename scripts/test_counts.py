@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import importlib.util
 import json
 import platform
@@ -39,13 +40,21 @@ OPTIONAL = ("cryptography", "ray", "flwr")
 SUMMARY = re.compile(r"(\d+)(?:/(\d+))? tests? collected(?: \((\d+) deselected\))?")
 
 
+#: groups of test files whose collected tests the JSON counts apart: name -> file-name pattern
+GROUPS = {"docs checks (tests/test_docs_*.py)": "tests/test_docs_*.py"}
+
+
 def parse(output: str) -> dict:
-    """The counts of pytest's last summary line in ``output`` (``-q --collect-only``)."""
+    """The counts of ``output`` (``pytest -q --collect-only``): its last summary line, and the
+    node ids (``tests/test_x.py::name``) of each of :data:`GROUPS`."""
     found = SUMMARY.findall(output)
     if not found:
         raise ValueError("no 'tests collected' line in pytest's output:\n" + output[-2000:])
     selected, total, deselected = found[-1]
-    return {"collected": int(selected), "deselected": int(deselected or 0), "total": int(total or selected)}
+    files = re.findall(r"^(tests/[^:\s]+\.py)::", output, flags=re.M)
+    groups = {name: sum(fnmatch.fnmatch(f, pattern) for f in files) for name, pattern in GROUPS.items()}
+    return {"collected": int(selected), "deselected": int(deselected or 0), "total": int(total or selected),
+            "groups": groups}
 
 
 def collect(markers: str) -> tuple[list[str], dict]:
