@@ -46,7 +46,7 @@ GROUPS = {"docs checks (tests/test_docs_*.py)": "tests/test_docs_*.py"}
 
 def parse(output: str) -> dict:
     """The counts of ``output`` (``pytest -q --collect-only``): its last summary line, and the
-    node ids (``tests/test_x.py::name``) of each of :data:`GROUPS`."""
+    node ids (``tests/<file>.py::name``) of each of :data:`GROUPS`."""
     found = SUMMARY.findall(output)
     if not found:
         raise ValueError("no 'tests collected' line in pytest's output:\n" + output[-2000:])
