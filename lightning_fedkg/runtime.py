@@ -51,7 +51,7 @@ EXPECTED_WARNINGS = (
     ".*LeafSpec.*",
 )
 
-# The automatic thread count. Thresholds from docs/results/speed.md, "Default CPU threads"
+# The automatic thread count. Thresholds from docs/results/threads.md, "Default CPU threads"
 # (scripts/bench_threads.py; whole `fedkg fit` runs, FedE TransE; 2-core EPYC, torch 2.13):
 # * Table size. On a quiet machine a second thread gains nothing below ~20k entity-table
 #   elements (UMLS quick starts at dim 64 / 128: 8.6k / 17k elements, 1 and 2 threads

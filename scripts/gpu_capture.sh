@@ -4,10 +4,20 @@
 # FB15k-237-Fed3 and per FedLU round on FB15k-237-R10 with the MRR after 2 rounds, fp32 and
 # bf16-mixed. Results go to $OUT (default runs/gpu_capture).
 #
-# Beside the checkout it needs, in .gpu/: data.tgz (FB15k-237-Fed3 and FB15k-237-R10 folders,
-# unpacked to ../shared/data where the configs look), this package as a wheel (its entry
-# points) and any wheel the machine lacks (omegaconf 2.4; for secure aggregation cryptography,
-# pycryptodome, cffi, pycparser; for DP's CUDA test dp-accounting and dm-tree). See
+# Beside the checkout it needs, in the ignored folder .gpu/: data.tgz (FB15k-237-Fed3 and
+# FB15k-237-R10 folders, 6.5 MB, unpacked to ../shared/data where the configs look), this
+# package as a wheel (`pip wheel --no-deps -w .gpu .`, for its entry points) and any wheel the
+# GPU image lacks (`pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux_2_28_x86_64 ...`): omegaconf 2.4; for secure aggregation cryptography,
+# pycryptodome, cffi, pycparser; for DP's CUDA test dp-accounting 0.6.0 and dm-tree 0.1.10.
+# PARTS official also needs the official FedE code in .gpu/FedE (its six .py files at commit
+# 46f5993) and its pickle gzipped as .gpu/fede.pkl.gz (written by bench_official_fede.py
+# --work-dir). PARTS official_fedlu (alone: it needs most of a 600 s call) runs our FedLU
+# rounds, then the official FedLU on the same card until its first round has trained: it needs
+# the official Code/ folder in .gpu/FedLU (commit 43d8cb5: `git archive 43d8cb5 Code`) and the
+# wheels of Levenshtein and rapidfuzz in .gpu/fedlu_wheels/. scripts/gpu_ab.sh runs the same
+# benchmarks from several versions' trees (`git archive <commit> lightning_fedkg scripts
+# configs` unpacked under .gpu/); scripts/gpu_fedcqa.sh uses the same folder. Figures:
 # docs/results/speed.md.
 set -u
 OUT=${OUT:-runs/gpu_capture}
