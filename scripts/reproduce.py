@@ -12,8 +12,9 @@ printed; it writes ``docs/results/reproduce/<tier>.json`` with the commit, the c
 machine and the wall times, then renders. A run folder that holds a ``metrics.json`` is
 reused (``--fresh`` runs it again). ``render`` replaces the text between
 ``<!-- reproduce:NAME -->`` and ``<!-- /reproduce:NAME -->`` in README.md and docs/**/*.md,
-so no published number is typed: NAME is ``<tier>.<experiment>.<what>`` (:data:`FIELDS`),
-or ``<tier>.printed.<experiment>`` (the table the run printed), or ``<tier>.table``.
+so no published number is typed: NAME is ``<tier>.<experiment>.<what>`` (:data:`FIELDS`, or
+``wall``: seed 0's seconds), ``<tier>.diff.<a>.<b>`` (the difference of two means),
+``<tier>.printed.<experiment>`` (the table seed 0 printed), or ``<tier>.table``.
 """
 
 from __future__ import annotations
@@ -188,7 +189,13 @@ def render_block(name: str) -> str:
     if rest.startswith("printed."):
         run = data["results"][rest.split(".", 1)[1]]["runs"][0]
         return f"\n```\n{run['printed']}\n```\n"
+    if rest.startswith("diff."):  # the signed difference of two experiments' mean test MRR
+        a, b = rest.split(".")[1:]
+        d = data["results"][a]["summary"]["mrr_mean"] - data["results"][b]["summary"]["mrr_mean"]
+        return ("+" if d >= 0 else "-") + _f(abs(d), 3)
     exp, what = rest.rsplit(".", 1)
+    if what == "wall":  # seconds of seed 0's run
+        return f"{data['results'][exp]['runs'][0]['wall_s']:.0f}"
     return FIELDS[what](data["results"][exp]["summary"])
 
 
