@@ -1,6 +1,6 @@
 """The ``fedkg`` command line.
 
-    fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
+    fedkg fit  -c CONFIG [--out DIR] [key=value ...]    train what the config describes
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg audit --from RUN_DIR                           attack a run's recorded payloads
     fedkg data stats NAME_OR_PATH | -c CONFIG            dataset or query-set statistics
@@ -9,8 +9,9 @@
 
 ``fedkg query`` and ``fedkg unlearn`` are the methods' (FedCQA's, FedLU's): commands found
 through the ``lightning_fedkg.commands`` entry points (:func:`add_method_commands`).
-Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``); a
-misspelled key is an error listing the valid keys. Reference: docs/usage.md.
+Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``), before,
+between or after the options; a misspelled key is an error listing the valid keys.
+Reference: docs/usage.md.
 """
 
 from __future__ import annotations
@@ -452,13 +453,40 @@ def add_method_commands(sub) -> None:
         command.add_to(sub, name)
 
 
+class IntermixedParser(argparse.ArgumentParser):
+    """A parser whose positionals (a command's ``key=value`` overrides) may come before,
+    between and after its options: ``fedkg fit -c X a=1 --out D b=2``.
+
+    Plain argparse takes only the first run of positionals and refuses the rest as
+    "unrecognized arguments". A parser with sub-commands cannot be parsed intermixed
+    (argparse raises TypeError), so only a command's own parser (a leaf) is; sub-parsers
+    are called through ``parse_known_args``, hence the override here.
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing or any(a.nargs in (argparse.PARSER, argparse.REMAINDER)
+                                    for a in self._get_positional_actions()):
+            return super().parse_known_args(args, namespace)
+        # parse_known_intermixed_args calls parse_known_args itself (Python 3.11, 3.12): the
+        # flag sends those calls to argparse's own.
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser: fit, test, the commands methods add
     (:func:`add_method_commands`), audit, data stats, flower up/split/policy/worker."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Every command's parser (and a group's, flower's: its commands inherit the class) takes
+    # its overrides on either side of its options.
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=IntermixedParser)
 
     fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)",
                          epilog=fit_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -221,3 +221,58 @@ def test_a_misspelled_model_key_of_a_builtin_model_is_reported_before_torch(over
     key = overrides[-1].split("=")[0]
     assert proc.returncode == 2 and f"unknown config key '{key}'. Valid keys here: dim," in proc.stderr, proc.stderr
     assert "HEAVY []" in proc.stdout
+
+
+@pytest.mark.parametrize("words", [
+    ["fit", "-c", "C", "a.b=1", "--out", "D", "c.d=2"],
+    ["fit", "a.b=1", "-c", "C", "c.d=2", "--out", "D"],
+    ["test", "-c", "C", "a.b=1", "--ckpt", "K", "c.d=2", "--json"],
+    ["test", "--from", "R", "a.b=1", "--json", "c.d=2"],
+    ["unlearn", "a.b=1", "--from", "R", "c.d=2", "--out", "D"],
+    ["flower", "up", "-c", "C", "a.b=1", "--out", "D", "c.d=2", "--tls"],
+    ["flower", "split", "-c", "C", "a.b=1", "--out", "D", "c.d=2"],
+    ["flower", "policy", "-c", "C", "a.b=1", "--out", "D", "c.d=2"],
+], ids=lambda words: "-".join(w for w in words[:2] if not w.startswith("-") and "=" not in w))
+def test_overrides_may_come_before_between_and_after_options(words):
+    """docs/methods/fkge.md put overrides on both sides of ``--out``; the old parser took only
+    the first run of them and refused the rest ("unrecognized arguments: c.d=2", exit 2)."""
+    from lightning_fedkg.cli import build_parser
+
+    args = build_parser().parse_args(words)
+    assert args.overrides == ["a.b=1", "c.d=2"]  # in the order given: a later one wins
+    assert getattr(args, "out", "D") == "D"
+
+
+def test_data_stats_takes_overrides_on_both_sides_of_its_options():
+    from lightning_fedkg.cli import build_parser
+
+    args = build_parser().parse_args(["data", "stats", "-c", "C", "a.b=1", "--workers", "2", "c.d=2"])
+    assert args.target == ["a.b=1", "c.d=2"] and args.workers == 2
+
+
+def test_an_unknown_option_is_still_refused(capsys):
+    from lightning_fedkg.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit:
+        build_parser().parse_args(["fit", "-c", "C", "a.b=1", "--bogus", "c.d=2"])
+    assert exit.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_the_resume_hint_is_in_the_usage_order(tmp_path, monkeypatch, capsys):
+    """The hint ``fit`` prints on Ctrl-C: options, then the overrides, as ``fedkg fit --help``'s
+    usage line gives them (the old usage in docs/usage.md showed the overrides before --out,
+    the hint after it)."""
+    from lightning_fedkg import cli
+
+    def interrupt(cfg, run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lightning_fedkg.run.fit", interrupt)
+    run = tmp_path / "run"
+    assert main(["fit", "model.dim=8", "-c", KGE_CONFIG, "--out", str(run), "train.max_epochs=1"]) == 130
+    hint = shlex.split(capsys.readouterr().err.strip().splitlines()[-1].split("resumes from it: ", 1)[1])
+    assert hint == ["fedkg", "fit", "-c", KGE_CONFIG, "--out", str(run), "model.dim=8", "train.max_epochs=1"]
+    assert cli.build_parser().parse_args(hint[1:]).overrides == ["model.dim=8", "train.max_epochs=1"]
+    usage = cli.build_parser()._subparsers._group_actions[0].choices["fit"].format_usage()
+    assert usage.index("--out") < usage.index("overrides")
+    assert "fedkg fit  -c CONFIG [--out DIR] [key=value ...]" in (REPO / "docs" / "usage.md").read_text()
