@@ -27,7 +27,14 @@ from typing import Sequence
 
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
-from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, resolve_auto_settings
+from lightning_fedkg.config import (
+    RELATION_PARTITIONS,
+    ConfigError,
+    ExperimentConfig,
+    load_config,
+    resolve_auto_settings,
+    too_many_clients,
+)
 from lightning_fedkg.rundir import check_unlocked, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS
 
@@ -67,6 +74,61 @@ def check_data_name(cfg: ExperimentConfig) -> None:
     where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
     raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
                       f"nor an existing path{where}")
+
+
+def check_num_clients(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` where ``data.num_clients`` exceeds the relations a split by
+    relation can deal out, if that can be read without loading the KG.
+
+    The partitioners raise the same error, but only once torch is imported and the KG is
+    loaded (tens of seconds on a busy machine); here the relation count is read cheaply:
+    an OpenKE folder's ``relation2id.txt`` header, or the train file of named triples (the
+    bundled KGs), read only until as many relations as clients are seen. Anything else (a
+    PyG format, a folder of pre-split clients, an unreadable file) is left to the loaders.
+    """
+    d = cfg.data
+    if cfg.federated.strategy == "none" or d.partition not in RELATION_PARTITIONS:
+        return
+    relations = relations_up_to(d.name, d.format, d.num_clients)
+    if relations is not None and relations < d.num_clients:
+        raise too_many_clients(d.name, relations, d.num_clients, d.partition)
+
+
+def relations_up_to(name: str, fmt: str, limit: int) -> int | None:
+    """How many relations the KG ``name`` has, counted up to ``limit``; None where that is not
+    cheap to read (see :func:`check_num_clients`). Mirrors the loaders' file lookup
+    (``lightning_fedkg.data.kg.load_kg``, not imported: it loads torch)."""
+    folder = BUNDLED_ROOT / name.lower() if name.lower() in bundled_datasets() else Path(name)
+    if not folder.is_dir() or (folder / "client_0").is_dir() or (folder / "0").is_dir():
+        return None
+    if fmt == "openke" or (fmt == "auto" and (folder / "entity2id.txt").is_file()):
+        # the vocabulary's count: at least the relations that occur, so fewer is conclusive
+        vocabulary = folder / "relation2id.txt"
+        if not vocabulary.is_file():
+            return None
+        with open(vocabulary, encoding="utf-8") as f:
+            header = f.readline().strip()
+        return int(header) if header.isdigit() else None
+    if fmt not in ("auto", "triples"):
+        return None
+    train = next((p for sub in (folder, folder / "raw") for p in (sub / "train.txt", sub / "train.tsv")
+                  if p.is_file()), None)
+    if train is None:
+        return None
+    # Evaluation triples with a relation train lacks are dropped on loading: the train
+    # file's relations are those a split deals out.
+    relations: set[str] = set()
+    with open(train, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            fields = line.strip().split("\t" if "\t" in line else None)
+            if len(fields) != 3:
+                return None  # a malformed line: the loader names it
+            relations.add(fields[1])
+            if len(relations) >= limit:
+                break
+    return len(relations)
 
 
 def method_report(metrics: dict, cfg: ExperimentConfig | None = None) -> str | None:
@@ -209,6 +271,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     # path and the lock (a mistake there is reported in a fraction of a second).
     core = load_config(args.config, args.overrides, core_only=True)
     check_data_name(core)
+    check_num_clients(core)
     run_dir = resolve_run_dir(core, args.out)
     check_unlocked(run_dir)
     # What an interrupt's message names: the run directory and the command that resumes it.
@@ -396,6 +459,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     per client, separate processes) runs the config; prints its table."""
     core = load_config(args.config, args.overrides, core_only=True)
     check_data_name(core)
+    check_num_clients(core)
     run_dir = resolve_run_dir(core, args.out)  # up() waits for a previous server to let go of it
     args.run_dir, args.resume_words = run_dir, ["fedkg", "flower", "up", "-c", args.config, "--out", str(run_dir),
                                                 *(["--key-file", args.key_file] if args.key_file else []),
@@ -414,6 +478,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
 def cmd_flower_split(args: argparse.Namespace) -> int:
     """``fedkg flower split``: one data folder per client of the config's federation."""
     cfg = load_config(args.config, args.overrides)
+    check_num_clients(cfg)
     from lightning_fedkg.flower.data import write_client_folders
 
     for folder in write_client_folders(cfg, args.out):

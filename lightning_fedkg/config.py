@@ -135,6 +135,20 @@ class DataConfig:
     client_entities: Literal["own", "all"] = "own"
 
 
+#: ``data.partition`` values that give each client whole relations: at most one client per relation.
+RELATION_PARTITIONS = ("relation", "clustered")
+
+
+def too_many_clients(name: str, relations: int, num_clients: int, partition: str) -> ConfigError:
+    """The error for ``data.num_clients`` above what a split by relation (``partition``, one
+    of :data:`RELATION_PARTITIONS`) can give of a KG with ``relations`` relations: raised by
+    the partitioners and, before anything is loaded, by ``fedkg`` (``cli.check_num_clients``)."""
+    return ConfigError(f"data.num_clients={num_clients}: {name} has {relations} relations and "
+                       f"data.partition={partition} gives each client whole relations, so it can be split among "
+                       f"at most {relations} clients; set data.num_clients to at most {relations}, or "
+                       f"data.partition=random to deal out triples instead")
+
+
 #: The ``train.loss`` values (:func:`lightning_fedkg.models.kge_module.kge_loss`).
 LOSSES = ("self_adversarial", "uniform", "margin")
 

@@ -276,3 +276,59 @@ def test_the_resume_hint_is_in_the_usage_order(tmp_path, monkeypatch, capsys):
     usage = cli.build_parser()._subparsers._group_actions[0].choices["fit"].format_usage()
     assert usage.index("--out") < usage.index("overrides")
     assert "fedkg fit  -c CONFIG [--out DIR] [key=value ...]" in (REPO / "docs" / "usage.md").read_text()
+
+
+def test_more_clients_than_relations_is_an_error_before_loading(tmp_path, capsys):
+    """``data.num_clients=1000`` on UMLS (46 relations, split by relation): the old code loaded
+    torch and the KG (about 50 s on a busy machine) and then raised a ValueError traceback
+    ("46 relations cannot be split among 1000 clients"), exit 1."""
+    run = tmp_path / "run"
+    assert main(["fit", "-c", FEDE_CONFIG, "--out", str(run), "data.num_clients=1000"]) == 2
+    line = error_line(capsys)
+    assert "data.num_clients=1000: umls has 46 relations" in line and "at most 46" in line
+    assert not run.exists()
+    # A folder of named triples: its train file is read, up to as many relations as clients.
+    folder = tmp_path / "kg"
+    folder.mkdir()
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.txt").write_text("a\tr1\tb\nb\tr2\tc\nc\tr1\ta\n")
+    assert main(["fit", "-c", FEDE_CONFIG, "--out", str(run), f"data.name={folder}", "data.num_clients=3"]) == 2
+    assert f"data.num_clients=3: {folder} has 2 relations" in error_line(capsys)
+    # The same count from an OpenKE folder's relation2id.txt header.
+    (folder / "entity2id.txt").write_text("3\na\t0\nb\t1\nc\t2\n")
+    (folder / "relation2id.txt").write_text("2\nr1\t0\nr2\t1\n")
+    assert main(["flower", "split", "-c", FEDE_CONFIG, "--out", str(tmp_path / "split"), f"data.name={folder}",
+                 "data.num_clients=5", "data.partition=clustered"]) == 2
+    assert "data.num_clients=5" in error_line(capsys) and not (tmp_path / "split").exists()
+
+
+@pytest.mark.slow
+def test_more_clients_than_relations_is_reported_before_torch():
+    script = ("import sys\nfrom lightning_fedkg.cli import main\n"
+              f"status = main(['fit', '-c', {FEDE_CONFIG!r}, 'data.num_clients=47'])\n"
+              "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules))\n"
+              "sys.exit(status)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "data.num_clients=47: umls has 46 relations" in proc.stderr, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+@pytest.mark.parametrize("partition", ["relation", "clustered", "random"])
+def test_a_split_with_too_many_clients_raises_a_config_error_naming_the_key(partition):
+    """The partitioners themselves (a federated folder's loaders, the Python API, what the
+    early check cannot read cheaply): the old code raised ValueError ("46 relations cannot
+    be split among 1000 clients"; random: "resample: only 0 of 2 eligible valid/test
+    triples"), which ``fedkg`` printed as a traceback."""
+    from lightning_fedkg.config import ConfigError
+    from lightning_fedkg.data.federated import PARTITIONERS
+    from lightning_fedkg.data.kg import load_kg
+
+    if partition == "clustered":
+        pytest.importorskip("sklearn")
+    with pytest.raises(ConfigError, match=r"data\.num_clients=1000: ") as err:
+        PARTITIONERS[partition](load_kg("umls"), 1000)
+    if partition != "random":
+        assert "umls has 46 relations" in str(err.value) and "at most 46" in str(err.value)
+    else:
+        assert "use fewer clients" in str(err.value)
