@@ -299,7 +299,9 @@ def cmd_test(args: argparse.Namespace) -> int:
 
         cfg = read_run_config(args.from_run)  # refuses a folder that is not a run
         if args.overrides:
-            cfg = load_config(Path(args.from_run) / CONFIG_FILE, args.overrides)
+            tested = load_config(Path(args.from_run) / CONFIG_FILE, args.overrides)
+            check_tested_as_trained(args.from_run, cfg, tested)
+            cfg = tested
         ckpt = best_state(args.from_run, cfg)
         stopped = unfinished(Path(args.from_run), cfg)
     else:
@@ -317,6 +319,23 @@ def cmd_test(args: argparse.Namespace) -> int:
         print(stopped["message"], file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics, cfg))
     return 0
+
+
+def check_tested_as_trained(run_dir: str, saved: ExperimentConfig, tested: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` naming every override of ``test --from run_dir`` that
+    changes what the run trained (:func:`~lightning_fedkg.config.trained_differences`):
+    its state cannot be tested as another model (``model.dim=32`` would fail to load it,
+    ``model.gamma`` would score with another function), so this is refused before the
+    state is read."""
+    from lightning_fedkg.config import trained_differences
+
+    changed = trained_differences(saved, tested)
+    if changed:
+        raise ConfigError(f"test --from {run_dir}: {'; '.join(changed)}: this changes what the run trained "
+                          f"(its data split, the model's shape or scores), and --from tests the run's own state; "
+                          f"override only how it is tested (e.g. train.eval_batch_size, task.eval_per_type), or "
+                          f"train a new run with these settings (fedkg fit -c {Path(run_dir) / 'config.yaml'} "
+                          f"--out NEW_DIR ...)")
 
 
 def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:

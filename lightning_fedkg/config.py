@@ -433,8 +433,8 @@ class FederatedConfig:
     :func:`experiment_class`).
     """
 
-    strategy: str = "none"
-    task: str = "link_prediction"
+    strategy: str = field(default="none", metadata={"trained": True})
+    task: str = field(default="link_prediction", metadata={"trained": True})
     rounds: int = field(default=100, metadata={"range": Range(min=1), "resume": "free"})
     local_epochs: int = field(default=3, metadata={"range": Range(min=1)})
     fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
@@ -464,8 +464,9 @@ class ExperimentConfig:
     name: str = field(default="experiment", metadata={"resume": "free"})
     seed: int = field(default=0, metadata={"range": SEED_RANGE})
     out_dir: str = field(default="runs", metadata={"resume": "free"})
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # What a run trained (the split, the model's shape and scores): fixed for `test --from`.
+    data: DataConfig = field(default_factory=DataConfig, metadata={"trained": True})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"trained": True})
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
@@ -627,7 +628,7 @@ def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ..
                                  bases=(ModelConfig,))
     experiment_class_ = make_dataclass(
         "ExperimentConfig",
-        [("model", model_class, field(default_factory=model_class)),
+        [("model", model_class, field(default_factory=model_class, metadata=_metadata(ExperimentConfig, "model"))),
          ("federated", federated_class, field(default_factory=federated_class)), *(as_field(*s) for s in top)],
         bases=(ExperimentConfig,),
     )
@@ -635,6 +636,11 @@ def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ..
                         (experiment_class_, ExperimentConfig)):
         built.__module__, built.__doc__ = __name__, base.__doc__
     return experiment_class_
+
+
+def _metadata(cls: type, name: str) -> dict:
+    """The metadata of ``cls``'s field ``name``, for a subclass that redeclares the field."""
+    return dict(cls.__dataclass_fields__[name].metadata)
 
 
 def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[str] = (),
@@ -867,6 +873,39 @@ def party_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
     base = OmegaConf.structured(cfg)
     merged = _merge(base, OmegaConf.create({k: dict(v) for k, v in overrides.items()}), f"federated.parties.{name}")
     return validate_ranges(OmegaConf.to_object(merged))
+
+
+def trained_differences(saved: ExperimentConfig, cfg: ExperimentConfig) -> list[str]:
+    """``key: saved -> new`` for every setting of what a run trained that ``cfg`` changes
+    from the run's ``saved`` config: the fields whose metadata says ``{"trained": True}``
+    (whole sections too: ``data``, ``model``; a task's encoder, ...), in any section, and
+    each party's model (``federated.parties``). ``fedkg test --from`` refuses these: the
+    run's saved state was trained with the saved values (another ``model.dim`` would not
+    even load), so only how it is tested may change."""
+    out = _trained_differences(saved, cfg, "")
+    parties = sorted(set(saved.federated.parties or {}) | set(cfg.federated.parties or {}))
+    for name in parties:
+        before, after = party_config(saved, name).model, party_config(cfg, name).model
+        out += fingerprint_differences(_plain(before), _plain(after), f"federated.parties.{name}.model.")
+    return out
+
+
+def _trained_differences(saved: Any, cfg: Any, prefix: str) -> list[str]:
+    out = []
+    for f in fields(cfg):
+        before, after = getattr(saved, f.name, None), getattr(cfg, f.name)
+        if f.metadata.get("trained"):
+            out += fingerprint_differences({f.name: _plain(before)}, {f.name: _plain(after)}, prefix)
+        elif is_dataclass(after) and is_dataclass(before):
+            out += _trained_differences(before, after, f"{prefix}{f.name}.")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass as a nested dict of its fields (what :func:`fingerprint_differences` walks)."""
+    if not is_dataclass(value):
+        return value
+    return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
 
 
 def validate_names(cfg: ExperimentConfig) -> ExperimentConfig:

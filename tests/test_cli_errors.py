@@ -332,3 +332,35 @@ def test_a_split_with_too_many_clients_raises_a_config_error_naming_the_key(part
         assert "umls has 46 relations" in str(err.value) and "at most 46" in str(err.value)
     else:
         assert "use fewer clients" in str(err.value)
+
+
+@pytest.mark.slow
+def test_test_from_refuses_an_override_that_changes_the_trained_model(tiny_fede_run, capsys):
+    """``fedkg test --from RUN model.dim=32``: the old code loaded the run's weights into a
+    model of the new shape and died in ``load_state_dict`` (a RuntimeError traceback, exit 1)."""
+    metrics, run = tiny_fede_run
+    assert main(["test", "--from", str(run), "model.dim=32"]) == 2
+    line = error_line(capsys)
+    assert "model.dim" in line and "8 -> 32" in line and "fedkg fit" in line
+    # How it is tested may change: the same state, evaluated in other batches, the same numbers.
+    assert main(["test", "--from", str(run), "--json", "train.eval_batch_size=7"]) == 0
+    assert json.loads(capsys.readouterr().out)["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-6)
+
+
+@pytest.mark.parametrize("overrides, keys", [
+    (["model.name=rotate"], ["model.name: 'transe' -> 'rotate'"]),
+    (["model.name=transr", "model.relation_dim=8"], ["model.name", "model.relation_dim: None -> 8"]),
+    (["model.gamma=3"], ["model.gamma"]), (["data.num_clients=4"], ["data.num_clients: 3 -> 4"]),
+    (["data.partition_seed=7"], ["data.partition_seed"]),
+    (["federated.parties.client_0.model.dim=4"], ["federated.parties.client_0.model.dim: 64 -> 4"]),
+], ids=lambda v: "+".join(o.split("=")[0] for o in v) if "=" in v[0] else None)
+def test_test_from_names_each_override_of_the_trained_state_before_loading_it(tmp_path, capsys, overrides, keys):
+    """The fast check of the same: a run directory with only its config.yaml (the old code
+    went on to look for a state to load)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(load_config(FEDE_CONFIG), run / "config.yaml")  # no state: refused before it is looked for
+    assert main(["test", "--from", str(run), *overrides, "train.eval_batch_size=7"]) == 2
+    line = error_line(capsys)
+    assert all(key in line for key in keys) and "changes what the run trained" in line
+    assert "eval_batch_size: " not in line
