@@ -493,6 +493,7 @@ RENAMED_KEYS = {"federated.engine": "federated.backend"}
 
 
 def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    _check_sections(schema, OmegaConf.to_container(layer, resolve=False), source)
     try:
         return OmegaConf.merge(schema, layer)
     except (ConfigKeyError, ConfigAttributeError) as err:
@@ -510,6 +511,67 @@ def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
     except ValidationError as err:
         first_line = str(err).splitlines()[0]
         raise ConfigError(f"{source}: {getattr(err, 'full_key', '')}: {first_line}") from None
+
+
+def _check_sections(schema: DictConfig, values: dict, source: str, prefix: str = "",
+                    root: DictConfig | None = None) -> None:
+    """Raise :class:`ConfigError` where ``values`` (a layer, as plain containers) gives a
+    section of ``schema`` (a mapping of keys: ``data``, ``federated.dp``, a method's, a
+    party's) as a single value, a list or null.
+
+    omegaconf's own report of it names neither the key nor the file ("None: Merge error: int
+    is not a subclass of DataConfig"); this names the key, the file's line and column where
+    the YAML gives one (:func:`_where`), and the section's keys. ``root``: the whole schema
+    (a party's sections are the top level's ``model`` and ``train``).
+    """
+    root = schema if root is None else root
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        node = schema.get(key) if key in schema else None
+        if prefix == "federated.parties.":  # a party: a mapping of its own model and train
+            keys, node = list(PARTY_SECTIONS), root
+        elif isinstance(node, DictConfig):
+            keys = sorted(node.keys())
+        else:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(_not_a_section(source, dotted, value, keys))
+        _check_sections(node, value, source, f"{dotted}.", root)
+
+
+def _not_a_section(source: str, dotted: str, value: Any, keys: list[str]) -> str:
+    """The message for the section ``dotted`` given as ``value`` in ``source``."""
+    listed = f" ({', '.join(keys)})" if keys else ""
+    if source == "command line":
+        shown = "null" if value is None else value
+        return (f"command line: {dotted} is a section: set its keys as {dotted}.KEY=VALUE{listed}, "
+                f"not {dotted}={shown}")
+    kind = ("null (an empty section: give its keys, write {}, or remove it)" if value is None
+            else "a list" if isinstance(value, list) else f"a single value ({value})")
+    return _where(source, dotted, f"{dotted} is a section: give it as a mapping of its keys{listed}, not {kind}")
+
+
+def _where(source: str, dotted: str, reason: str) -> str:
+    """``source:line:column: reason`` at the value of ``dotted`` where ``source`` is a YAML
+    file that has it, else ``source: reason`` (the command line, a party's overrides).
+
+    Found again in the file, only when there is an error to report: the parsed layers
+    (omegaconf's) no longer know where their values were written.
+    """
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        try:
+            node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        except (OSError, yaml.YAMLError):
+            node = None
+        for part in dotted.split("."):
+            if not isinstance(node, yaml.MappingNode):
+                node = None
+                break
+            node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        if node is not None:
+            return _at(source, node.start_mark, reason)
+    return f"{source}: {reason}"
 
 
 # ---------------------------------------------------------------------- open sections
@@ -695,23 +757,28 @@ def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
     # models take no option ModelConfig lacks, so with one of them a misspelled model key
     # (the commonest slip, model.dimm=...) is reported here, before torch is imported.
     builtin_model = _is_builtin_model(_last_set(layers, "model", "name", default="transe"))
+    from lightning_fedkg.registry import MODELS, PHASES, STRATEGIES, TASKS, RegistryError
+
+    # A method's section given as a value (federated.fede: 3) is left to build_config too,
+    # whose schema has the section and says it must be a mapping (not "unknown key").
+    federated_methods, top_methods = set(STRATEGIES.names()), {"task", *PHASES.names()}
 
     def strip(layer: DictConfig) -> DictConfig:
         values = OmegaConf.to_container(layer, resolve=False)
         fed = values.get("federated")
         if isinstance(fed, dict):
-            values["federated"] = {k: v for k, v in fed.items() if k in federated_core or not isinstance(v, dict)}
+            values["federated"] = {k: v for k, v in fed.items()
+                                   if k in federated_core or not (isinstance(v, dict) or k in federated_methods)}
         model = values.get("model")
         if isinstance(model, dict) and not builtin_model:
             values["model"] = {k: v for k, v in model.items() if k in model_core}
-        return OmegaConf.create({k: v for k, v in values.items() if k in top_core or not isinstance(v, dict)})
+        return OmegaConf.create({k: v for k, v in values.items()
+                                 if k in top_core or not (isinstance(v, dict) or k in top_methods)})
 
     cfg = OmegaConf.structured(ExperimentConfig)
     for layer, source in layers:
         cfg = _merge(cfg, strip(layer), source)
     core = validate_ranges(OmegaConf.to_object(cfg))
-    from lightning_fedkg.registry import MODELS, STRATEGIES, TASKS, RegistryError
-
     # Unknown names are errors the registries give from their entry points alone (a known
     # name is resolved, and its options checked, by build_config).
     for key, registry, name in (("model.name", MODELS, core.model.name),
