@@ -551,27 +551,33 @@ def _not_a_section(source: str, dotted: str, value: Any, keys: list[str]) -> str
     return _where(source, dotted, f"{dotted} is a section: give it as a mapping of its keys{listed}, not {kind}")
 
 
-def _where(source: str, dotted: str, reason: str) -> str:
-    """``source:line:column: reason`` at the value of ``dotted`` where ``source`` is a YAML
-    file that has it, else ``source: reason`` (the command line, a party's overrides).
+class YamlSource(str):
+    """The name of a layer's source (its file's path) that keeps the YAML ``text`` it was
+    parsed from: an error found after parsing (:func:`_check_sections`) points at its line
+    (omegaconf's layers no longer know where their values were written)."""
 
-    Found again in the file, only when there is an error to report: the parsed layers
-    (omegaconf's) no longer know where their values were written.
-    """
-    path = Path(source)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        try:
-            node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-        except (OSError, yaml.YAMLError):
+    text: str
+
+    def __new__(cls, name: str, text: str) -> "YamlSource":
+        source = super().__new__(cls, name)
+        source.text = text
+        return source
+
+
+def _where(source: str, dotted: str, reason: str) -> str:
+    """``source:line:column: reason`` at the value of ``dotted`` where ``source`` is a
+    :class:`YamlSource` that has it, else ``source: reason`` (the command line, a party)."""
+    text = getattr(source, "text", None)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader) if text is not None else None
+    except yaml.YAMLError:
+        node = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
             node = None
-        for part in dotted.split("."):
-            if not isinstance(node, yaml.MappingNode):
-                node = None
-                break
-            node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-        if node is not None:
-            return _at(source, node.start_mark, reason)
-    return f"{source}: {reason}"
+            break
+        node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+    return _at(source, node.start_mark, reason) if node is not None else f"{source}: {reason}"
 
 
 # ---------------------------------------------------------------------- open sections
@@ -859,7 +865,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if yaml.compose(text, Loader=yaml.SafeLoader) is None:
             raise ConfigError(f"{path}: the config file is empty (no sections); give the sections to run "
                               f"(data:, model:, train:, ...), or write {{}} to run every default")
-        layers.append((layer, str(path)))
+        layers.append((layer, YamlSource(str(path), text)))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
@@ -891,7 +897,7 @@ def config_from_yaml_text(text: str, sections: Sequence[str] = (), source: str =
 
     ``source`` names the text in errors (the file's path where there is one).
     """
-    return build_config([(parse_yaml(text, source), source)], sections)
+    return build_config([(parse_yaml(text, source), YamlSource(source, text))], sections)
 
 
 def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:

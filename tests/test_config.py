@@ -259,6 +259,9 @@ def test_a_section_given_as_a_value_names_the_file_line_and_its_keys(tmp_path, t
     section = {"data": "format, name, num_clients", "trainer": "accelerator, capture", "federated.dp": "clip",
                "federated.fede": ", ".join(sorted(f.name for f in dataclasses.fields(STRATEGIES.get("fede").config_class)))}
     assert section[key] in message and "Merge error" not in message and "unknown config key" not in message
+    # A run directory's config.yaml, read back from its text: the line is that text's.
+    with pytest.raises(ConfigError, match=r"^elsewhere/config\.yaml" + where.replace(":", r"\:") + f": {key} is"):
+        config_from_yaml_text(text, source="elsewhere/config.yaml")
 
 
 @pytest.mark.parametrize("override, key", [("data=5", "data"), ("federated.dp=5", "federated.dp"),
