@@ -266,6 +266,24 @@ def test_deployment_logs_hold_no_colour_codes_nor_known_noisy_warnings(tmp_path)
     assert "\x1b[" not in text and "torch.jit" not in text and "DeprecationWarning" not in text
 
 
+def test_a_simulation_sets_its_quiet_environment_only_while_it_runs(monkeypatch):
+    import io
+    import os
+
+    from lightning_fedkg.flower.logs import simulation_environment
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    monkeypatch.setenv("RAY_DEDUP_LOGS", "1")  # the user's: kept
+    monkeypatch.setenv("PYTHONWARNINGS", "error::UserWarning")
+    with simulation_environment(io.StringIO()):  # not a terminal
+        assert os.environ["NO_COLOR"] == "1" and os.environ["RAY_COLOR_PREFIX"] == "0"
+        assert os.environ["RAY_DEDUP_LOGS"] == "1" and "torch.jit.script" in os.environ["PYTHONWARNINGS"]
+        os.environ["SET_MEANWHILE"] = "kept"
+    assert "NO_COLOR" not in os.environ and "RAY_COLOR_PREFIX" not in os.environ
+    assert os.environ["PYTHONWARNINGS"] == "error::UserWarning" and os.environ.pop("SET_MEANWHILE") == "kept"
+
+
 @pytest.mark.slow
 def test_a_simulation_prints_no_colour_codes_nor_known_noisy_warnings_into_a_file():
     """A Flower simulation (UMLS, one round) with its output in a file: the old code let Ray

@@ -404,7 +404,7 @@ def partition_by_clusters(
     empty = [k for k, c in enumerate(clusters) if c.numel() == 0]
     if empty:
         raise ConfigError(f"{kg.name}: spectral clustering left cluster(s) {empty} of {num_clients} "
-                         "without relations; use fewer clients or data.partition=relation")
+                          "without relations; use fewer clients or data.partition=relation")
     clusters.sort(key=lambda c: int(c[0]))
     groups = [pool[torch.isin(pool[:, 1], c)] for c in clusters]
     gen = torch.Generator().manual_seed(seed)
@@ -432,15 +432,15 @@ def _spectral_relation_clusters(kg: KnowledgeGraph, pool: Tensor, relations: Ten
     isolated = np.flatnonzero(affinity.sum(1) == 0)
     if isolated.size:
         raise ConfigError(f"{kg.name}: {isolated.size} relation(s) share no entity with any other "
-                         f"relation, so co-occurrence cannot cluster them: {label(isolated)}; "
-                         "use data.partition=relation")
+                          f"relation, so co-occurrence cannot cluster them: {label(isolated)}; "
+                          "use data.partition=relation")
     num_components, component = connected_components(affinity, directed=False)
     if num_components > num_clients:
         sizes = np.bincount(component).tolist()
         raise ConfigError(f"{kg.name}: the relation co-occurrence graph has {num_components} connected "
-                         f"components (sizes {sizes}), more than {num_clients} clients; spectral "
-                         "clustering cannot split it meaningfully; use more clients or "
-                         "data.partition=relation")
+                          f"components (sizes {sizes}), more than {num_clients} clients; spectral "
+                          "clustering cannot split it meaningfully; use more clients or "
+                          "data.partition=relation")
     clustering = SpectralClustering(n_clusters=num_clients, affinity="precomputed", random_state=seed)
     with warnings.catch_warnings():
         # at most num_clients components: a disconnected graph is expected here (clusters

@@ -115,13 +115,18 @@ def simulation_environment(stream: IO | None = None) -> Iterator[None]:
     """
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
-    saved = dict(os.environ)
-    os.environ.update(quiet_environment(os.environ, colour=bool(isatty and isatty())))
+    changes = {k: v for k, v in quiet_environment(os.environ, colour=bool(isatty and isatty())).items()
+               if os.environ.get(k) != v}
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
     try:
         yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    finally:  # only what was set here goes back: anything else set meanwhile stays
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def copy_plain(pipe: IO[bytes], path: Path) -> threading.Thread:
