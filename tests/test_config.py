@@ -256,8 +256,9 @@ def test_a_section_given_as_a_value_names_the_file_line_and_its_keys(tmp_path, t
         load_config(path)
     message = str(err.value)
     assert message.startswith(f"{path}{where}: {key} is a section") and f"not {kind}" in message, message
+    fede_keys = sorted(f.name for f in dataclasses.fields(STRATEGIES.get("fede").config_class))
     section = {"data": "format, name, num_clients", "trainer": "accelerator, capture", "federated.dp": "clip",
-               "federated.fede": ", ".join(sorted(f.name for f in dataclasses.fields(STRATEGIES.get("fede").config_class)))}
+               "federated.fede": ", ".join(fede_keys)}
     assert section[key] in message and "Merge error" not in message and "unknown config key" not in message
     # A run directory's config.yaml, read back from its text: the line is that text's.
     with pytest.raises(ConfigError, match=r"^elsewhere/config\.yaml" + where.replace(":", r"\:") + f": {key} is"):
