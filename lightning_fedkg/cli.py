@@ -1,6 +1,6 @@
 """The ``fedkg`` command line.
 
-    fedkg fit  -c CONFIG [key=value ...] [--out DIR]    train what the config describes
+    fedkg fit  -c CONFIG [--out DIR] [key=value ...]    train what the config describes
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg audit --from RUN_DIR                           attack a run's recorded payloads
     fedkg data stats NAME_OR_PATH | -c CONFIG            dataset or query-set statistics
@@ -9,8 +9,9 @@
 
 ``fedkg query`` and ``fedkg unlearn`` are the methods' (FedCQA's, FedLU's): commands found
 through the ``lightning_fedkg.commands`` entry points (:func:`add_method_commands`).
-Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``); a
-misspelled key is an error listing the valid keys. Reference: docs/usage.md.
+Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``), before,
+between or after the options; a misspelled key is an error listing the valid keys.
+Reference: docs/usage.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from typing import Sequence
 
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
-from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, resolve_auto_settings
+from lightning_fedkg.config import (
+    RELATION_PARTITIONS,
+    ConfigError,
+    ExperimentConfig,
+    load_config,
+    resolve_auto_settings,
+    too_many_clients,
+)
 from lightning_fedkg.rundir import check_unlocked, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS
 
@@ -66,6 +74,61 @@ def check_data_name(cfg: ExperimentConfig) -> None:
     where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
     raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
                       f"nor an existing path{where}")
+
+
+def check_num_clients(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` where ``data.num_clients`` exceeds the relations a split by
+    relation can deal out, if that can be read without loading the KG.
+
+    The partitioners raise the same error, but only once torch is imported and the KG is
+    loaded (tens of seconds on a busy machine); here the relation count is read cheaply:
+    an OpenKE folder's ``relation2id.txt`` header, or the train file of named triples (the
+    bundled KGs), read only until as many relations as clients are seen. Anything else (a
+    PyG format, a folder of pre-split clients, an unreadable file) is left to the loaders.
+    """
+    d = cfg.data
+    if cfg.federated.strategy == "none" or d.partition not in RELATION_PARTITIONS:
+        return
+    relations = relations_up_to(d.name, d.format, d.num_clients)
+    if relations is not None and relations < d.num_clients:
+        raise too_many_clients(d.name, relations, d.num_clients, d.partition)
+
+
+def relations_up_to(name: str, fmt: str, limit: int) -> int | None:
+    """How many relations the KG ``name`` has, counted up to ``limit``; None where that is not
+    cheap to read (see :func:`check_num_clients`). Mirrors the loaders' file lookup
+    (``lightning_fedkg.data.kg.load_kg``, not imported: it loads torch)."""
+    folder = BUNDLED_ROOT / name.lower() if name.lower() in bundled_datasets() else Path(name)
+    if not folder.is_dir() or (folder / "client_0").is_dir() or (folder / "0").is_dir():
+        return None
+    if fmt == "openke" or (fmt == "auto" and (folder / "entity2id.txt").is_file()):
+        # the vocabulary's count: at least the relations that occur, so fewer is conclusive
+        vocabulary = folder / "relation2id.txt"
+        if not vocabulary.is_file():
+            return None
+        with open(vocabulary, encoding="utf-8") as f:
+            header = f.readline().strip()
+        return int(header) if header.isdigit() else None
+    if fmt not in ("auto", "triples"):
+        return None
+    train = next((p for sub in (folder, folder / "raw") for p in (sub / "train.txt", sub / "train.tsv")
+                  if p.is_file()), None)
+    if train is None:
+        return None
+    # Evaluation triples with a relation train lacks are dropped on loading: the train
+    # file's relations are those a split deals out.
+    relations: set[str] = set()
+    with open(train, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            fields = line.strip().split("\t" if "\t" in line else None)
+            if len(fields) != 3:
+                return None  # a malformed line: the loader names it
+            relations.add(fields[1])
+            if len(relations) >= limit:
+                break
+    return len(relations)
 
 
 def method_report(metrics: dict, cfg: ExperimentConfig | None = None) -> str | None:
@@ -208,6 +271,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     # path and the lock (a mistake there is reported in a fraction of a second).
     core = load_config(args.config, args.overrides, core_only=True)
     check_data_name(core)
+    check_num_clients(core)
     run_dir = resolve_run_dir(core, args.out)
     check_unlocked(run_dir)
     # What an interrupt's message names: the run directory and the command that resumes it.
@@ -235,7 +299,9 @@ def cmd_test(args: argparse.Namespace) -> int:
 
         cfg = read_run_config(args.from_run)  # refuses a folder that is not a run
         if args.overrides:
-            cfg = load_config(Path(args.from_run) / CONFIG_FILE, args.overrides)
+            tested = load_config(Path(args.from_run) / CONFIG_FILE, args.overrides)
+            check_tested_as_trained(args.from_run, cfg, tested)
+            cfg = tested
         ckpt = best_state(args.from_run, cfg)
         stopped = unfinished(Path(args.from_run), cfg)
     else:
@@ -253,6 +319,23 @@ def cmd_test(args: argparse.Namespace) -> int:
         print(stopped["message"], file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(metrics, indent=2) if args.json else format_metrics_table(metrics, cfg))
     return 0
+
+
+def check_tested_as_trained(run_dir: str, saved: ExperimentConfig, tested: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` naming every override of ``test --from run_dir`` that
+    changes what the run trained (:func:`~lightning_fedkg.config.trained_differences`):
+    its state cannot be tested as another model (``model.dim=32`` would fail to load it,
+    ``model.gamma`` would score with another function), so this is refused before the
+    state is read."""
+    from lightning_fedkg.config import trained_differences
+
+    changed = trained_differences(saved, tested)
+    if changed:
+        raise ConfigError(f"test --from {run_dir}: {'; '.join(changed)}: this changes what the run trained "
+                          f"(its data split, the model's shape or scores), and --from tests the run's own state; "
+                          f"override only how it is tested (e.g. train.eval_batch_size, task.eval_per_type), or "
+                          f"train a new run with these settings (fedkg fit -c {Path(run_dir) / 'config.yaml'} "
+                          f"--out NEW_DIR ...)")
 
 
 def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:
@@ -395,6 +478,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
     per client, separate processes) runs the config; prints its table."""
     core = load_config(args.config, args.overrides, core_only=True)
     check_data_name(core)
+    check_num_clients(core)
     run_dir = resolve_run_dir(core, args.out)  # up() waits for a previous server to let go of it
     args.run_dir, args.resume_words = run_dir, ["fedkg", "flower", "up", "-c", args.config, "--out", str(run_dir),
                                                 *(["--key-file", args.key_file] if args.key_file else []),
@@ -413,6 +497,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
 def cmd_flower_split(args: argparse.Namespace) -> int:
     """``fedkg flower split``: one data folder per client of the config's federation."""
     cfg = load_config(args.config, args.overrides)
+    check_num_clients(cfg)
     from lightning_fedkg.flower.data import write_client_folders
 
     for folder in write_client_folders(cfg, args.out):
@@ -452,13 +537,40 @@ def add_method_commands(sub) -> None:
         command.add_to(sub, name)
 
 
+class IntermixedParser(argparse.ArgumentParser):
+    """A parser whose positionals (a command's ``key=value`` overrides) may come before,
+    between and after its options: ``fedkg fit -c X a=1 --out D b=2``.
+
+    Plain argparse takes only the first run of positionals and refuses the rest as
+    "unrecognized arguments". A parser with sub-commands cannot be parsed intermixed
+    (argparse raises TypeError), so only a command's own parser (a leaf) is; sub-parsers
+    are called through ``parse_known_args``, hence the override here.
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing or any(a.nargs in (argparse.PARSER, argparse.REMAINDER)
+                                    for a in self._get_positional_actions()):
+            return super().parse_known_args(args, namespace)
+        # parse_known_intermixed_args calls parse_known_args itself (Python 3.11, 3.12): the
+        # flag sends those calls to argparse's own.
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedkg`` argument parser: fit, test, the commands methods add
     (:func:`add_method_commands`), audit, data stats, flower up/split/policy/worker."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Every command's parser (and a group's, flower's: its commands inherit the class) takes
+    # its overrides on either side of its options.
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=IntermixedParser)
 
     fit = sub.add_parser("fit", help="train what a config describes (resumes a run directory)",
                          epilog=fit_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -135,6 +135,20 @@ class DataConfig:
     client_entities: Literal["own", "all"] = "own"
 
 
+#: ``data.partition`` values that give each client whole relations: at most one client per relation.
+RELATION_PARTITIONS = ("relation", "clustered")
+
+
+def too_many_clients(name: str, relations: int, num_clients: int, partition: str) -> ConfigError:
+    """The error for ``data.num_clients`` above what a split by relation (``partition``, one
+    of :data:`RELATION_PARTITIONS`) can give of a KG with ``relations`` relations: raised by
+    the partitioners and, before anything is loaded, by ``fedkg`` (``cli.check_num_clients``)."""
+    return ConfigError(f"data.num_clients={num_clients}: {name} has {relations} relations and "
+                       f"data.partition={partition} gives each client whole relations, so it can be split among "
+                       f"at most {relations} clients; set data.num_clients to at most {relations}, or "
+                       f"data.partition=random to deal out triples instead")
+
+
 #: The ``train.loss`` values (:func:`lightning_fedkg.models.kge_module.kge_loss`).
 LOSSES = ("self_adversarial", "uniform", "margin")
 
@@ -419,8 +433,8 @@ class FederatedConfig:
     :func:`experiment_class`).
     """
 
-    strategy: str = "none"
-    task: str = "link_prediction"
+    strategy: str = field(default="none", metadata={"trained": True})
+    task: str = field(default="link_prediction", metadata={"trained": True})
     rounds: int = field(default=100, metadata={"range": Range(min=1), "resume": "free"})
     local_epochs: int = field(default=3, metadata={"range": Range(min=1)})
     fraction: float = field(default=1.0, metadata={"range": Range(min=0, max=1, min_exclusive=True)})
@@ -450,8 +464,9 @@ class ExperimentConfig:
     name: str = field(default="experiment", metadata={"resume": "free"})
     seed: int = field(default=0, metadata={"range": SEED_RANGE})
     out_dir: str = field(default="runs", metadata={"resume": "free"})
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # What a run trained (the split, the model's shape and scores): fixed for `test --from`.
+    data: DataConfig = field(default_factory=DataConfig, metadata={"trained": True})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"trained": True})
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
@@ -478,6 +493,7 @@ RENAMED_KEYS = {"federated.engine": "federated.backend"}
 
 
 def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    _check_sections(schema, OmegaConf.to_container(layer, resolve=False), source)
     try:
         return OmegaConf.merge(schema, layer)
     except (ConfigKeyError, ConfigAttributeError) as err:
@@ -495,6 +511,73 @@ def _merge(schema: DictConfig, layer: DictConfig, source: str) -> DictConfig:
     except ValidationError as err:
         first_line = str(err).splitlines()[0]
         raise ConfigError(f"{source}: {getattr(err, 'full_key', '')}: {first_line}") from None
+
+
+def _check_sections(schema: DictConfig, values: dict, source: str, prefix: str = "",
+                    root: DictConfig | None = None) -> None:
+    """Raise :class:`ConfigError` where ``values`` (a layer, as plain containers) gives a
+    section of ``schema`` (a mapping of keys: ``data``, ``federated.dp``, a method's, a
+    party's) as a single value, a list or null.
+
+    omegaconf's own report of it names neither the key nor the file ("None: Merge error: int
+    is not a subclass of DataConfig"); this names the key, the file's line and column where
+    the YAML gives one (:func:`_where`), and the section's keys. ``root``: the whole schema
+    (a party's sections are the top level's ``model`` and ``train``).
+    """
+    root = schema if root is None else root
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        node = schema.get(key) if key in schema else None
+        if prefix == "federated.parties.":  # a party: a mapping of its own model and train
+            keys, node = list(PARTY_SECTIONS), root
+        elif isinstance(node, DictConfig):
+            keys = sorted(node.keys())
+        else:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(_not_a_section(source, dotted, value, keys))
+        _check_sections(node, value, source, f"{dotted}.", root)
+
+
+def _not_a_section(source: str, dotted: str, value: Any, keys: list[str]) -> str:
+    """The message for the section ``dotted`` given as ``value`` in ``source``."""
+    listed = f" ({', '.join(keys)})" if keys else ""
+    if source == "command line":
+        shown = "null" if value is None else value
+        return (f"command line: {dotted} is a section: set its keys as {dotted}.KEY=VALUE{listed}, "
+                f"not {dotted}={shown}")
+    kind = ("null (an empty section: give its keys, write {}, or remove it)" if value is None
+            else "a list" if isinstance(value, list) else f"a single value ({value})")
+    return _where(source, dotted, f"{dotted} is a section: give it as a mapping of its keys{listed}, not {kind}")
+
+
+class YamlSource(str):
+    """The name of a layer's source (its file's path) that keeps the YAML ``text`` it was
+    parsed from: an error found after parsing (:func:`_check_sections`) points at its line
+    (omegaconf's layers no longer know where their values were written)."""
+
+    text: str
+
+    def __new__(cls, name: str, text: str) -> "YamlSource":
+        source = super().__new__(cls, name)
+        source.text = text
+        return source
+
+
+def _where(source: str, dotted: str, reason: str) -> str:
+    """``source:line:column: reason`` at the value of ``dotted`` where ``source`` is a
+    :class:`YamlSource` that has it, else ``source: reason`` (the command line, a party)."""
+    text = getattr(source, "text", None)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader) if text is not None else None
+    except yaml.YAMLError:
+        node = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            node = None
+            break
+        node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+    return _at(source, node.start_mark, reason) if node is not None else f"{source}: {reason}"
 
 
 # ---------------------------------------------------------------------- open sections
@@ -613,7 +696,7 @@ def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ..
                                  bases=(ModelConfig,))
     experiment_class_ = make_dataclass(
         "ExperimentConfig",
-        [("model", model_class, field(default_factory=model_class)),
+        [("model", model_class, field(default_factory=model_class, metadata=_metadata(ExperimentConfig, "model"))),
          ("federated", federated_class, field(default_factory=federated_class)), *(as_field(*s) for s in top)],
         bases=(ExperimentConfig,),
     )
@@ -621,6 +704,11 @@ def experiment_class(federated: tuple[Section, ...] = (), top: tuple[Section, ..
                         (experiment_class_, ExperimentConfig)):
         built.__module__, built.__doc__ = __name__, base.__doc__
     return experiment_class_
+
+
+def _metadata(cls: type, name: str) -> dict:
+    """The metadata of ``cls``'s field ``name``, for a subclass that redeclares the field."""
+    return dict(cls.__dataclass_fields__[name].metadata)
 
 
 def build_config(layers: Sequence[tuple[DictConfig, str]], sections: Sequence[str] = (),
@@ -675,23 +763,28 @@ def core_config(layers: Sequence[tuple[DictConfig, str]]) -> ExperimentConfig:
     # models take no option ModelConfig lacks, so with one of them a misspelled model key
     # (the commonest slip, model.dimm=...) is reported here, before torch is imported.
     builtin_model = _is_builtin_model(_last_set(layers, "model", "name", default="transe"))
+    from lightning_fedkg.registry import MODELS, PHASES, STRATEGIES, TASKS, RegistryError
+
+    # A method's section given as a value (federated.fede: 3) is left to build_config too,
+    # whose schema has the section and says it must be a mapping (not "unknown key").
+    federated_methods, top_methods = set(STRATEGIES.names()), {"task", *PHASES.names()}
 
     def strip(layer: DictConfig) -> DictConfig:
         values = OmegaConf.to_container(layer, resolve=False)
         fed = values.get("federated")
         if isinstance(fed, dict):
-            values["federated"] = {k: v for k, v in fed.items() if k in federated_core or not isinstance(v, dict)}
+            values["federated"] = {k: v for k, v in fed.items()
+                                   if k in federated_core or not (isinstance(v, dict) or k in federated_methods)}
         model = values.get("model")
         if isinstance(model, dict) and not builtin_model:
             values["model"] = {k: v for k, v in model.items() if k in model_core}
-        return OmegaConf.create({k: v for k, v in values.items() if k in top_core or not isinstance(v, dict)})
+        return OmegaConf.create({k: v for k, v in values.items()
+                                 if k in top_core or not (isinstance(v, dict) or k in top_methods)})
 
     cfg = OmegaConf.structured(ExperimentConfig)
     for layer, source in layers:
         cfg = _merge(cfg, strip(layer), source)
     core = validate_ranges(OmegaConf.to_object(cfg))
-    from lightning_fedkg.registry import MODELS, STRATEGIES, TASKS, RegistryError
-
     # Unknown names are errors the registries give from their entry points alone (a known
     # name is resolved, and its options checked, by build_config).
     for key, registry, name in (("model.name", MODELS, core.model.name),
@@ -772,7 +865,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if yaml.compose(text, Loader=yaml.SafeLoader) is None:
             raise ConfigError(f"{path}: the config file is empty (no sections); give the sections to run "
                               f"(data:, model:, train:, ...), or write {{}} to run every default")
-        layers.append((layer, str(path)))
+        layers.append((layer, YamlSource(str(path), text)))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
@@ -804,7 +897,7 @@ def config_from_yaml_text(text: str, sections: Sequence[str] = (), source: str =
 
     ``source`` names the text in errors (the file's path where there is one).
     """
-    return build_config([(parse_yaml(text, source), source)], sections)
+    return build_config([(parse_yaml(text, source), YamlSource(source, text))], sections)
 
 
 def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -853,6 +946,39 @@ def party_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
     base = OmegaConf.structured(cfg)
     merged = _merge(base, OmegaConf.create({k: dict(v) for k, v in overrides.items()}), f"federated.parties.{name}")
     return validate_ranges(OmegaConf.to_object(merged))
+
+
+def trained_differences(saved: ExperimentConfig, cfg: ExperimentConfig) -> list[str]:
+    """``key: saved -> new`` for every setting of what a run trained that ``cfg`` changes
+    from the run's ``saved`` config: the fields whose metadata says ``{"trained": True}``
+    (whole sections too: ``data``, ``model``; a task's encoder, ...), in any section, and
+    each party's model (``federated.parties``). ``fedkg test --from`` refuses these: the
+    run's saved state was trained with the saved values (another ``model.dim`` would not
+    even load), so only how it is tested may change."""
+    out = _trained_differences(saved, cfg, "")
+    parties = sorted(set(saved.federated.parties or {}) | set(cfg.federated.parties or {}))
+    for name in parties:
+        before, after = party_config(saved, name).model, party_config(cfg, name).model
+        out += fingerprint_differences(_plain(before), _plain(after), f"federated.parties.{name}.model.")
+    return out
+
+
+def _trained_differences(saved: Any, cfg: Any, prefix: str) -> list[str]:
+    out = []
+    for f in fields(cfg):
+        before, after = getattr(saved, f.name, None), getattr(cfg, f.name)
+        if f.metadata.get("trained"):
+            out += fingerprint_differences({f.name: _plain(before)}, {f.name: _plain(after)}, prefix)
+        elif is_dataclass(after) and is_dataclass(before):
+            out += _trained_differences(before, after, f"{prefix}{f.name}.")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass as a nested dict of its fields (what :func:`fingerprint_differences` walks)."""
+    if not is_dataclass(value):
+        return value
+    return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
 
 
 def validate_names(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -221,3 +221,146 @@ def test_a_misspelled_model_key_of_a_builtin_model_is_reported_before_torch(over
     key = overrides[-1].split("=")[0]
     assert proc.returncode == 2 and f"unknown config key '{key}'. Valid keys here: dim," in proc.stderr, proc.stderr
     assert "HEAVY []" in proc.stdout
+
+
+@pytest.mark.parametrize("words", [
+    ["fit", "-c", "C", "a.b=1", "--out", "D", "c.d=2"],
+    ["fit", "a.b=1", "-c", "C", "c.d=2", "--out", "D"],
+    ["test", "-c", "C", "a.b=1", "--ckpt", "K", "c.d=2", "--json"],
+    ["test", "--from", "R", "a.b=1", "--json", "c.d=2"],
+    ["unlearn", "a.b=1", "--from", "R", "c.d=2", "--out", "D"],
+    ["flower", "up", "-c", "C", "a.b=1", "--out", "D", "c.d=2", "--tls"],
+    ["flower", "split", "-c", "C", "a.b=1", "--out", "D", "c.d=2"],
+    ["flower", "policy", "-c", "C", "a.b=1", "--out", "D", "c.d=2"],
+], ids=lambda words: "-".join(w for w in words[:2] if not w.startswith("-") and "=" not in w))
+def test_overrides_may_come_before_between_and_after_options(words):
+    """docs/methods/fkge.md put overrides on both sides of ``--out``; the old parser took only
+    the first run of them and refused the rest ("unrecognized arguments: c.d=2", exit 2)."""
+    from lightning_fedkg.cli import build_parser
+
+    args = build_parser().parse_args(words)
+    assert args.overrides == ["a.b=1", "c.d=2"]  # in the order given: a later one wins
+    assert getattr(args, "out", "D") == "D"
+
+
+def test_data_stats_takes_overrides_on_both_sides_of_its_options():
+    from lightning_fedkg.cli import build_parser
+
+    args = build_parser().parse_args(["data", "stats", "-c", "C", "a.b=1", "--workers", "2", "c.d=2"])
+    assert args.target == ["a.b=1", "c.d=2"] and args.workers == 2
+
+
+def test_an_unknown_option_is_still_refused(capsys):
+    from lightning_fedkg.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit:
+        build_parser().parse_args(["fit", "-c", "C", "a.b=1", "--bogus", "c.d=2"])
+    assert exit.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_the_resume_hint_is_in_the_usage_order(tmp_path, monkeypatch, capsys):
+    """The hint ``fit`` prints on Ctrl-C: options, then the overrides, as ``fedkg fit --help``'s
+    usage line gives them (the old usage in docs/usage.md showed the overrides before --out,
+    the hint after it)."""
+    from lightning_fedkg import cli
+
+    def interrupt(cfg, run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lightning_fedkg.run.fit", interrupt)
+    run = tmp_path / "run"
+    assert main(["fit", "model.dim=8", "-c", KGE_CONFIG, "--out", str(run), "train.max_epochs=1"]) == 130
+    hint = shlex.split(capsys.readouterr().err.strip().splitlines()[-1].split("resumes from it: ", 1)[1])
+    assert hint == ["fedkg", "fit", "-c", KGE_CONFIG, "--out", str(run), "model.dim=8", "train.max_epochs=1"]
+    assert cli.build_parser().parse_args(hint[1:]).overrides == ["model.dim=8", "train.max_epochs=1"]
+    usage = cli.build_parser()._subparsers._group_actions[0].choices["fit"].format_usage()
+    assert usage.index("--out") < usage.index("overrides")
+    assert "fedkg fit  -c CONFIG [--out DIR] [key=value ...]" in (REPO / "docs" / "usage.md").read_text()
+
+
+def test_more_clients_than_relations_is_an_error_before_loading(tmp_path, capsys):
+    """``data.num_clients=1000`` on UMLS (46 relations, split by relation): the old code loaded
+    torch and the KG (about 50 s on a busy machine) and then raised a ValueError traceback
+    ("46 relations cannot be split among 1000 clients"), exit 1."""
+    run = tmp_path / "run"
+    assert main(["fit", "-c", FEDE_CONFIG, "--out", str(run), "data.num_clients=1000"]) == 2
+    line = error_line(capsys)
+    assert "data.num_clients=1000: umls has 46 relations" in line and "at most 46" in line
+    assert not run.exists()
+    # A folder of named triples: its train file is read, up to as many relations as clients.
+    folder = tmp_path / "kg"
+    folder.mkdir()
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.txt").write_text("a\tr1\tb\nb\tr2\tc\nc\tr1\ta\n")
+    assert main(["fit", "-c", FEDE_CONFIG, "--out", str(run), f"data.name={folder}", "data.num_clients=3"]) == 2
+    assert f"data.num_clients=3: {folder} has 2 relations" in error_line(capsys)
+    # The same count from an OpenKE folder's relation2id.txt header.
+    (folder / "entity2id.txt").write_text("3\na\t0\nb\t1\nc\t2\n")
+    (folder / "relation2id.txt").write_text("2\nr1\t0\nr2\t1\n")
+    assert main(["flower", "split", "-c", FEDE_CONFIG, "--out", str(tmp_path / "split"), f"data.name={folder}",
+                 "data.num_clients=5", "data.partition=clustered"]) == 2
+    assert "data.num_clients=5" in error_line(capsys) and not (tmp_path / "split").exists()
+
+
+@pytest.mark.slow
+def test_more_clients_than_relations_is_reported_before_torch():
+    script = ("import sys\nfrom lightning_fedkg.cli import main\n"
+              f"status = main(['fit', '-c', {FEDE_CONFIG!r}, 'data.num_clients=47'])\n"
+              "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules))\n"
+              "sys.exit(status)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "data.num_clients=47: umls has 46 relations" in proc.stderr, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+@pytest.mark.parametrize("partition", ["relation", "clustered", "random"])
+def test_a_split_with_too_many_clients_raises_a_config_error_naming_the_key(partition):
+    """The partitioners themselves (a federated folder's loaders, the Python API, what the
+    early check cannot read cheaply): the old code raised ValueError ("46 relations cannot
+    be split among 1000 clients"; random: "resample: only 0 of 2 eligible valid/test
+    triples"), which ``fedkg`` printed as a traceback."""
+    from lightning_fedkg.config import ConfigError
+    from lightning_fedkg.data.federated import PARTITIONERS
+    from lightning_fedkg.data.kg import load_kg
+
+    if partition == "clustered":
+        pytest.importorskip("sklearn")
+    with pytest.raises(ConfigError, match=r"data\.num_clients=1000: ") as err:
+        PARTITIONERS[partition](load_kg("umls"), 1000)
+    if partition != "random":
+        assert "umls has 46 relations" in str(err.value) and "at most 46" in str(err.value)
+    else:
+        assert "use fewer clients" in str(err.value)
+
+
+@pytest.mark.slow
+def test_test_from_refuses_an_override_that_changes_the_trained_model(tiny_fede_run, capsys):
+    """``fedkg test --from RUN model.dim=32``: the old code loaded the run's weights into a
+    model of the new shape and died in ``load_state_dict`` (a RuntimeError traceback, exit 1)."""
+    metrics, run = tiny_fede_run
+    assert main(["test", "--from", str(run), "model.dim=32"]) == 2
+    line = error_line(capsys)
+    assert "model.dim" in line and "8 -> 32" in line and "fedkg fit" in line
+    # How it is tested may change: the same state, evaluated in other batches, the same numbers.
+    assert main(["test", "--from", str(run), "--json", "train.eval_batch_size=7"]) == 0
+    assert json.loads(capsys.readouterr().out)["test"]["mrr"] == pytest.approx(metrics["test"]["mrr"], abs=1e-6)
+
+
+@pytest.mark.parametrize("overrides, keys", [
+    (["model.name=rotate"], ["model.name: 'transe' -> 'rotate'"]),
+    (["model.name=transr", "model.relation_dim=8"], ["model.name", "model.relation_dim: None -> 8"]),
+    (["model.gamma=3"], ["model.gamma"]), (["data.num_clients=4"], ["data.num_clients: 3 -> 4"]),
+    (["data.partition_seed=7"], ["data.partition_seed"]),
+    (["federated.parties.client_0.model.dim=4"], ["federated.parties.client_0.model.dim: 64 -> 4"]),
+], ids=lambda v: "+".join(o.split("=")[0] for o in v) if "=" in v[0] else None)
+def test_test_from_names_each_override_of_the_trained_state_before_loading_it(tmp_path, capsys, overrides, keys):
+    """The fast check of the same: a run directory with only its config.yaml (the old code
+    went on to look for a state to load)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(load_config(FEDE_CONFIG), run / "config.yaml")  # no state: refused before it is looked for
+    assert main(["test", "--from", str(run), *overrides, "train.eval_batch_size=7"]) == 2
+    line = error_line(capsys)
+    assert all(key in line for key in keys) and "changes what the run trained" in line
+    assert "eval_batch_size: " not in line

@@ -236,3 +236,44 @@ def test_the_old_engine_key_is_refused_naming_backend(tmp_path, capsys):
     assert main(["fit", "-c", str(old), "--out", str(tmp_path / "run")]) == 2
     assert "'federated.engine' is now 'federated.backend'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text, where, key, kind", [
+    ("data: 5\nmodel:\n  dim: 8\n", ":1:7", "data", "a single value (5)"),
+    ("model:\n  dim: 8\ntrainer: [cpu]\n", ":3:10", "trainer", "a list"),
+    ("data:\nmodel:\n  dim: 8\n", ":1:6", "data", "null"),
+    ("federated:\n  strategy: fede\n  dp: true\n", ":3:7", "federated.dp", "a single value (True)"),
+    ("federated:\n  strategy: fede\n  fede: 3\n", ":3:9", "federated.fede", "a single value (3)"),
+], ids=["scalar", "list", "null", "nested", "method"])
+def test_a_section_given_as_a_value_names_the_file_line_and_its_keys(tmp_path, text, where, key, kind):
+    """The old message: "None: Merge error: int is not a subclass of DataConfig" (no key, no
+    line); a method's section as a value was "unknown config key 'federated.fede'"."""
+    from lightning_fedkg.registry import STRATEGIES
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}{where}: {key} is a section") and f"not {kind}" in message, message
+    fede_keys = sorted(f.name for f in dataclasses.fields(STRATEGIES.get("fede").config_class))
+    section = {"data": "format, name, num_clients", "trainer": "accelerator, capture", "federated.dp": "clip",
+               "federated.fede": ", ".join(fede_keys)}
+    assert section[key] in message and "Merge error" not in message and "unknown config key" not in message
+    # A run directory's config.yaml, read back from its text: the line is that text's.
+    with pytest.raises(ConfigError, match=r"^elsewhere/config\.yaml" + where.replace(":", r"\:") + f": {key} is"):
+        config_from_yaml_text(text, source="elsewhere/config.yaml")
+
+
+@pytest.mark.parametrize("override, key", [("data=5", "data"), ("federated.dp=5", "federated.dp"),
+                                           ("federated.parties=5", "federated.parties"),
+                                           ("federated.parties.client_0=5", "federated.parties.client_0"),
+                                           ("federated.parties.client_0.model=3", "federated.parties.client_0.model")])
+def test_a_section_set_to_a_value_on_the_command_line_says_how_to_set_its_keys(override, key):
+    """The old messages: "None: Merge error: int is not a subclass of DataConfig", "Cannot
+    assign int to Dict[str, Any]", and for a party or its model a TypeError traceback."""
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "configs" / "fede" / "umls_fede.yaml", [override])
+    message = str(err.value)
+    assert message.startswith(f"command line: {key} is a section"), message
+    assert f"set its keys as {key}.KEY=VALUE" in message and f"not {override}" in message

@@ -230,6 +230,84 @@ def test_a_restart_waits_for_the_previous_server_to_let_go_of_the_run(tmp_path):
         holder.wait()
 
 
+def test_flower_processes_find_flowers_commands_beside_this_python_and_warn_quietly(tmp_path, monkeypatch):
+    """``venv/bin/fedkg flower up`` with the venv not activated: the old Deployment passed the
+    PATH on unchanged, so the SuperLink, which starts ``flower-superexec`` by name, failed
+    ("No such file or directory: 'flower-superexec'"); nor did it quiet any warning."""
+    import os
+
+    from lightning_fedkg.flower.deploy import Deployment
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # as from `venv/bin/fedkg`, not activated
+    monkeypatch.setenv("PYTHONWARNINGS", "error::UserWarning")
+    env = Deployment(tmp_path).env
+    assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin", "/bin"]
+    assert env["NO_COLOR"] == "1" and env["RAY_COLOR_PREFIX"] == "0"
+    options = env["PYTHONWARNINGS"].split(",")
+    assert "ignore:`torch.jit.script` is deprecated:DeprecationWarning" in options
+    assert options[-1] == "error::UserWarning"  # the user's own come last: they win
+
+
+def test_deployment_logs_hold_no_colour_codes_nor_known_noisy_warnings(tmp_path):
+    """Every Flower process's output goes to ``<run>/flower/logs/<name>.log``. The old code
+    wrote it as printed: Flower's SuperLink, SuperNode and SuperExec colour their level names
+    (``\\x1b[92mINFO \\x1b[0m:``) even into a file, and a process that imports PyG printed
+    torch's ``torch.jit.script`` DeprecationWarning."""
+    from lightning_fedkg.flower.deploy import Deployment
+
+    script = ("import warnings, sys\n"
+              "print('\\x1b[92mINFO \\x1b[0m:      Starting Flower SuperNode')\n"
+              "warnings.warn('`torch.jit.script` is deprecated. Please switch.', DeprecationWarning)\n"
+              "warnings.warn('a warning of our own', UserWarning)\n")
+    with Deployment(tmp_path) as d:
+        assert d._start("client_0", [sys.executable, "-c", script]).wait(timeout=60) == 0
+    text = (tmp_path / "logs" / "client_0.log").read_text()
+    assert "INFO :      Starting Flower SuperNode" in text and "a warning of our own" in text
+    assert "\x1b[" not in text and "torch.jit" not in text and "DeprecationWarning" not in text
+
+
+def test_a_simulation_sets_its_quiet_environment_only_while_it_runs(monkeypatch):
+    import io
+    import os
+
+    from lightning_fedkg.flower.logs import simulation_environment
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    monkeypatch.setenv("RAY_DEDUP_LOGS", "1")  # the user's: kept
+    monkeypatch.setenv("PYTHONWARNINGS", "error::UserWarning")
+    with simulation_environment(io.StringIO()):  # not a terminal
+        assert os.environ["NO_COLOR"] == "1" and os.environ["RAY_COLOR_PREFIX"] == "0"
+        assert os.environ["RAY_DEDUP_LOGS"] == "1" and "torch.jit.script" in os.environ["PYTHONWARNINGS"]
+        os.environ["SET_MEANWHILE"] = "kept"
+    assert "NO_COLOR" not in os.environ and "RAY_COLOR_PREFIX" not in os.environ
+    assert os.environ["PYTHONWARNINGS"] == "error::UserWarning" and os.environ.pop("SET_MEANWHILE") == "kept"
+
+
+@pytest.mark.slow
+def test_a_simulation_prints_no_colour_codes_nor_known_noisy_warnings_into_a_file():
+    """A Flower simulation (UMLS, one round) with its output in a file: the old code let Ray
+    print its FutureWarning ("Tip: In future versions of Ray ..."), its actors' torch.jit
+    DeprecationWarnings, cyan ``(ClientAppActor pid=...)`` prefixes and green "[repeated 2x
+    across cluster]" notes, and Flower its run_simulation deprecation notice."""
+    import os
+    import subprocess
+
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for key in ("RAY_COLOR_PREFIX", "RAY_DEDUP_LOGS", "PYTHONWARNINGS", "NO_COLOR"):
+        env.pop(key, None)
+    script = ("import sys, tempfile\nfrom lightning_fedkg.cli import main\n"
+              f"sys.exit(main(['fit', '-c', {UMLS_FEDE!r}, '--out', tempfile.mkdtemp() + '/run', "
+              f"*{[*SMALL, 'model.dim=8', 'federated.rounds=1', 'federated.backend=flower']!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round 1/1" in proc.stderr  # (whether an actor prints "Manually terminating" is a matter of timing)
+    for noise in ("\x1b[", "FutureWarning", "DeprecationWarning", "warnings.warn(", "run_simulation"):
+        assert noise not in proc.stderr, proc.stderr
+
+
 # ---------------------------------------------------------------------- simulation
 @pytest.mark.slow
 def test_simulation_with_secure_aggregation_equals_in_process_and_resumes_with_the_clients_states(tmp_path):
@@ -380,3 +458,29 @@ def test_deployment_survives_a_killed_client_and_turns_away_other_data(tmp_path)
     assert all(last["clients"][c] > first["clients"][c] for c in ("client_0", "client_1"))
     rejected = metrics["flower"]["rejected"]
     assert rejected and rejected[0]["party"] == "client_2" and "differs from its registration" in rejected[0]["error"]
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_flower_up_from_a_venv_that_is_not_activated_runs_and_logs_plainly(tmp_path):
+    """``fedkg flower up`` by the venv's own Python with a PATH that lacks the venv's bin/
+    (``venv/bin/fedkg`` run without activating it): the old code failed as the SuperLink
+    started ``flower-superexec`` ("No such file or directory"), and its logs were coloured."""
+    import os
+    import subprocess
+
+    pytest.importorskip("flwr")
+    run = tmp_path / "run"
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run([sys.executable, "-m", "lightning_fedkg.cli", "flower", "up", "-c", UMLS_FEDE,
+                           "--out", str(run), *SMALL, "model.dim=8", "federated.rounds=1"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run / "metrics.json").read_text())["rounds"] == 1
+    logs = sorted((run / "flower" / "logs").glob("*.log"))
+    assert {p.name for p in logs} >= {"superlink.log", "client_0.log", "run.log"}
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert "\x1b[" not in text and "DeprecationWarning" not in text, (log, text[-2000:])
+    assert "Starting Flower SuperExec" in (run / "flower" / "logs" / "superlink.log").read_text()

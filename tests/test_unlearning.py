@@ -370,3 +370,29 @@ def test_decay_validates_without_the_forgotten_triples_in_its_filter(source_run)
     assert forget.numel() and not bool(filtered.any())
     assert len(unlearn_client(party, forget, cfg)) >= 2  # before the decay, then one per epoch
     run.close()
+
+
+@pytest.mark.slow
+def test_unlearn_labels_every_progress_line_with_its_phase_and_sub_run(source_run, tmp_path, caplog):
+    """``fedkg unlearn`` printed the retrain sub-run's "round k/N" lines as they are, with
+    nothing saying they were not the unlearning's; the client unlearning and the propagation
+    rounds printed nothing."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="lightning_fedkg")
+    run_unlearn(load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.interference_epochs=1",
+                                            "unlearn.decay_epochs=1", "unlearn.propagate_rounds=2",
+                                            "unlearn.retrain_rounds=2"]), source_run, tmp_path / "out")
+    lines = [r.getMessage() for r in caplog.records if r.name == "lightning_fedkg"]
+    rounds = [line for line in lines if ": round " in line]
+    assert len(rounds) == 2 and all(line.startswith("unlearn/retrain: round ") for line in rounds), lines
+    assert any(line.startswith("unlearn/retrain: training from scratch") and str(tmp_path / "out" / "retrain")
+               in line for line in lines), lines
+    assert sum(line.startswith("unlearn: client_") and "interference" in line and "decay" in line
+               for line in lines) == 3, lines
+    propagation = [line for line in lines if line.startswith("unlearn: propagation round")]
+    assert [line.split(" (")[0] for line in propagation] == ["unlearn: propagation round 1/2",
+                                                             "unlearn: propagation round 2/2"], lines
+    # Outside the phase, nothing is labelled.
+    logging.getLogger("lightning_fedkg").info("after")
+    assert caplog.records[-1].getMessage() == "after"

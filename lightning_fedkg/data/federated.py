@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_fedkg.config import ConfigError, too_many_clients
+
 from .kg import (
     SPLITS,
     KGFormatError,
@@ -309,7 +311,7 @@ def partition_by_relation(
     pool = _pooled_triples(kg, num_clients)
     relations = torch.unique(pool[:, 1])
     if relations.numel() < num_clients:
-        raise ValueError(f"{relations.numel()} relations cannot be split among {num_clients} clients")
+        raise too_many_clients(kg.name, relations.numel(), num_clients, "relation")
     gen = torch.Generator().manual_seed(seed)
     rel_perm = relations[torch.randperm(relations.numel(), generator=gen)]
     groups = [pool[torch.isin(pool[:, 1], group)] for group in torch.tensor_split(rel_perm, num_clients)]
@@ -385,14 +387,15 @@ def partition_by_clusters(
 
     Raises:
         ImportError: scikit-learn is not installed.
-        ValueError: fewer relations than clients; a relation that shares no entity with any
-            other relation (nothing to cluster it by); a co-occurrence graph with more
-            connected components than clients; a cluster that ends up empty.
+        ConfigError: fewer relations than clients (data.num_clients); a relation that
+            shares no entity with any other relation (nothing to cluster it by); a
+            co-occurrence graph with more connected components than clients; a cluster that
+            ends up empty; a client too small to hold out its valid and test triples.
     """
     pool = _pooled_triples(kg, num_clients)
     relations = torch.unique(pool[:, 1])
     if relations.numel() < num_clients:
-        raise ValueError(f"{relations.numel()} relations cannot be split among {num_clients} clients")
+        raise too_many_clients(kg.name, relations.numel(), num_clients, "clustered")
     if num_clients == 1:
         labels = np.zeros(relations.numel(), dtype=np.int64)
     else:
@@ -400,8 +403,8 @@ def partition_by_clusters(
     clusters = [relations[torch.from_numpy(labels == k)] for k in range(num_clients)]
     empty = [k for k, c in enumerate(clusters) if c.numel() == 0]
     if empty:
-        raise ValueError(f"{kg.name}: spectral clustering left cluster(s) {empty} of {num_clients} "
-                         "without relations; use fewer clients or data.partition=relation")
+        raise ConfigError(f"{kg.name}: spectral clustering left cluster(s) {empty} of {num_clients} "
+                          "without relations; use fewer clients or data.partition=relation")
     clusters.sort(key=lambda c: int(c[0]))
     groups = [pool[torch.isin(pool[:, 1], c)] for c in clusters]
     gen = torch.Generator().manual_seed(seed)
@@ -428,16 +431,16 @@ def _spectral_relation_clusters(kg: KnowledgeGraph, pool: Tensor, relations: Ten
 
     isolated = np.flatnonzero(affinity.sum(1) == 0)
     if isolated.size:
-        raise ValueError(f"{kg.name}: {isolated.size} relation(s) share no entity with any other "
-                         f"relation, so co-occurrence cannot cluster them: {label(isolated)}; "
-                         "use data.partition=relation")
+        raise ConfigError(f"{kg.name}: {isolated.size} relation(s) share no entity with any other "
+                          f"relation, so co-occurrence cannot cluster them: {label(isolated)}; "
+                          "use data.partition=relation")
     num_components, component = connected_components(affinity, directed=False)
     if num_components > num_clients:
         sizes = np.bincount(component).tolist()
-        raise ValueError(f"{kg.name}: the relation co-occurrence graph has {num_components} connected "
-                         f"components (sizes {sizes}), more than {num_clients} clients; spectral "
-                         "clustering cannot split it meaningfully; use more clients or "
-                         "data.partition=relation")
+        raise ConfigError(f"{kg.name}: the relation co-occurrence graph has {num_components} connected "
+                          f"components (sizes {sizes}), more than {num_clients} clients; spectral "
+                          "clustering cannot split it meaningfully; use more clients or "
+                          "data.partition=relation")
     clustering = SpectralClustering(n_clusters=num_clients, affinity="precomputed", random_state=seed)
     with warnings.catch_warnings():
         # at most num_clients components: a disconnected graph is expected here (clusters
@@ -462,11 +465,18 @@ def _federate(kg: KnowledgeGraph, groups: list[Tensor], gen: torch.Generator, va
               test_frac: float, name: str) -> FederatedKG:
     """Per group, a train/valid/test split by :func:`resample_split` (step 4), then the federation."""
     client_splits = []
-    for rows in groups:
+    for k, rows in enumerate(groups):
         n = rows.shape[0]
         perm = torch.randperm(n, generator=gen)
         n_valid, n_test = int(round(valid_frac * n)), int(round(test_frac * n))
-        train, valid, test, _ = resample_split(rows, perm, n_valid, n_test)
+        try:
+            train, valid, test, _ = resample_split(rows, perm, n_valid, n_test)
+        except ValueError as err:
+            # A client too small to hold out its evaluation triples: too many clients for
+            # this KG (the usual cause), said in the key a user sets.
+            raise ConfigError(f"data.num_clients={len(groups)}: client {k} of {kg.name} gets {n} triples, too "
+                              f"few to hold out {n_valid} valid and {n_test} test triples whose entities and "
+                              f"relations stay in its train split ({err}); use fewer clients") from None
         client_splits.append({"train": train, "valid": valid, "test": test})
     return FederatedKG.from_global_splits(
         client_splits, kg.num_entities, kg.num_relations, kg.entity_names, kg.relation_names,

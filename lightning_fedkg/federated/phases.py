@@ -7,18 +7,56 @@ run under the config (:meth:`~.strategies.base.Strategy.phases`) and runs each r
 resume point: its block is kept in ``<run_dir>/phases/<name>.json`` together with the
 settings that produced it, and reused when a finished run is run again with the same
 settings. A phase may start sub-runs in sub-folders (:meth:`PhaseContext.subrun_dir`).
+What the package logs while a phase runs starts with the phase's name, and a sub-run's
+name after it (``unlearn/retrain: round 3/71 ...``: :func:`progress_label`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from lightning_fedkg.registry import PHASES
 
-__all__ = ["Phase", "PhaseContext", "PHASES", "run_phases"]
+__all__ = ["Phase", "PhaseContext", "PHASES", "run_phases", "progress_label"]
+
+#: The labels :func:`progress_label` has open, outermost first (one process runs one phase
+#: at a time; a module-level stack also labels what threads log meanwhile).
+_LABELS: list[str] = []
+
+
+class _Labelled(logging.Filter):
+    """Prefixes the open labels (``unlearn/retrain: ``) to each record of the logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _LABELS:
+            record.msg, record.args = f"{'/'.join(_LABELS)}: {record.getMessage()}", None
+        return True
+
+
+_LABELLED = _Labelled()
+
+
+@contextmanager
+def progress_label(label: str) -> Iterator[None]:
+    """Within the block, each message of the ``lightning_fedkg`` logger (the round lines of
+    a sub-run, a phase's own progress) starts with ``label: ``, after the labels of the
+    blocks it is nested in (``unlearn/retrain: round 3/71 ...``): a user reading the log
+    sees which phase and sub-run a line belongs to. Messages of its child loggers
+    (``lightning_fedkg.runtime``) are not labelled: a logger's filter sees only its own.
+    """
+    logger = logging.getLogger("lightning_fedkg")
+    if _LABELLED not in logger.filters:
+        logger.addFilter(_LABELLED)
+    _LABELS.append(label)
+    try:
+        yield
+    finally:
+        _LABELS.pop()
 
 
 @dataclass
@@ -76,7 +114,8 @@ def run_phases(names: list[str], ctx: PhaseContext) -> dict:
             if stored.get("settings") == settings:
                 out[phase.name] = stored["result"]
                 continue
-        block = phase.run(ctx)
+        with progress_label(phase.name):
+            block = phase.run(ctx)
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps({"settings": settings, "result": block}, indent=1))
         if ctx.writer is not None and isinstance(block.get("test"), dict):

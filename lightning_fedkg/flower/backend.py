@@ -134,15 +134,24 @@ def provision_beside_key(cfg: ExperimentConfig, key_file: str | Path, data: list
 def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run ``cfg`` on Flower's simulation engine: a ServerApp in this process and one
     SuperNode per client (Ray workers), each ClientApp reading only its own folder."""
+    from lightning_fedkg.flower.logs import simulation_environment
+
+    with simulation_environment():  # Ray reads it when imported, its workers when started
+        return _simulate(cfg, run_dir, resume)
+
+
+def _simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool) -> dict:
+    """:func:`simulate`'s work, in its environment."""
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
     from lightning_fedkg.federated.alignment import federation_secret
-    from lightning_fedkg.flower.logs import plain_logs_unless_terminal
+    from lightning_fedkg.flower.logs import plain_logs_unless_terminal, quiet_noisy_warnings
     from lightning_fedkg.flower.client import make_client_app
     from lightning_fedkg.flower.data import write_client_folders
 
     plain_logs_unless_terminal()  # run_simulation logs here, before any ClientApp is built
+    quiet_noisy_warnings()  # ray.init's FutureWarning, Flower's notice about run_simulation
 
     run_dir = Path(run_dir)
     folder = run_dir / "flower"
@@ -190,12 +199,14 @@ def client_worker(paths: dict[str, str], socket_path: str, logs: Path):
     while the block runs; yields the socket path."""
     import subprocess
 
+    from lightning_fedkg.flower.logs import quiet_environment
     from lightning_fedkg.flower.worker import wait_listening, worker_command
 
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{Path(paths['data-path']).name}-worker.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(worker_command(paths, socket_path), stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "ab") as log:  # a file: its process warns quietly, without colours
+        proc = subprocess.Popen(worker_command(paths, socket_path), stdout=log, stderr=subprocess.STDOUT,
+                                env=quiet_environment(os.environ))
     try:
         wait_listening(proc, socket_path, log_path)
         yield socket_path

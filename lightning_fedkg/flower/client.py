@@ -426,7 +426,7 @@ def make_client_app(paths_of=node_paths):
     gives the client's paths (default: the node config; a simulation maps partition ids)."""
     from flwr.clientapp import ClientApp
 
-    from lightning_fedkg.flower.logs import plain_logs_unless_terminal
+    from lightning_fedkg.flower.logs import plain_logs_unless_terminal, quiet_noisy_warnings
 
     # Every process that runs our Flower code builds this app (a simulation, a deployment's
     # ServerApp and ClientApp processes, which import lightning_fedkg.flower.apps).
@@ -434,6 +434,10 @@ def make_client_app(paths_of=node_paths):
     app = ClientApp()
 
     def answer(message, context):
+        # In a simulation's Ray actor (which never builds the app: it receives it), Flower's
+        # actor module shows every DeprecationWarning once, ahead of PYTHONWARNINGS' filters;
+        # ours, added after it, come first again.
+        quiet_noisy_warnings()
         return handle(message, paths_of(context))
 
     app.train()(answer)

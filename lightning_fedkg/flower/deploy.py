@@ -4,7 +4,9 @@ separate OS processes started with Flower's own commands (``fedkg flower up``).
 Each SuperNode gets its data folder, the path of the federation-key file and a work folder,
 plus a client worker's socket (:mod:`.worker`) unless ``federated.flower.client_workers=false``.
 The run is submitted with ``flwr run`` from an app project under the run folder; logs go to
-``<run>/flower/logs/``. ``Deployment(tls=...)`` runs it over TLS
+``<run>/flower/logs/``, without colour codes or the known third-party noise
+(:mod:`.logs`). Flower's processes are found beside this Python, activated or not
+(:func:`flower_environment`). ``Deployment(tls=...)`` runs it over TLS
 (:func:`localhost_certificates` makes a throwaway set). See docs/deployment.md.
 """
 
@@ -18,14 +20,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from lightning_fedkg.config import ExperimentConfig
+from lightning_fedkg.flower.logs import copy_plain, quiet_environment
 
-__all__ = ["Deployment", "TLSFiles", "free_port", "localhost_certificates", "write_app_project", "up", "key_for",
-           "wait_unlocked"]
+__all__ = ["Deployment", "TLSFiles", "flower_environment", "free_port", "localhost_certificates",
+           "write_app_project", "up", "key_for", "wait_unlocked"]
 
 APP_PYPROJECT = """\
 [build-system]
@@ -132,6 +136,24 @@ def _flower_command(name: str) -> list[str]:
     return [str(exe)] if exe.is_file() else [name]
 
 
+def flower_environment(env: Mapping[str, str], home: Path) -> dict[str, str]:
+    """The environment of a deployment's processes: ``env`` with this Python's folder first
+    on ``PATH``, Flower's settings (``FLWR_HOME=home``, no runtime installs) and the quiet
+    output of :func:`~lightning_fedkg.flower.logs.quiet_environment` (their output goes
+    to files).
+
+    Flower's processes start others by name from ``PATH`` (the SuperLink and SuperNode
+    start ``flower-superexec``, which starts ``flwr-serverapp``/``flwr-clientapp``), so
+    ``venv/bin/fedkg flower up`` run without activating the venv failed ("No such file or
+    directory: 'flower-superexec'"). ``sys.executable`` is not resolved: a venv's
+    ``bin/python`` links to the base interpreter, whose folder has no Flower.
+    """
+    here = str(Path(sys.executable).parent)
+    path = [here, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != here)]
+    return quiet_environment({**env, "PATH": os.pathsep.join(path), "FLWR_HOME": str(home),
+                              "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1"})
+
+
 class Deployment:
     """Flower's processes for one run folder; a context manager that stops them all.
 
@@ -150,18 +172,26 @@ class Deployment:
         security = "insecure = true" if tls is None else f'root-certificates = "{Path(tls.ca).resolve()}"'
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "fedkg"\n\n[superlink.fedkg]\naddress = "127.0.0.1:{self.port}"\n{security}\n')
-        self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "PYTHONUNBUFFERED": "1"}
+        self.env = flower_environment(os.environ, home)
         self.procs: dict[str, subprocess.Popen] = {}
+        self._copies: dict[str, threading.Thread] = {}  # each process's log writer (copy_plain)
         self._sockets: Path | None = None  # a private folder for the client workers' sockets
 
     def _start(self, name: str, command: list[str]) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")
-        # A process group of its own: stopping it stops the ClientApp/ServerApp processes it started.
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.folder,
-                                start_new_session=True)
+        # A process group of its own: stopping it stops the ClientApp/ServerApp processes it
+        # started. Its output (and theirs) reaches logs/<name>.log through copy_plain.
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                cwd=self.folder, start_new_session=True)
+        self._copies[name] = copy_plain(proc.stdout, self.logs / f"{name}.log")
         self.procs[name] = proc
         return proc
+
+    def _logged(self, name: str, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` s) until the stopped process ``name``'s log is written
+        out; a child that outlives it (a ServerApp after its SuperLink) may keep it open."""
+        copy = self._copies.pop(name, None)
+        if copy is not None:
+            copy.join(timeout)
 
     def start_superlink(self, timeout: float = 120.0) -> None:
         """``flower-superlink`` on :attr:`port`, its state in ``state.db``; waits until it listens."""
@@ -223,6 +253,7 @@ class Deployment:
             return proc.wait(timeout=timeout)
         finally:
             self.procs.pop("run", None)
+            self._logged("run")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to a process and every process it started: its process group, and
@@ -242,6 +273,7 @@ class Deployment:
             except ProcessLookupError:
                 pass
         proc.wait()
+        self._logged(name)
 
     def close(self) -> None:
         for name in list(self.procs):

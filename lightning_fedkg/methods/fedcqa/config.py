@@ -66,14 +66,16 @@ class QueryTaskConfig:
     the server's message.
     """
 
-    encoder: Literal["gqe", "q2p", "tree_lstm", "gqe_fedngdb"] = "gqe"
+    # "trained": what the run's state is (its parameters' shapes, its scores); `fedkg test
+    # --from` refuses to override these (config.trained_differences).
+    encoder: Literal["gqe", "q2p", "tree_lstm", "gqe_fedngdb"] = field(default="gqe", metadata={"trained": True})
     loss: Literal["softmax", "negative_sampling"] = "softmax"
     label_smoothing: float = field(default=0.1, metadata={"range": Range(min=0, max=1)})
     negatives: int = field(default=128, metadata={"range": Range(min=1)})
     weight_decay: float = field(default=0.0, metadata={"range": Range(min=0)})
-    gamma: float = field(default=24.0, metadata={"range": Range(min=0, min_exclusive=True)})
-    particles: int = field(default=2, metadata={"range": Range(min=1)})
-    heads: int = field(default=1, metadata={"range": Range(min=1)})
+    gamma: float = field(default=24.0, metadata={"range": Range(min=0, min_exclusive=True), "trained": True})
+    particles: int = field(default=2, metadata={"range": Range(min=1), "trained": True})
+    heads: int = field(default=1, metadata={"range": Range(min=1), "trained": True})
     dropout: float = field(default=0.1, metadata={"range": Range(min=0, max=1)})
     steps_per_epoch: int = field(default=100, metadata={"range": Range(min=1)})
     batch_types: Literal["size", "uniform"] = "size"

@@ -26,7 +26,7 @@ from lightning_fedkg.data.federated import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
-from lightning_fedkg.federated.phases import Phase, PhaseContext, run_phases
+from lightning_fedkg.federated.phases import Phase, PhaseContext, progress_label, run_phases
 from lightning_fedkg.federated.strategy import SERVER
 from lightning_fedkg.federated.tasks import METRIC_KEYS, client_entry, weighted_average, with_count
 from lightning_fedkg.seeding import derive_seed
@@ -241,6 +241,15 @@ def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[
     return unlearner.decay(retain_dm.train_dataloader, lambda: party.evaluate("val")["mrr"])
 
 
+def unlearned_line(name: str, forget: Tensor, u: UnlearnConfig, scores: list[float], seconds: float) -> str:
+    """The progress line of a client's unlearning: what it ran (``scores``: the decay's local
+    validation MRRs, the first before it) and how long it took."""
+    epochs = len(scores) - 1
+    return (f"{name}: interference {u.interference_epochs} epoch(s) on {forget.shape[0]} forgotten triples, "
+            f"decay {epochs}/{u.decay_epochs} epoch(s) on the retained ones "
+            f"(val mrr {scores[0]:.4f} -> {max(scores):.4f}), {seconds:.1f} s")
+
+
 def retain_only(party: Party, forget: Tensor, seed: int) -> None:
     """From now on ``party`` trains on its retained triples only (its new sampler seeded
     from the run's ``seed``)."""
@@ -260,11 +269,14 @@ def propagate(run, rounds: int) -> int:
     r = run.last_round
     if rounds == 0:
         return r
-    r += 1
-    run.stage(r, "upload")
-    for _ in range(rounds - 1):
+    for i in range(1, rounds + 1):
+        started = time.perf_counter()
         r += 1
-        run.train_round(r)
+        if i == 1:
+            run.stage(r, "upload")
+        else:
+            run.train_round(r)
+        log.info("propagation round %d/%d (%.1f s)", i, rounds, time.perf_counter() - started)
     run.last_round = r
     run.load_evaluation_state(r)
     return r
@@ -324,7 +336,10 @@ def retrain(cfg: ExperimentConfig, ctx: PhaseContext, forget: dict[str, Tensor],
     sub = ctx.subrun_dir(RETRAIN_DIR)
     data_dir = write_retain_folder(sub / "data", ctx.run.clients, forget)
     rcfg = retrain_config(cfg, data_dir, rounds)
-    metrics = run_subrun(rcfg, sub / "run")
+    with progress_label(RETRAIN_DIR):  # its round lines read "unlearn/retrain: round k/N ..."
+        log.info("training from scratch on the retained triples, %d rounds, in %s (the gold standard)",
+                 rounds, sub / "run")
+        metrics = run_subrun(rcfg, sub / "run")
     rrun, _ = restore_finished_run(rcfg, sub / "run")
     try:
         r_forget = {p.name: p.kg.triples("unlearn") if "unlearn" in p.kg.split_names else p.kg.triples("train")[:0]
@@ -393,7 +408,10 @@ class UnlearnPhase(Phase):
         decay = {}
         for party in run.clients:
             if forget[party.name].numel():
+                started = time.perf_counter()
                 decay[party.name] = unlearn_client(party, forget[party.name], cfg)
+                log.info("%s", unlearned_line(party.name, forget[party.name], cfg.unlearn, decay[party.name],
+                                              time.perf_counter() - started))
         last = propagate(run, cfg.unlearn.propagate_rounds)
         seconds = time.perf_counter() - start
         after = evaluate_unlearning(run.clients, forget, seconds)
