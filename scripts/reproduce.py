@@ -139,14 +139,15 @@ def summary(runs: list[dict]) -> dict:
 def run_tier(name: str, seeds: list[int] | None, out: Path, fresh: bool) -> Path:
     tier = TIERS[name]
     seeds = tier["seeds"] if seeds is None else seeds
-    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    # the code that runs: read before the first run, as the checkout may move on during a tier
+    started, clock, measured = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter(), code()
     results = {}
     for exp, (config, overrides) in tier["experiments"].items():
         print(f"  {exp} ({config})", flush=True)
         runs = [run_one(config, s, overrides, out / name / exp / f"seed_{s}", fresh) for s in seeds]
         results[exp] = {"config": config, "overrides": overrides, "runs": runs, "summary": summary(runs)}
     payload = {"tier": name, "about": tier["about"], "command": f"python scripts/reproduce.py run --tier {name}",
-               "code": code(), "machine": machine(), "started": started,
+               "code": measured, "machine": machine(), "started": started,
                "wall_s": round(time.perf_counter() - clock, 1), "seeds": seeds, "results": results}
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
