@@ -14,7 +14,8 @@ reused (``--fresh`` runs it again). ``render`` replaces the text between
 ``<!-- reproduce:NAME -->`` and ``<!-- /reproduce:NAME -->`` in README.md and docs/**/*.md,
 so no published number is typed: NAME is ``<tier>.<experiment>.<what>`` (:data:`FIELDS`, or
 ``wall``: seed 0's seconds), ``<tier>.diff.<a>.<b>`` (the difference of two means),
-``<tier>.printed.<experiment>`` (the table seed 0 printed), or ``<tier>.table``.
+``<tier>.printed.<experiment>`` (the table seed 0 printed), ``<tier>.table``, or
+``json:PATH#/pointer:FORMAT`` (a number of any results JSON, or the ratio of two: :func:`pointer`).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def run_tier(name: str, seeds: list[int] | None, out: Path, fresh: bool) -> Path
 
 
 # ---------------------------------------------------------------- rendering
-BLOCK = re.compile(r"<!-- reproduce:(?P<name>[\w.@-]+) -->(?P<body>.*?)<!-- /reproduce:(?P=name) -->", re.S)
+BLOCK = re.compile(r"<!-- reproduce:(?P<name>[^>]+?) -->(?P<body>.*?)<!-- /reproduce:(?P=name) -->", re.S)
 
 
 def load(tier: str) -> dict:
@@ -182,7 +183,32 @@ def table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def pointer(spec: str) -> str:
+    """A number of any results JSON: ``PATH#/a/b/0:FORMAT`` (a JSON pointer into the file at
+    ``PATH``, relative to the repository, and a format spec: ``.1f``, ``,d``, or ``m`` for a
+    metric written ``.7410``); ``A / B`` with two such references renders their ratio
+    (``.1f`` unless the last one gives a format)."""
+    if " / " in spec:
+        a, b = spec.split(" / ")
+        fmt = b.rsplit(":", 1)[1] if ":" in b.rsplit("#", 1)[1] else ".1f"
+        return format(_value(a) / _value(b), fmt)
+    fmt = spec.rsplit(":", 1)[1] if ":" in spec.rsplit("#", 1)[1] else "g"
+    value = _value(spec)
+    return _f(value) if fmt == "m" else format(value, fmt)
+
+
+def _value(spec: str) -> float:
+    path, _, ptr = spec.partition("#")
+    ptr = ptr.rsplit(":", 1)[0] if ":" in ptr else ptr
+    node = json.loads((REPO / path).read_text())
+    for part in [p for p in ptr.split("/") if p]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return float(node)
+
+
 def render_block(name: str) -> str:
+    if name.startswith("json:"):
+        return pointer(name[len("json:"):])
     tier, _, rest = name.partition(".")
     data = load(tier)
     if rest == "table":

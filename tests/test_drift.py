@@ -65,3 +65,15 @@ def test_seed_0_of_each_quick_start_is_its_json(tmp_path, experiment):
     run = reproduce.run_one(config, 0, overrides, tmp_path / experiment, fresh=True)
     (seed0,) = [r for r in recorded["runs"] if r["seed"] == 0]
     assert abs(run["test"]["mrr"] - seed0["test"]["mrr"]) <= TOLERANCE, (run["test"]["mrr"], seed0["test"]["mrr"])
+
+
+def test_a_page_number_renders_from_a_json_pointer(tmp_path, monkeypatch):
+    """``json:PATH#/pointer:FORMAT`` and the ratio of two (hand-checked values)."""
+    reproduce = _reproduce()
+    monkeypatch.setattr(reproduce, "REPO", tmp_path)
+    (tmp_path / "r.json").write_text(json.dumps({"a": {"s": 419.1, "t": [67.9]}, "m": 0.74123}))
+    assert reproduce.render_block("json:r.json#/a/s:.1f") == "419.1"
+    assert reproduce.render_block("json:r.json#/m:m") == ".7412"
+    assert reproduce.render_block("json:r.json#/a/s / r.json#/a/t/0:.1f") == "6.2"
+    text = "x <!-- reproduce:json:r.json#/a/t/0:.1f -->?<!-- /reproduce:json:r.json#/a/t/0:.1f --> y"
+    assert reproduce.render_text(text) == "x <!-- reproduce:json:r.json#/a/t/0:.1f -->67.9<!-- /reproduce:json:r.json#/a/t/0:.1f --> y"
