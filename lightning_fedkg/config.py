@@ -838,6 +838,59 @@ def _at(source: str, mark: yaml.Mark, reason: str) -> str:
     return f"{source}:{mark.line + 1}:{mark.column + 1}: {reason}"
 
 
+#: The key a config file names the files it builds on with (:func:`file_layers`).
+BASE_KEY = "base"
+
+
+def file_layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[DictConfig, Any]]:
+    """``(layer, source)`` of a config file and of the files it builds on, in merge order.
+
+    A file may start from others: ``base: ../base/umls.yaml`` (or a list of paths, merged in
+    order), relative to the file, each of which may name bases of its own; the file's own
+    keys are merged last, so a shipped config is a short delta over what its siblings share.
+    A plain list of files rather than Hydra's ``defaults`` groups: nothing to learn beyond
+    "merged in order", and omegaconf does the merging. Errors name the file and the line."""
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ConfigError(f"{path}: config bases form a cycle: {cycle}")
+    text = path.read_text(encoding="utf-8")
+    layer = parse_yaml(text, str(path))
+    # A file with nothing in it (or only comments) would silently run every default: far
+    # more likely a wrong or truncated file than an intent. `{}` says "defaults" on purpose.
+    if yaml.compose(text, Loader=yaml.SafeLoader) is None:
+        raise ConfigError(f"{path}: the config file is empty (no sections); give the sections to run "
+                          f"(data:, model:, train:, ...), or write {{}} to run every default")
+    out: list[tuple[DictConfig, Any]] = []
+    bases = layer.get(BASE_KEY) if BASE_KEY in layer else None
+    if bases is not None:
+        names = [bases] if isinstance(bases, str) else list(bases) if OmegaConf.is_list(bases) else None
+        if not names or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{path}: '{BASE_KEY}' names the config files this one builds on: a path or a list "
+                              f"of paths, relative to {path.parent}, got {OmegaConf.to_container(layer)[BASE_KEY]!r}")
+        for name in names:
+            base = (path.parent / name)
+            if not base.is_file():
+                raise ConfigError(f"{path}: its base {name} is not a file (looked for {base})")
+            out += file_layers(base, (*chain, path.resolve()))
+        layer = OmegaConf.create({k: v for k, v in layer.items() if k != BASE_KEY})
+    out.append((layer, YamlSource(str(path), text)))
+    return out
+
+
+def moved_hint(path: Path) -> str:
+    """Where a config that moved now lives (``configs/MOVED.txt``: ``old<TAB>new`` lines), as
+    a sentence to add to "not found", or ''."""
+    moved = Path(__file__).resolve().parents[1] / "configs" / "MOVED.txt"
+    if not moved.is_file():
+        return ""
+    wanted = path.as_posix().lstrip("./")
+    for line in moved.read_text(encoding="utf-8").splitlines():
+        old, _, new = line.partition("\t")
+        if new and (wanted == old or wanted.endswith("/" + old)):
+            return f" (it moved to {new})"
+    return ""
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 sections: Sequence[str] = (), core_only: bool = False) -> ExperimentConfig:
     """Build an :class:`ExperimentConfig` from a YAML file and ``key=value`` overrides.
@@ -857,15 +910,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                     if found else "; it holds no .yaml file")
             raise ConfigError(f"config {path} is a directory, not a YAML file{hint}")
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        text = path.read_text(encoding="utf-8")
-        layer = parse_yaml(text, str(path))
-        # A file with nothing in it (or only comments) would silently run every default: far
-        # more likely a wrong or truncated file than an intent. `{}` says "defaults" on purpose.
-        if yaml.compose(text, Loader=yaml.SafeLoader) is None:
-            raise ConfigError(f"{path}: the config file is empty (no sections); give the sections to run "
-                              f"(data:, model:, train:, ...), or write {{}} to run every default")
-        layers.append((layer, YamlSource(str(path), text)))
+            raise ConfigError(f"config file not found: {path}{moved_hint(path)}")
+        layers += file_layers(path)
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {' '.join(bad)}")
