@@ -10,7 +10,7 @@ import yaml
 from lightning_fedkg.config import ConfigError, TrainConfig, config_from_yaml_text, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-UMLS_QUICK_START = [REPO / "configs" / "fede" / f"umls_{s}.yaml" for s in ("fede", "single", "entire", "fedr")]
+UMLS_QUICK_START = [REPO / "configs" / s / f"umls_{s}.yaml" for s in ("fede", "single", "entire", "fedr")]
 
 
 def test_reset_optimizer_default_agrees_with_kge_module():
