@@ -186,8 +186,8 @@ def table(data: dict) -> str:
     rows = ["| experiment | test MRR (mean ± std) | Hits@10 | per seed | s per run |", "| --- | --- | --- | --- | ---: |"]
     for exp, res in data["results"].items():
         s = res["summary"]
-        rows.append(f"| `{current_path(res['config'])}` | {FIELDS['mean_std'](s)} | {_f(s['hits@10_mean'])} | {FIELDS['seeds'](s)} | "
-                    f"{s['wall_s_mean']:.0f} |")
+        rows.append(f"| `{current_path(res['config'])}` | {FIELDS['mean_std'](s)} | {_f(s['hits@10_mean'])} | "
+                    f"{FIELDS['seeds'](s)} | {s['wall_s_mean']:.0f} |")
     c = data["code"]
     rows.append("")
     rows.append(f"Seeds {', '.join(map(str, data['seeds']))}; `{data['command']}` at "
