@@ -63,7 +63,7 @@ def variants(clip: float) -> dict[str, tuple[Path, list[str]]]:
         # the same ε=16 as noise shares under secure aggregation: the aggregate carries σ·C
         # where local noise leaves σ·C/√k on a row's mean of k holders
         "fede_secure_dp16": (FEDE, SECURE + dp + ["federated.dp.epsilon=16", "federated.dp.placement=distributed"]),
-        "fedr": (REPO / "configs" / "fede" / "umls_fedr.yaml", []),
+        "fedr": (REPO / "configs" / "fedr" / "umls_fedr.yaml", []),
         "fedlu": (REPO / "configs" / "fedlu" / "umls_fedlu.yaml", []),
     }
 

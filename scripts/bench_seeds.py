@@ -16,7 +16,7 @@ The table gives per config: mean MRR, sample std, min, max, mean Hits@10, mean w
 seconds per run (over the runs timed, i.e. not reused ones without ``bench_run.json``)
 and the per-seed MRRs. This script does not import torch.
 
-    python scripts/bench_seeds.py -c configs/fede/umls_fede.yaml -c configs/fede/umls_single.yaml
+    python scripts/bench_seeds.py -c configs/fede/umls_fede.yaml -c configs/single/umls_single.yaml
     python scripts/bench_seeds.py -c configs/fede/umls_fede.yaml --seeds 0 1 2 --json docs/results/fede/seeds.json
     python scripts/bench_seeds.py -c configs/fede/umls_fede.yaml --out runs/dim32 model.dim=32
 

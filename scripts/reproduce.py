@@ -42,12 +42,12 @@ TIERS = {
         "seeds": [0, 1, 2, 3, 4],
         "experiments": {
             "umls_fede": ("configs/fede/umls_fede.yaml", []),
-            "umls_fedr": ("configs/fede/umls_fedr.yaml", []),
-            "umls_single": ("configs/fede/umls_single.yaml", []),
-            "umls_entire": ("configs/fede/umls_entire.yaml", []),
+            "umls_fedr": ("configs/fedr/umls_fedr.yaml", []),
+            "umls_single": ("configs/single/umls_single.yaml", []),
+            "umls_entire": ("configs/entire/umls_entire.yaml", []),
             "umls_fedlu": ("configs/fedlu/umls_fedlu.yaml", []),
-            "umls_fedprox": ("configs/fedlu/umls_fedprox.yaml", []),
-            "umls_fedec": ("configs/fedlu/umls_fedec.yaml", []),
+            "umls_fedprox": ("configs/fedprox/umls_fedprox.yaml", []),
+            "umls_fedec": ("configs/fedec/umls_fedec.yaml", []),
             "umls_fedcqa_gqe": ("configs/fedcqa/umls_fedcqa_gqe.yaml", []),
             "umls_local_gqe": ("configs/fedcqa/umls_local_gqe.yaml", []),
         },
@@ -168,13 +168,26 @@ def load(tier: str) -> dict:
     return json.loads(path.read_text())
 
 
+def current_path(config: str) -> str:
+    """Where a recorded config lives today: ``configs/MOVED.txt`` (``old<TAB>new`` lines) maps
+    a path a results JSON recorded before configs moved to the same config's path now
+    (scripts/config_identity.py checks that a move left each config's resolved form as it was)."""
+    moved = REPO / "configs" / "MOVED.txt"
+    if moved.is_file():
+        for line in moved.read_text(encoding="utf-8").splitlines():
+            old, _, new = line.partition("\t")
+            if new and old == config:
+                return new
+    return config
+
+
 def table(data: dict) -> str:
     """The tier's summary table: per experiment mean ± std of test MRR, Hits@10, per seed."""
     rows = ["| experiment | test MRR (mean ± std) | Hits@10 | per seed | s per run |", "| --- | --- | --- | --- | ---: |"]
     for exp, res in data["results"].items():
         s = res["summary"]
-        rows.append(f"| `{res['config']}` | {FIELDS['mean_std'](s)} | {_f(s['hits@10_mean'])} | {FIELDS['seeds'](s)} | "
-                    f"{s['wall_s_mean']:.0f} |")
+        rows.append(f"| `{current_path(res['config'])}` | {FIELDS['mean_std'](s)} | {_f(s['hits@10_mean'])} | "
+                    f"{FIELDS['seeds'](s)} | {s['wall_s_mean']:.0f} |")
     c = data["code"]
     rows.append("")
     rows.append(f"Seeds {', '.join(map(str, data['seeds']))}; `{data['command']}` at "

@@ -60,7 +60,11 @@ def test_saved_config_round_trips(tmp_path):
     assert config_from_yaml_text((tmp_path / "config.yaml").read_text()) == cfg
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: p.name)
+# configs/base/ holds the parts shipped configs build on (`base:`), checked through them
+SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.parent.name != "base")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_config_is_valid(path):
     load_config(path)
 

@@ -44,3 +44,39 @@ def test_a_base_that_is_missing_circular_or_malformed_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"bad_base\.yaml.*dimm"):
         load_config(write(tmp_path / "e.yaml", "base: bad_base.yaml\n"))
 
+
+def test_a_moved_config_names_its_new_path():
+    # configs/MOVED.txt: one folder per method (issue 59); an old path in a script or a note
+    # fails with the new one named
+    with pytest.raises(ConfigError, match="moved to configs/fedr/umls_fedr.yaml"):
+        load_config("configs/fede/umls_fedr.yaml")
+
+
+def test_every_move_names_a_config_that_exists_in_place_of_one_that_does_not():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    lines = (repo / "configs" / "MOVED.txt").read_text().splitlines()
+    moves = [line.split("\t") for line in lines if "\t" in line]
+    assert moves and all(len(m) == 2 for m in moves)
+    for old, new in moves:
+        assert not (repo / old).exists() and (repo / new).is_file(), (old, new)
+
+
+def test_every_base_is_used_and_no_two_configs_are_near_copies():
+    """configs/base/ holds what shipped configs share; each base is named by some config (a
+    base nothing uses is a stale copy), and no two shipped files are near-copies again
+    (scripts/config_identity.py similar: at most 90% of their settings lines the same)."""
+    import importlib.util
+    from pathlib import Path
+
+    from lightning_fedkg.config import file_layers
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("config_identity", repo / "scripts" / "config_identity.py")
+    identity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(identity)
+    used = {Path(str(source)).resolve() for path in identity.shipped_configs() for _, source in file_layers(path)}
+    bases = sorted((repo / "configs" / "base").glob("*.yaml"))
+    assert bases and [b.name for b in bases if b.resolve() not in used] == []
+    assert identity.near_identical(identity.all_yaml(), 0.9, "settings") == []
