@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_fedkg"
 
 #: Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
-    ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands", "private_files")),
+    ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands", "private_files",
+              "measure")),
     ("data, evaluation, models, privacy", ("data", "evaluation", "models", "privacy")),
     ("builders", ("builders",)),
     ("federated core", ("federated",)),
