@@ -52,7 +52,7 @@ EXPECTED_WARNINGS = (
 )
 
 # The automatic thread count. Thresholds from docs/results/threads.md, "Default CPU threads"
-# (scripts/bench_threads.py; whole `fedkg fit` runs, FedE TransE; 2-core EPYC, torch 2.13):
+# (scripts/benchmarks/bench_threads.py; whole `fedkg fit` runs, FedE TransE; 2-core EPYC, torch 2.13):
 # * Table size. On a quiet machine a second thread gains nothing below ~20k entity-table
 #   elements (UMLS quick starts at dim 64 / 128: 8.6k / 17k elements, 1 and 2 threads
 #   within 2%), 11% at 35k (dim 256), 18% at 69k (dim 512), 48% at 276k (dim 2048), 57% on
@@ -259,7 +259,7 @@ def configure_torch(trainer: TrainerConfig, table_elements: int | None = None) -
       ``OMP_NUM_THREADS`` is set, torch's own count (which follows it) is kept.
     * ``deterministic``: ``torch.use_deterministic_algorithms(True)`` (Lightning's
       ``deterministic=True`` for single-KG runs), and one thread unless ``threads`` says
-      otherwise. Measured on CPU (torch 2.13, 2 threads, ``scripts/determinism_probe.py``):
+      otherwise. Measured on CPU (torch 2.13, 2 threads, ``scripts/benchmarks/determinism_probe.py``):
       the backward of advanced indexing (``table[ids]``, an ``index_put_`` that accumulates
       duplicate rows — the models look up the positive triples this way) adds the
       duplicates in an order that varies from process to process, so two identical runs

@@ -171,7 +171,7 @@ def load(tier: str) -> dict:
 def current_path(config: str) -> str:
     """Where a recorded config lives today: ``configs/MOVED.txt`` (``old<TAB>new`` lines) maps
     a path a results JSON recorded before configs moved to the same config's path now
-    (scripts/config_identity.py checks that a move left each config's resolved form as it was)."""
+    (scripts/tools/config_identity.py checks that a move left each config's resolved form as it was)."""
     moved = REPO / "configs" / "MOVED.txt"
     if moved.is_file():
         for line in moved.read_text(encoding="utf-8").splitlines():

@@ -1,4 +1,4 @@
-"""``scripts/bench_fedcqa.py retest``: a finished run evaluated again. With no overrides it
+"""``scripts/benchmarks/bench_fedcqa.py retest``: a finished run evaluated again. With no overrides it
 reproduces the run's own test figures exactly (same state, same query sets); with larger
 test sets it evaluates the same best state on more queries; each run's result is saved
 beside it and reused."""
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fedcqa", REPO / "scripts" / "bench_fedcqa.py")
+    spec = importlib.util.spec_from_file_location("bench_fedcqa", REPO / "scripts" / "benchmarks" / "bench_fedcqa.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

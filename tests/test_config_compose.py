@@ -66,14 +66,14 @@ def test_every_move_names_a_config_that_exists_in_place_of_one_that_does_not():
 def test_every_base_is_used_and_no_two_configs_are_near_copies():
     """configs/base/ holds what shipped configs share; each base is named by some config (a
     base nothing uses is a stale copy), and no two shipped files are near-copies again
-    (scripts/config_identity.py similar: at most 90% of their settings lines the same)."""
+    (scripts/tools/config_identity.py similar: at most 90% of their settings lines the same)."""
     import importlib.util
     from pathlib import Path
 
     from lightning_fedkg.config import file_layers
 
     repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("config_identity", repo / "scripts" / "config_identity.py")
+    spec = importlib.util.spec_from_file_location("config_identity", repo / "scripts" / "tools" / "config_identity.py")
     identity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(identity)
     used = {Path(str(source)).resolve() for path in identity.shipped_configs() for _, source in file_layers(path)}

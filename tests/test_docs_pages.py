@@ -104,7 +104,7 @@ def test_a_broken_link_is_found(tmp_path, monkeypatch):
 # Where package paths and dotted names are looked for: the pages, and the docstrings and
 # comments of the code, scripts and configs (whose pointers went stale when modules moved).
 # CHANGELOG.md is left out: it names the old paths on purpose.
-SOURCES = [*PAGES, *sorted((ROOT / "lightning_fedkg").rglob("*.py")), *sorted((ROOT / "scripts").glob("*.py")),
+SOURCES = [*PAGES, *sorted((ROOT / "lightning_fedkg").rglob("*.py")), *sorted((ROOT / "scripts").rglob("*.py")),
            *sorted((ROOT / "configs").rglob("*.yaml"))]
 # lightning_fedkg/a/b.py or lightning_fedkg/a/ (not a cache folder such as ~/.cache/lightning_fedkg/x;
 # a name with a hyphen is a label, such as a hash domain, never a module)
@@ -195,8 +195,8 @@ def test_every_named_script_test_and_config_exists(path):
 
 
 def test_the_file_pattern_finds_scripts_tests_and_configs():
-    text = "`python scripts/bench_fede.py` (tests/test_layers.py; configs/fede/umls_fede.yaml) ../configs/x.yaml"
-    assert REPO_FILE.findall(text) == ["scripts/bench_fede.py", "tests/test_layers.py", "configs/fede/umls_fede.yaml"]
+    text = "`python scripts/benchmarks/bench_fede.py` (tests/test_layers.py; configs/fede/umls_fede.yaml) ../configs/x.yaml"
+    assert REPO_FILE.findall(text) == ["scripts/benchmarks/bench_fede.py", "tests/test_layers.py", "configs/fede/umls_fede.yaml"]
 
 
 def test_a_stale_module_name_is_found(tmp_path):

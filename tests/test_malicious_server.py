@@ -421,9 +421,9 @@ def test_the_stance_page_is_what_the_declarations_say():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "render_stances.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "tools" / "render_stances.py"
     spec = importlib.util.spec_from_file_location("render_stances", path)
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
     text = render.PAGE.read_text(encoding="utf-8")
-    assert render.rendered(text) == text, "docs/stances.md differs: run python scripts/render_stances.py"
+    assert render.rendered(text) == text, "docs/stances.md differs: run python scripts/tools/render_stances.py"

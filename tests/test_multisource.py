@@ -20,7 +20,7 @@ from lightning_fedkg.methods.fkge.multisource import (
 )
 
 SPLIT3 = ("train", "valid", "test")
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_multisource.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tools" / "make_multisource.py"
 
 
 @pytest.fixture(scope="module")

@@ -198,7 +198,7 @@ def test_ppat_moves_w_toward_the_clouds_mean_direction(seed):
     """Mean cosine between W x_i and y_i after 18 epochs (144 batches of 32) with nearly
     noiseless labels (lambda = 100). What this shows is only that W follows the cloud's
     mean direction: the rotation itself is not learnt (‖W − R‖/‖R‖ stays near a random
-    rotation's 1.41; scripts/bench_ppat_synthetic.py), which issue 22 reopens. Measured rises, seeds 0-4: 0.50, 0.35, 0.77, 0.29,
+    rotation's 1.41; scripts/benchmarks/bench_ppat_synthetic.py), which issue 22 reopens. Measured rises, seeds 0-4: 0.50, 0.35, 0.77, 0.29,
     0.17 (from 0.01, -0.02, -0.32, 0.20, -0.14); with two other host / batch-order seeds
     per data seed the smallest of the 15 rises was 0.13. The bar is 0.1.
 

@@ -1,6 +1,6 @@
 """PPAT started at the answer must stay there (issue 35, finding 1).
 
-The task is the clusters task of scripts/bench_ppat_synthetic.py at a smaller size
+The task is the clusters task of scripts/benchmarks/bench_ppat_synthetic.py at a smaller size
 (d = 8, m = 256, 10 epochs; about 3 s on one thread): a zero-mean, anisotropic, clustered
 ``X`` and ``Y = X R^T + 0.05 noise``. A game whose equilibrium is ``W = R`` should not
 push ``W`` away from ``R``; the plain GAN of the bench stays within 0.03 of it.

@@ -1,4 +1,4 @@
-"""scripts/test_counts.py reads pytest's collection summary, in both of its forms."""
+"""scripts/tools/test_counts.py reads pytest's collection summary, in both of its forms."""
 
 import importlib.util
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "test_counts.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tools" / "test_counts.py"
 spec = importlib.util.spec_from_file_location("test_counts", SCRIPT)
 test_counts = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(test_counts)
@@ -30,8 +30,8 @@ def test_the_results_page_quotes_the_counts_of_the_json():
     """docs/results/tests.md quotes docs/results/tests/counts.json: a new JSON needs the page's
     numbers updated with it."""
     if not test_counts.OUT.is_file():
-        pytest.skip(f"{test_counts.OUT.name} not written yet: python scripts/test_counts.py")
-    page = (SCRIPT.parents[1] / "docs" / "results" / "tests.md").read_text()
+        pytest.skip(f"{test_counts.OUT.name} not written yet: python scripts/tools/test_counts.py")
+    page = (SCRIPT.parents[2] / "docs" / "results" / "tests.md").read_text()
     counts = json.loads(test_counts.OUT.read_text())
     assert counts["commit"] in page
     for command in counts["commands"].values():

@@ -67,7 +67,7 @@ class NegativeSampler:
             (data-dependent sizes, cheap on a CPU; CPU only); ``"search"`` looks every
             candidate up in the sorted train keys with fixed shapes (nothing read back; more
             work on a CPU); ``"auto"`` (default): index on the CPU, search elsewhere
-            (``scripts/bench_sampling.py``). Both reject the same negatives; per-triple
+            (``scripts/benchmarks/bench_sampling.py``). Both reject the same negatives; per-triple
             redraws differ in which draws they use.
         pool: optional ``LongTensor`` of entity ids negatives are drawn from (default: all
             ``kg.num_entities`` ids).

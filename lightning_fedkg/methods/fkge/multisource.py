@@ -252,7 +252,7 @@ def load_multisource(name_or_path: str | Path, num_sources: int = 3, seed: int =
 
     So ``load_multisource("umls", 3, seed)`` is the quick-start federation of three UMLS
     sources (a bundled KG), and ``load_multisource("runs/fb3")`` reads what
-    ``scripts/make_multisource.py`` wrote.
+    ``scripts/tools/make_multisource.py`` wrote.
     """
     folder = Path(name_or_path)
     bundled = isinstance(name_or_path, str) and name_or_path.lower() in BUNDLED_DATASETS

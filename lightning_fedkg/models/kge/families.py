@@ -114,7 +114,7 @@ def compiling_pays(query: Tensor, cand: Tensor, cpu: bool = False) -> bool:
     asked (``cpu``, ``trainer.compile_cpu``), the block has at least
     :data:`CPU_COMPILE_MIN_ELEMENTS` elements, a C++ compiler is found, and deterministic
     algorithms are off (compiled CPU kernels follow the machine's vector width, so their last
-    bits could differ between machines). Measured (``scripts/bench_kernels.py --cpu``), one
+    bits could differ between machines). Measured (``scripts/benchmarks/bench_kernels.py --cpu``), one
     thread, 512 x 256 candidates, forward and backward: cdist 5.5 ms against 2.6 ms compiled
     at dim 32, 49.5 against 25.0 ms at dim 256; gradients equal, distances within 3e-4. A CPU keeps cdist by default: its results
     stay bit for bit those of earlier versions, and over 20 UMLS seeds the compiled runs'
