@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -31,7 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 RESULTS = REPO / "docs" / "results" / "reproduce"
 PAGES = ("README.md", "docs")
 
@@ -70,22 +70,6 @@ def _f(x: float, digits: int = 4) -> str:
 
 
 # ---------------------------------------------------------------- running
-def machine() -> dict:
-    """Where the numbers were made."""
-    import torch
-
-    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpus": os.cpu_count(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-def code() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
 def printed_table(stdout: str) -> str:
     """The results table a ``fedkg fit`` printed: from its summary line (``strategy=...``) to
     the line before ``metrics written to``."""
@@ -110,9 +94,8 @@ def run_one(config: str, seed: int, overrides: list[str], out: Path, fresh: bool
 
         shutil.rmtree(out)
     command = fit_command(config, seed, overrides, out)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "lightning_fedkg.cli", *command[1:]], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "lightning_fedkg.cli", *command[1:]], cwd=REPO,
                           capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -121,7 +104,7 @@ def run_one(config: str, seed: int, overrides: list[str], out: Path, fresh: bool
     result = {"seed": seed, "command": " ".join(command), "wall_s": round(wall, 1), "test": metrics["test"],
               "cross_graph": {k: v for k, v in (metrics.get("cross_graph") or {}).items() if not isinstance(v, dict)},
               "printed": printed_table(proc.stdout)}
-    record.write_text(json.dumps(result, indent=1))
+    measure.write_json(record, result)
     print(f"    seed {seed}: test MRR {metrics['test']['mrr']:.4f} ({wall:.0f} s)", flush=True)
     return result
 
@@ -141,18 +124,16 @@ def run_tier(name: str, seeds: list[int] | None, out: Path, fresh: bool) -> Path
     tier = TIERS[name]
     seeds = tier["seeds"] if seeds is None else seeds
     # the code that runs: read before the first run, as the checkout may move on during a tier
-    started, clock, measured = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter(), code()
+    started, clock, measured = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter(), measure.code_version(REPO)
     results = {}
     for exp, (config, overrides) in tier["experiments"].items():
         print(f"  {exp} ({config})", flush=True)
         runs = [run_one(config, s, overrides, out / name / exp / f"seed_{s}", fresh) for s in seeds]
         results[exp] = {"config": config, "overrides": overrides, "runs": runs, "summary": summary(runs)}
     payload = {"tier": name, "about": tier["about"], "command": f"python scripts/reproduce.py run --tier {name}",
-               "code": measured, "machine": machine(), "started": started,
+               "code": measured, "machine": measure.machine(), "started": started,
                "wall_s": round(time.perf_counter() - clock, 1), "seeds": seeds, "results": results}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=1) + "\n")
+    path = measure.write_json(RESULTS / f"{name}.json", payload)
     print(f"wrote {path}")
     return path
 

@@ -27,7 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 DEFAULT_CONFIG = REPO / "configs" / "fede" / "umls_fede.yaml"
 
 
@@ -64,7 +66,6 @@ def main() -> int:
         # fedkg fit would resume (or refuse) these runs instead of training from scratch.
         parser.error(f"run directories exist already: {', '.join(taken)}; choose another --work")
     overrides = list(args.overrides) + ([f"trainer.threads={args.threads}"] if args.threads else [])
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     print(f"{args.copies} x fedkg fit -c {args.config} {' '.join(overrides)}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
@@ -75,7 +76,7 @@ def main() -> int:
         log = open(work / f"copy{i}.log", "w")
         cmd = [sys.executable, "-m", "lightning_fedkg.cli", "fit", "-c", args.config, *overrides,
                "--out", str(run_dir)]
-        procs.append((run_dir, log, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)))
+        procs.append((run_dir, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
     # Poll all of them: waiting on one at a time would stamp an early finisher late.
     walls: dict[int, float] = {}
     while len(walls) < len(procs):

@@ -1,4 +1,4 @@
-"""The cost of a DP noise source on one client's upload (issue 33).
+"""The cost of a DP noise source on one client's upload: seconds to noise a table.
 
 Three sources, float64, for a table of ``rows × dim`` values:
 

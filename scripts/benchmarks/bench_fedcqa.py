@@ -48,34 +48,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from lightning_fedkg.atomic import write_atomic  # noqa: E402
-from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
+from lightning_fedkg import measure
+from lightning_fedkg.atomic import write_atomic
+from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.methods.fedcqa import CQAFedE
 from lightning_fedkg.run import fit
-from lightning_fedkg.methods.fedcqa import CQAFedE  # noqa: E402
-from lightning_fedkg.runtime import config_table_elements, configure_torch  # noqa: E402
+from lightning_fedkg.runtime import config_table_elements, configure_torch
 
+REPO = measure.repo_root(__file__)
 CONFIGS = REPO / "configs" / "fedcqa"
 DEFAULT_VARIANTS = ["umls_local_gqe", "umls_central_gqe", "umls_fede_gqe", "umls_fedr_gqe", "umls_fedcqa_gqe"]
 KEYS = (("in MRR", "in_graph", "mrr"), ("in HR@3", "in_graph", "hits@3"), ("in HR@10", "in_graph", "hits@10"),
         ("cross MRR", "cross_graph", "mrr"), ("cross HR@3", "cross_graph", "hits@3"),
         ("cross HR@10", "cross_graph", "hits@10"))
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def quality(args) -> None:
@@ -110,8 +102,7 @@ def quality(args) -> None:
         print(f"{variant:24s}{cells}{row['rounds']:>8.1f}{row['seconds']:>8.1f}")
     _print_curves(rows)
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({"overrides": args.overrides, "variants": rows}, indent=1))
+        measure.write_json(args.json_out, {"overrides": args.overrides, "variants": rows})
 
 
 def retest(args) -> None:
@@ -158,8 +149,7 @@ def retest(args) -> None:
         print("second minus first, by seed:", {k: [round(x, 4) for x in v]
                                                for k, v in report["second_minus_first"].items()})
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        measure.write_json(args.json_out, report)
 
 
 def _print_curves(rows: dict) -> None:
@@ -235,7 +225,7 @@ def speed_once(cfg, rounds: int) -> dict:
                                         for t in cross.get("seconds", {})},
         "retrieval_bytes_per_query": retrieval_bytes / max(retrieved, 1),
         "cross_graph_queries": retrieved,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": measure.peak_rss_mib(),
     }
     run.close()
     return out
@@ -352,15 +342,14 @@ def step(args) -> None:
               "entities": int(party.kg.num_entities), "steps_per_fit": steps, "first_fit_s_per_step": first,
               "compiled_ran": families._FUSED_L1.get("fn") not in (None, False),
               "s_per_step": seconds, "median_s_per_step": median,
-              "cdist_over_compiled": median["cdist"] / median["compiled"], "peak_rss_mib": peak_rss_mib()}
+              "cdist_over_compiled": median["cdist"] / median["compiled"], "peak_rss_mib": measure.peak_rss_mib()}
     _write(report, args.json_out)
 
 
 def _write(report: dict, json_out: str | None) -> None:
     print(json.dumps(report, indent=1))
     if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(report, indent=1))
+        measure.write_json(json_out, report)
 
 
 def main() -> None:

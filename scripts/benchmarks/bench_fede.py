@@ -40,11 +40,8 @@ the bytes of each exchange.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
-import resource
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -53,21 +50,14 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # runnable without installing the package
-    sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
+from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.federation import FederatedRun
+from lightning_fedkg.runtime import seed_process
 
-from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.federated.federation import FederatedRun  # noqa: E402
-from lightning_fedkg.runtime import seed_process  # noqa: E402
-
+REPO = measure.repo_root(__file__)
 DEFAULT_CONFIG = REPO / "configs" / "fede" / "fb15k237_fed3_fede.yaml"
 DEFAULT_DATA = "../shared/data/FB15k-237-Fed3"
-
-
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process (Linux reports ``ru_maxrss`` in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -335,7 +325,7 @@ def main(argv=None) -> dict:
         rec["bytes"] = sum(by_name.values())
         rec["bytes_train"] = train_bytes
         rec["bytes_by_name"] = by_name
-        rec["peak_rss_mib"] = peak_rss_mib()
+        rec["peak_rss_mib"] = measure.peak_rss_mib()
         rounds.append(rec)
 
         train_col = f"{rec['train_s_extrapolated']:.1f}*" if bounded else f"{train_s:.1f}"
@@ -387,7 +377,7 @@ def main(argv=None) -> dict:
         "mean_eval_s": sum(evals) / len(evals) if evals else None,
         "mean_transport_s_per_round": sum(rec["transport_s"] for rec in rounds) / len(rounds),
         "evaluations": len(evals),
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": measure.peak_rss_mib(),
         "total_bytes": int(run.channel.total_bytes),
         "mean_bytes_train_per_round": sum(rec["bytes_train"] for rec in rounds) / len(rounds),
         "last_test": rounds[-1].get("test") if evals else None,
@@ -426,7 +416,7 @@ def main(argv=None) -> dict:
 
     result = {"summary": summary, "rounds": rounds, "config_resolved": asdict(cfg)}
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
+        measure.write_json(args.json_out, result, indent=2)
         print(f"  wrote {args.json_out}")
     if tmp is not None:
         tmp.cleanup()

@@ -32,23 +32,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # runnable without installing the package
-    sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
 
+REPO = measure.repo_root(__file__)
 DEFAULT_DATA = "../shared/data/FB15k-237-R10"
 CONFIGS = REPO / "configs" / "fedlu"
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def overrides(args) -> list[str]:
@@ -124,7 +118,7 @@ def run_strategy(args) -> dict:
         "client_best_rounds": metrics.get("client_best_rounds"),
         "evaluations": evaluations,
         "wall_seconds": total,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": measure.peak_rss_mib(),
         "test": metrics["test"],
         "evaluate": cfg.federated.evaluate,
         "test_other_scoring": other,
@@ -178,13 +172,13 @@ def run_unlearning(args) -> dict:
            for stage in ("before", "after", "retrain") if stage in metrics},
         "mia_auc": metrics["mia_auc"],
         "wall_seconds": time.perf_counter() - start,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": measure.peak_rss_mib(),
     }
 
 
 def child(args) -> int:
     result = run_unlearning(args) if args.one == "unlearn" else run_strategy(args)
-    Path(args.json_out).write_text(json.dumps(result, indent=1))
+    measure.write_json(args.json_out, result)
     return 0
 
 
@@ -256,7 +250,7 @@ def main() -> int:
     report = {"machine": platform.platform(), "python": platform.python_version(), "rounds": args.rounds,
               "threads": args.threads, "data": args.data, "results": results}
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        measure.write_json(args.json_out, report)
         print(f"written {args.json_out}")
     return 0
 

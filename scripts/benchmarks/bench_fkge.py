@@ -79,9 +79,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # runnable without installing the package
-    sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 SHARED = ["federated.fkge.shared_relations=0.3"]
 VARIANTS = {
@@ -127,7 +127,7 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
         start = time.perf_counter()
         metrics = fit(cfg, out)
         wall = time.perf_counter() - start
-        done.write_text(json.dumps({**metrics, "bench_wall_seconds": wall}, indent=1))
+        measure.write_json(done, {**metrics, "bench_wall_seconds": wall})
     hs = metrics["handshakes"]
     ppat_batches = sum(h["ppat_batches"] for h in hs)
     return {
@@ -318,7 +318,7 @@ def main() -> int:
         report = {"machine": platform.platform(), "python": platform.python_version(), "config": args.config,
                   "seeds": seeds, "threads": args.threads, "overrides": args.overrides,
                   "pretrain": pretrain, "summaries": summaries, "versus_control": controls, "runs": results}
-        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        measure.write_json(args.json_out, report)
         print(f"written {args.json_out}")
     return 0
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from lightning_fedkg import measure
+
+ROOT = measure.repo_root(__file__)
 
 
 def run_mode(mode: str, config: str, overrides: list[str], work: Path) -> dict:
@@ -132,9 +132,7 @@ def main() -> None:
               f"{r['wire_bytes_per_round'] / 1e6:>15.3f}{r['test_mrr']:>10.4f}{ratio:>10}"
               f"{'-' if compute is None else f'{compute:.2f}':>15}{over:>16}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"config": args.config, "overrides": overrides, "results": results},
-                                             indent=1))
+        measure.write_json(args.out, {"config": args.config, "overrides": overrides, "results": results})
 
 
 if __name__ == "__main__":

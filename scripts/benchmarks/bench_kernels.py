@@ -24,8 +24,9 @@ loop; Adam's ``fused`` is then the CPU's fused kernel).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from lightning_fedkg.measure import write_json
 
 
 def main() -> int:
@@ -141,9 +142,8 @@ def main() -> int:
     for name, same in exact.items():
         print(f"{name} gradients equal cdist's bit for bit: {same}")
     if args.json_out:
-        with open(args.json_out, "w") as fh:
-            device = f"cpu, {args.threads} thread(s)" if args.cpu else torch.cuda.get_device_name()
-            json.dump({"setting": vars(args), "device": device, "results": results}, fh, indent=1)
+        device = f"cpu, {args.threads} thread(s)" if args.cpu else torch.cuda.get_device_name()
+        write_json(args.json_out, {"setting": vars(args), "device": device, "results": results})
     return 0
 
 

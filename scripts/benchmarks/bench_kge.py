@@ -14,17 +14,13 @@ and the process's peak resident memory.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
 
 from lightning_fedkg.data import KGDataModule, LoaderSettings, UniformSampler, load_kg
+from lightning_fedkg.measure import peak_rss_mib
 from lightning_fedkg.models import KGEModule
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def time_training(module: KGEModule, dm: KGDataModule, batches: int, warmup: int = 3) -> float:

@@ -39,14 +39,15 @@ Diagnostics of why PPAT does not find ``R`` (clusters task):
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 
 def hidden_rotation(seed: int, m: int, d: int) -> torch.Tensor:
@@ -322,8 +323,16 @@ def run_moments(seed: int, epsilon: float | None, m: int = 512) -> str:
     return f"moments start (m {m}, {eps}): {error(w, rot):.3f}"
 
 
+def rotated_pair_of_the_tests():
+    """``_rotated_pair`` of tests/test_ppat.py (the ``mean`` task's data), loaded from that file."""
+    spec = importlib.util.spec_from_file_location("test_ppat", REPO / "tests" / "test_ppat.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._rotated_pair
+
+
 def mean_task(seeds, lam: float, epochs: int) -> None:
-    from test_ppat import _rotated_pair
+    _rotated_pair = rotated_pair_of_the_tests()
 
     from lightning_fedkg.federated.channel import Channel
     from lightning_fedkg.methods.fkge.ppat import PPATClient, PPATHost, run_ppat

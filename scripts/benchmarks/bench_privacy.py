@@ -26,20 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
+from lightning_fedkg import measure
+from lightning_fedkg.config import load_config
+from lightning_fedkg.federated.audit import AuditSettings, run_audit
+from lightning_fedkg.run import fit
 
-from lightning_fedkg.config import load_config  # noqa: E402
-from lightning_fedkg.run import fit  # noqa: E402
-from lightning_fedkg.federated.audit import AuditSettings, run_audit  # noqa: E402
-
+REPO = measure.repo_root(__file__)
 FEDE = REPO / "configs" / "fede" / "umls_fede.yaml"
 SECURE = ["federated.secure_aggregation.enabled=true"]
 HIDDEN = SECURE + ["federated.secure_aggregation.hide_aggregate=true", "federated.federation_key=bench-privacy"]
@@ -133,8 +130,7 @@ def main(argv=None) -> dict:
               + "".join(f"{spread(col('attack_f1', v)):>16}" for v in ("uploads", "aggregate", "baseline"))
               + "".join(f"{spread(col('leakage', v)):>16}" for v in ("uploads", "aggregate", "baseline")))
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({"settings": vars(args), "variants": summary}, indent=1))
+        measure.write_json(args.json_out, {"settings": vars(args), "variants": summary})
     return summary
 
 

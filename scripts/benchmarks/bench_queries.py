@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Build FedCQA's query sets for a federation and time them (FedCQA §5.1; issue 19's target:
-FB15k-237 with 3 clients, ~750k train and ~70k evaluation queries, in ≤ 5 minutes on the
-2-core CPU).
+"""Build FedCQA's query sets for a federation and time them (FedCQA §5.1): FB15k-237 in 3
+clients is ~750k train and ~70k evaluation queries, which should take at most 5 minutes on a
+2-core CPU.
 
     python scripts/benchmarks/bench_queries.py --data ../shared/data/FB15k-237 --clients 3 --threads 2
     python scripts/benchmarks/bench_queries.py --data umls --clients 3 --train 9000 --eval 900 --cross 300
@@ -13,20 +13,14 @@ run with the same ``--cache`` only loads files. ``--json-out`` writes the counts
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from lightning_fedkg.data import load_federated  # noqa: E402
-from lightning_fedkg.methods.fedcqa.query_sets import QuerySettings, federated_query_sets  # noqa: E402
+from lightning_fedkg.data import load_federated
+from lightning_fedkg.measure import write_json
+from lightning_fedkg.methods.fedcqa.query_sets import QuerySettings, federated_query_sets
 
 
 def main(argv=None) -> dict:
@@ -58,7 +52,7 @@ def main(argv=None) -> dict:
           f"({torch.get_num_threads()} threads)")
     result = {"data": args.data, "clients": args.clients, "settings": vars(args), "sizes": sizes, "seconds": seconds}
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=1))
+        write_json(args.json_out, result)
     return result
 
 

@@ -25,11 +25,10 @@ import logging
 import sys
 import time
 from itertools import islice
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # runnable without installing the package
-    sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 
 def main() -> int:

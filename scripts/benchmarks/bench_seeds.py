@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,16 +62,14 @@ def run_one(config: str, seed: int, run_dir: Path, overrides: list[str]) -> dict
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "lightning_fedkg.cli", "fit", "-c", str(Path(config).resolve()), f"seed={seed}",
                "trainer.progress_bar=false", *overrides, "--out", str(run_dir.resolve())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         print(f"  seed {seed}: {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
         with open(run_dir / "bench.log", "w") as log:
-            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
         wall = time.perf_counter() - start
         if rc != 0 or not metrics_path.exists():
             raise RuntimeError(f"run failed (exit {rc}); see {run_dir / 'bench.log'}")
-        timing_path.write_text(json.dumps({"wall_s": wall, "command": cmd[1:]}, indent=2))
+        measure.write_json(timing_path, {"wall_s": wall, "command": cmd[1:]}, indent=2)
     metrics = json.loads(metrics_path.read_text())
     test = metrics["test"]
     result = {"seed": seed, "mrr": float(test["mrr"]), "hits@10": float(test["hits@10"]),
@@ -112,15 +111,6 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def code_version() -> dict:
-    """The measured code: ``git rev-parse HEAD`` and whether tracked files differ from it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -133,9 +123,9 @@ def main(argv=None) -> int:
     print()
     print(format_table(results))
     if args.json_path:
-        payload = {"code": code_version(), "seeds": args.seeds, "overrides": args.overrides, "results": results}
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(payload, indent=2) + "\n")
+        payload = {"code": measure.code_version(REPO), "seeds": args.seeds, "overrides": args.overrides,
+                   "results": results}
+        measure.write_json(args.json_path, payload, indent=2)
         print(f"results written to {args.json_path}")
     return 0
 

@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 
 def queued_exchange(self, round, stage, messages, wire, channel, timeout):

@@ -40,16 +40,15 @@ does not hide; on a GPU every timing ends with a device synchronisation.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from itertools import islice
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # runnable without installing the package
-    sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 
 def main() -> int:
@@ -189,7 +188,7 @@ def main() -> int:
           f"(the host's; a replayed recording is one launch, not counted)")
     print(f"{'framework':>12}: {result['lightning'] - result['bare']:8.2f} ms per batch (lightning - bare)")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"setting": setting, "ms_per_batch": result}, indent=1))
+        measure.write_json(args.json_out, {"setting": setting, "ms_per_batch": result})
     return 0
 
 

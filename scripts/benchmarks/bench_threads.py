@@ -50,7 +50,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 DEFAULT_CONFIGS = [str(REPO / "configs" / "fede" / "umls_fede.yaml"),
                    str(REPO / "configs" / "fedlu" / "umls_fedlu.yaml")]
 
@@ -116,13 +118,12 @@ def run_once(config: str, variant: str, overrides: list[str], work: Path, tag: s
     cmd = [sys.executable, "-c", WRAPPER, "fit", "-c", config, "--out", str(out), *overrides]
     if variant != "unset":
         cmd.append(f"trainer.threads={int(variant)}")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log_path = work / f"{tag}.log"
     load1 = os.getloadavg()[0]
     busy0 = busy_cpu_seconds()
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT)
         deadline = start + timeout
         status, usage = 0, None
@@ -304,10 +305,8 @@ def main(argv=None) -> int:
     rows = summarize(runs)
     print_summary(rows)
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(
-            {"machine": machine, "argv": sys.argv[1:], "overrides": overrides, "duty": args.duty, "runs": runs, "summary": rows},
-            indent=2) + "\n")
+        measure.write_json(args.json_out, {"machine": machine, "argv": sys.argv[1:], "overrides": overrides,
+                                           "duty": args.duty, "runs": runs, "summary": rows}, indent=2)
         print(f"written {args.json_out}")
     return 1 if any(r["returncode"] for r in runs) else 0
 

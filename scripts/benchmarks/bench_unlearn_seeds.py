@@ -25,7 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 ROWS = (("forget MRR", ("forget", "mrr")), ("forget H@10", ("forget", "hits@10")), ("test MRR", ("test", "mrr")),
         ("avatar forget MRR", ("forget_global", "mrr")), ("avatar test MRR", ("test_global", "mrr")),
@@ -92,11 +94,11 @@ def main() -> int:
             cells.append(f"{mean:>14.4f} ± {std:.4f}")
         print(f"{label:<22}" + "".join(cells))
     if args.json:
-        Path(args.json).write_text(json.dumps({
+        measure.write_json(args.json, {
             "config": args.config, "seeds": args.seeds, "overrides": args.overrides, "summary": summary,
             "per_seed": {s: {"source": results[s]["source"], "budget": results[s].get("budget"),
                              "decay_val_mrr": {e["name"]: e.get("decay_val_mrr") for e in results[s]["after"]["clients"]}}
-                         for s in args.seeds}}, indent=1))
+                         for s in args.seeds}})
     return 0
 
 

@@ -30,7 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
+BENCH_STEP = Path(__file__).with_name("bench_step.py")
 
 
 def copies(cores: list[int], args, work: Path, tag: str) -> list[float]:
@@ -38,7 +41,7 @@ def copies(cores: list[int], args, work: Path, tag: str) -> list[float]:
     procs, outs = [], []
     for i, core in enumerate(cores):
         out = work / f"{tag}_{i}.json"
-        cmd = [sys.executable, str(REPO / "scripts" / "benchmarks" / "bench_step.py"), "-c", args.config, "--client",
+        cmd = [sys.executable, str(BENCH_STEP), "-c", args.config, "--client",
                str(args.client), "--batches", str(args.batches), "--threads", "1", "--json-out", str(out),
                *args.overrides]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedCQA on one GPU (issue 36): the in-graph ordering on FB15k-237-Fed3 (Local against FedCQA,
+# FedCQA on one GPU: the in-graph ordering on FB15k-237-Fed3 (Local against FedCQA,
 # GQE, width 400, the paper's softmax loss) at a budget the 2-core CPU cannot reach.
 #
 #   OUT=$OUT ROUNDS=20 STEPS=100 SEEDS="0" scripts/gpu/gpu_fedcqa.sh      (from the repository root)

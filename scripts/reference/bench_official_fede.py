@@ -59,8 +59,6 @@ from __future__ import annotations
 
 import argparse
 import filecmp
-import hashlib
-import json
 import os
 import pickle
 import platform
@@ -73,6 +71,8 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+
+from lightning_fedkg.measure import git_blob_id, peak_rss_mib, write_json
 
 # Git blob ids of the official files at AnselCmy/FedE commit 46f59931b689a2d0bffad67ae027bf59da048578
 # (identifiers only, used to report whether --fede-dir holds that version unmodified).
@@ -88,19 +88,9 @@ DEFAULT_TOOL = "../shared/tools/make_fed_splits.py"
 SPLIT_NAME = "FB15k-237-Fed3"
 
 
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process (Linux reports ``ru_maxrss`` in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def git_blob_id(path: Path) -> str:
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -166,6 +156,8 @@ def import_official(fede_dir: Path):
     if not hasattr(np, "in1d"):  # shim: removed in numpy 2.4, same semantics as isin
         np.in1d = np.isin
     warnings.filterwarnings("ignore", message="where received a uint8 condition tensor")
+    # The official code is imported from its own unmodified checkout, the only way to run it
+    # in this process without copying it: its folder goes first on the module path.
     sys.path.insert(0, str(fede_dir))
     import fede  # noqa: E402  (the official module)
 
@@ -390,7 +382,7 @@ def main(argv=None) -> int:
     records["cpu_s_total"] = cpu_seconds()
     print(f"peak RSS {records['peak_rss_mib']:.0f} MiB; process CPU {records['cpu_s_total']:.1f} s", flush=True)
     if a.json_out:
-        Path(a.json_out).write_text(json.dumps(records, indent=1))
+        write_json(a.json_out, records)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

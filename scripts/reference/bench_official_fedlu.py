@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import math
 import os
@@ -103,7 +102,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg.measure import git_blob_id, repo_root, write_json
+
+REPO = repo_root(__file__)
 
 # git blob ids of the official files at nju-websoft/FedLU commit 43d8cb5ee32c4fbfb38304e67f777b9c3993ccb0
 OFFICIAL_COMMIT = "43d8cb5ee32c4fbfb38304e67f777b9c3993ccb0"
@@ -262,11 +263,6 @@ TRANSFER_RE = re.compile(r"^tranfer ([a-z_]+):([-+0-9.eEnaif]+)$")
 ARGS_RE = re.compile(r"^args of client (\d+) (Namespace\(.*\))$")
 
 
-def git_blob_id(path: Path) -> str:
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def parse_namespace(text: str) -> dict:
     call = ast.parse(text, mode="eval").body
     return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
@@ -419,7 +415,7 @@ def main() -> int:
         res["estimates"] = estimates(res)
         for rd in res.get("rounds", []):
             rd["losses"] = {k: v for k, v in rd["losses"].items() if v.get("local") or v.get("transfer")}
-        a.reestimate.write_text(json.dumps(res, indent=1) + "\n")
+        write_json(a.reestimate, res)
         print(json.dumps(res["estimates"], indent=1))
         return 0
 
@@ -579,8 +575,7 @@ def main() -> int:
 
     print_table(result)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(a.out, result)
         print("wrote", a.out)
     if a.keep_save_dir:
         print("save dir kept:", save_dir)

@@ -26,6 +26,8 @@ import json
 import statistics
 from pathlib import Path
 
+from lightning_fedkg.measure import write_json
+
 
 def mean_std(values: list[float]) -> dict:
     values = [float(v) for v in values if v is not None]
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"validation MRR (local) by rounds trained, {side}: {curve}")
     out = {"summary": summary, "runs": sides}
     if args.json_out:
-        args.json_out.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json_out, out, indent=2)
         print(f"written {args.json_out}")
     return out
 

@@ -124,9 +124,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 
 DEFAULT_CONFIG = REPO / "configs" / "fedcqa" / "umls_fedcqa_gqe.yaml"
 
@@ -484,7 +484,7 @@ def ours_child(args) -> None:
         "cross_graph": {"mrr": cross.get("mrr"), "hits@3": cross.get("hits@3"), "by_type": cross.get("by_type", {})},
     }
     run.close()
-    Path(args.ours_child).write_text(json.dumps(out, indent=1, default=float))
+    measure.write_json(args.ours_child, out, default=float)
 
 
 def run_ours(args, overrides: list[str], work: Path) -> dict:
@@ -619,8 +619,7 @@ def main() -> None:
             report["ours"] = ours
         print(table(theirs, ours))
         if args.json_out:
-            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json_out).write_text(json.dumps(report, indent=1, default=float))
+            measure.write_json(args.json_out, report, default=float)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

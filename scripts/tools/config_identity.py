@@ -41,12 +41,12 @@ import itertools
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 CONFIGS = REPO / "configs"
 #: configs/<BASES>/: the files shipped configs build on (not dumped: not meant to run alone)
 BASES = "base"
-if str(REPO) not in sys.path:  # this checkout's package, not an installed one
-    sys.path.insert(0, str(REPO))
 
 
 def shipped_configs(root: Path = CONFIGS) -> list[Path]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
+from lightning_fedkg.measure import repo_root
 from lightning_fedkg.privacy import dp as dplib
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "privacy"
+DOCS = repo_root(__file__) / "docs" / "results" / "privacy"
 DELTA = 1e-5
 UMLS = {"fede_dp1024": 1024, "fede_dp256": 256, "fede_dp16": 16, "fede_dp4": 4, "fede_dp1": 1,
         "fede_secure_dp16": 16}

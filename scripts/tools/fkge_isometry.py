@@ -26,10 +26,6 @@ from pathlib import Path
 import torch
 from torch.nn.functional import cosine_similarity, normalize
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 
 def gram_correlation(x: torch.Tensor, y: torch.Tensor) -> float:
     """Correlation of the off-diagonal cosines of the centred rows of ``x`` and of ``y``."""

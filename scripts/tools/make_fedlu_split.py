@@ -20,19 +20,15 @@ Deterministic: a function of the input KG and the arguments. Example::
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # runnable without installing the package
-    sys.path.insert(0, str(REPO))
-
-from lightning_fedkg.data import load_federated, write_fedlu_folder  # noqa: E402
-from lightning_fedkg.methods.fedlu.phase import sample_forget_set  # noqa: E402
+from lightning_fedkg.data import load_federated, write_fedlu_folder
+from lightning_fedkg.measure import write_json
+from lightning_fedkg.methods.fedlu.phase import sample_forget_set
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     stats = {"command": "python scripts/tools/make_fedlu_split.py " + shlex.join(sys.argv[1:] if argv is None else argv),
              "clients": [{**row, **{s: len(t[c]) for s, t in extra.items()}} for c, row in enumerate(fed.stats())]}
     if args.stats:
-        args.stats.write_text(json.dumps(stats, indent=2) + "\n")
+        write_json(args.stats, stats, indent=2)
     for row in stats["clients"]:
         print(row)
     return stats

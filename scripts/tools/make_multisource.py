@@ -30,12 +30,12 @@ triples, also in ``raw/``, or OpenKE ``entity2id.txt`` ...; ``--format`` forces 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from lightning_fedkg.data import load_kg
+from lightning_fedkg.measure import write_json
 from lightning_fedkg.methods.fkge.multisource import multisource_stats, split_into_sources, write_multisource_folder
 
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     stats["arguments"] = {"kg": str(args.kg), "sources": args.sources, "seed": args.seed,
                           "valid_frac": args.valid_frac, "test_frac": args.test_frac,
                           "shared_relations": args.shared_relations}
-    (args.out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    write_json(args.out / "stats.json", stats)
     tables = format_tables(stats)
     dropped = {s: sum(v.values()) for s, v in kg.removed.items() if sum(v.values())}
     inp = stats["input"]

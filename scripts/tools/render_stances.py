@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "stances.md"
+from lightning_fedkg.measure import repo_root
+
+PAGE = repo_root(__file__) / "docs" / "stances.md"
 BEGIN, END = "<!-- stances:begin -->", "<!-- stances:end -->"
 
 

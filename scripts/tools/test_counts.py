@@ -25,9 +25,10 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_fedkg import measure
+
+REPO = measure.repo_root(__file__)
 OUT = REPO / "docs" / "results" / "tests" / "counts.json"
 
 #: name: (the README's command it stands for, the markers it collects with)
@@ -65,10 +66,6 @@ def collect(markers: str) -> tuple[list[str], dict]:
     return argv, parse(done.stdout)
 
 
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--print", action="store_true", help="print the counts, write no file")
@@ -76,9 +73,10 @@ def main(argv=None) -> int:
     import torch
 
     record = {
-        "commit": git("rev-parse", "--short", "HEAD"),
+        "commit": measure.git("rev-parse", "--short", "HEAD", repo=REPO, check=True),
         # the docs tests take one case per page, script and config, so any file can move the counts
-        "uncommitted_changes": bool(git("status", "--porcelain", "--", ".", f":!{OUT.relative_to(REPO)}")),
+        "uncommitted_changes": bool(measure.git("status", "--porcelain", "--", ".", f":!{OUT.relative_to(REPO)}",
+                                                repo=REPO, check=True)),
         "date": datetime.date.today().isoformat(),
         "python": platform.python_version(),
         "torch": torch.__version__,
