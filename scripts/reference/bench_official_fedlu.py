@@ -101,6 +101,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from lightning_fedkg.measure import git_blob_id, repo_root, write_json
 
@@ -385,7 +386,7 @@ def estimates(r: dict) -> dict:
     return est
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fedlu-dir", required=True, type=Path, help="official checkout root (holds Code/)")
     ap.add_argument("--data", type=Path, default=REPO / ".." / "shared" / "data" / "FB15k-237-R10")
@@ -406,48 +407,53 @@ def main() -> int:
                     help="recompute the 'data' and 'estimates' sections of an existing JSON and rewrite it")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                     help="further flags for fedlu.py, appended last (argparse: last one wins)")
-    a = ap.parse_args()
+    return ap
 
-    if a.reestimate:
-        res = json.loads(a.reestimate.read_text())
-        ddir = Path((res.get("effective_args") or {}).get("local_file_dir") or a.data).resolve()
-        res["data"] = {"dir": str(ddir), "clients": summarize_data(ddir)}
-        res["estimates"] = estimates(res)
-        for rd in res.get("rounds", []):
-            rd["losses"] = {k: v for k, v in rd["losses"].items() if v.get("local") or v.get("transfer")}
-        write_json(a.reestimate, res)
-        print(json.dumps(res["estimates"], indent=1))
-        return 0
 
-    fedlu_dir = a.fedlu_dir.resolve()
-    code_dir = fedlu_dir / "Code"
-    data_dir = a.data.resolve()
-    if not (code_dir / "fedlu.py").is_file():
-        ap.error(f"{code_dir}/fedlu.py not found")
-    clients = sorted(int(p.name) for p in data_dir.iterdir() if p.is_dir() and p.name.isdigit())
-    if not clients:
-        ap.error(f"no client folders in {data_dir}")
+def reestimate(path: Path, data: Path) -> int:
+    """``--reestimate``: the data summary and the estimates of an existing JSON, recomputed."""
+    res = json.loads(path.read_text())
+    ddir = Path((res.get("effective_args") or {}).get("local_file_dir") or data).resolve()
+    res["data"] = {"dir": str(ddir), "clients": summarize_data(ddir)}
+    res["estimates"] = estimates(res)
+    for rd in res.get("rounds", []):
+        rd["losses"] = {k: v for k, v in rd["losses"].items() if v.get("local") or v.get("transfer")}
+    write_json(path, res)
+    print(json.dumps(res["estimates"], indent=1))
+    return 0
 
+
+def official_files(code_dir: Path) -> dict:
+    """Each file of :data:`OFFICIAL_BLOBS` in ``code_dir``: its git blob id and whether it is
+    the file at commit 43d8cb5."""
     blobs = {}
     for name, expected in OFFICIAL_BLOBS.items():
         p = code_dir / name
         got = git_blob_id(p) if p.is_file() else None
         blobs[name] = {"blob": got, "matches_43d8cb5": got == expected}
+    return blobs
 
-    data_summary = summarize_data(data_dir)
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_official_fedlu_"))
+def write_shim(tmp: Path) -> Path:
+    """The folder holding the generated ``sitecustomize.py`` (:data:`SHIM`)."""
     shim_dir = tmp / "shim"
     shim_dir.mkdir()
     (shim_dir / "sitecustomize.py").write_text(SHIM)
-    save_dir = tmp / "save"
+    return shim_dir
 
-    flags = (["--local_file_dir", str(data_dir), "--save_dir", str(save_dir), "--model", a.model]
-             + RUN_FEDLU_FLAGS
-             + ["--client_num", str(len(clients)), "--gamma", str(a.gamma), "--max_iter", str(a.rounds)]
-             + list(a.extra))
-    cmd = [a.python, "-u", str(code_dir / "fedlu.py")] + flags
 
+def fedlu_flags(a: argparse.Namespace, data_dir: Path, save_dir: Path, n_clients: int) -> list[str]:
+    """``fedlu.py``'s flags: run_FedLU.sh's, then this run's, then ``--extra`` (the last wins)."""
+    return (["--local_file_dir", str(data_dir), "--save_dir", str(save_dir), "--model", a.model]
+            + RUN_FEDLU_FLAGS
+            + ["--client_num", str(n_clients), "--gamma", str(a.gamma), "--max_iter", str(a.rounds)]
+            + list(a.extra))
+
+
+def child_env(a: argparse.Namespace, shim_dir: Path, code_dir: Path) -> dict:
+    """The official code's environment: ours, with the shim's folder first on ``PYTHONPATH``
+    (the interpreter imports its ``sitecustomize.py`` at start: the shim reaches the
+    unmodified official code that way) and the thread, hash-seed and marker settings."""
     env = dict(os.environ)
     env.update({
         "PYTHONPATH": str(shim_dir) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
@@ -459,30 +465,36 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     })
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
-    if a.pin == "none":
-        cpus = None
-    elif a.pin == "auto":
+
+def pinned_cpus(pin: str, threads: int) -> set[int] | None:
+    """The CPUs ``--pin`` pins the child to (None: not pinned)."""
+    if pin == "none":
+        return None
+    if pin == "auto":
         avail = sorted(os.sched_getaffinity(0))
-        cpus = set(avail[-a.threads:]) if a.threads < len(avail) else None
-    else:
-        cpus = {int(x) for x in a.pin.split(",")}
+        return set(avail[-threads:]) if threads < len(avail) else None
+    return {int(x) for x in pin.split(",")}
 
-    versions = child_versions(a.python)
-    print("child env:", versions, flush=True)
-    print("command:", " ".join(cmd), flush=True)
-    print("pinned to CPUs:", sorted(cpus) if cpus else "not pinned", flush=True)
 
-    lines: list[tuple[float, str]] = []
-    t0 = time.time()
-    proc = subprocess.Popen(
-        cmd, cwd=str(code_dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, bufsize=1, start_new_session=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-    )
-    poller = MemPoller(proc.pid)
-    poller.start()
+class OfficialRun(NamedTuple):
+    """What :func:`run_official` saw of the child: its timestamped output lines, its start and
+    end (``time.time()``), its exit status, whether ``--time-limit`` stopped it, the memory
+    poller and the harness's children's rusage."""
 
+    lines: list[tuple[float, str]]
+    t0: float
+    t_end: float
+    returncode: int
+    stopped_by_limit: bool
+    poller: MemPoller
+    rusage: resource.struct_rusage
+
+
+def kill_at(proc: subprocess.Popen, seconds: float) -> tuple[threading.Timer | None, dict]:
+    """A timer that ends ``proc``'s process group (SIGTERM) after ``seconds`` (none if 0),
+    and the flag it sets: ``{"by_limit": True}`` once it has fired."""
     killed = {"by_limit": False}
 
     def on_limit():
@@ -492,11 +504,19 @@ def main() -> int:
         except ProcessLookupError:
             pass
 
-    timer = threading.Timer(a.time_limit, on_limit) if a.time_limit > 0 else None
+    timer = threading.Timer(seconds, on_limit) if seconds > 0 else None
     if timer:
         timer.daemon = True
         timer.start()
-    logf = open(a.log, "w") if a.log else None
+    return timer, killed
+
+
+def follow(proc: subprocess.Popen, t0: float, n_clients: int, log: Path | None) -> list[tuple[float, str]]:
+    """Read the child's output line by line until it ends: each line timestamped, written to
+    ``log`` (seconds since ``t0``), and its progress (clients trained, tests, validations,
+    metric blocks) printed."""
+    lines: list[tuple[float, str]] = []
+    logf = open(log, "w") if log else None
     n_train_done = 0
     assert proc.stdout is not None
     for raw in proc.stdout:
@@ -510,12 +530,31 @@ def main() -> int:
             ev = line.split()[1]
             if ev == "Client.train:end":
                 n_train_done += 1
-                r, c = divmod(n_train_done - 1, len(clients))
+                r, c = divmod(n_train_done - 1, n_clients)
                 print(f"[{t - t0:8.1f}s] round {r} client {c} trained", flush=True)
             elif ev in ("Client.test:end", "Client.valid:end"):
                 print(f"[{t - t0:8.1f}s] {ev} client {line.split()[2]}", flush=True)
         elif BLOCK_RE.match(line):
             print(f"[{t - t0:8.1f}s] {line}", flush=True)
+    if logf:
+        logf.close()
+    return lines
+
+
+def run_official(cmd: list[str], code_dir: Path, env: dict, cpus: set[int] | None, time_limit: float,
+                 log: Path | None, n_clients: int) -> OfficialRun:
+    """Start the official code in ``code_dir`` (its own session, pinned to ``cpus``), poll its
+    memory, follow its output, and end it at ``time_limit`` (its workers too)."""
+    t0 = time.time()
+    proc = subprocess.Popen(
+        cmd, cwd=str(code_dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, bufsize=1, start_new_session=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
+    poller = MemPoller(proc.pid)
+    poller.start()
+    timer, killed = kill_at(proc, time_limit)
+    lines = follow(proc, t0, n_clients, log)
     rc = proc.wait()
     if timer:
         timer.cancel()
@@ -528,50 +567,94 @@ def main() -> int:
     t_end = time.time()
     poller.stop_evt.set()
     poller.join(timeout=5)
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if logf:
-        logf.close()
+    return OfficialRun(lines, t0, t_end, rc, killed["by_limit"], poller, resource.getrusage(resource.RUSAGE_CHILDREN))
 
-    result = analyse(lines, t0, t_end, len(clients), data_summary, a)
-    result.update({
+
+def shim_record(env: dict, cpus: set[int] | None) -> dict:
+    return {
+        "sitecustomize": "Tensor.cuda/Module.cuda return self when CUDA is unavailable; "
+                         "torch.set_num_threads/set_num_interop_threads(threads); "
+                         "phase markers on Client/Server methods (stderr, no RNG, no changes)",
+        "env": {k: env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED")},
+        "pinned_cpus": sorted(cpus) if cpus else None,
+    }
+
+
+def memory_record(run: OfficialRun) -> dict:
+    return {
+        "child_peak_rss_mib_vmhwm": round(run.poller.vm_hwm_kb / 1024, 1),
+        "tree_peak_rss_mib_summed": round(run.poller.tree_rss_peak_kb / 1024, 1),
+        "ru_maxrss_children_mib": round(run.rusage.ru_maxrss / 1024, 1),
+        "max_processes": run.poller.max_procs,
+        "note": "VmHWM: the fedlu.py process (polled each second); summed: fedlu.py plus its "
+                "DataLoader workers (shared-memory pages counted in each); ru_maxrss: largest "
+                "single process among the harness's reaped children",
+    }
+
+
+def run_record(a: argparse.Namespace, cmd: list[str], flags: list[str], blobs: dict, versions: dict, env: dict,
+               cpus: set[int] | None, run: OfficialRun, data_dir: Path, data_summary: dict) -> dict:
+    """The JSON's fields beside :func:`analyse`'s: how the official code ran, where, and its memory."""
+    return {
         "harness": "scripts/reference/bench_official_fedlu.py",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.t0)),
         "command": cmd,
         "fedlu_flags": flags,
         "official_code": {"repo": "https://github.com/nju-websoft/FedLU", "expected_commit": OFFICIAL_COMMIT,
                           "files": blobs, "unmodified": all(v["matches_43d8cb5"] for v in blobs.values())},
         "child_env": versions,
-        "shim": {
-            "sitecustomize": "Tensor.cuda/Module.cuda return self when CUDA is unavailable; "
-                             "torch.set_num_threads/set_num_interop_threads(threads); "
-                             "phase markers on Client/Server methods (stderr, no RNG, no changes)",
-            "env": {k: env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED")},
-            "pinned_cpus": sorted(cpus) if cpus else None,
-        },
+        "shim": shim_record(env, cpus),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": a.threads},
-        "returncode": rc,
-        "stopped_by_time_limit": killed["by_limit"],
+        "returncode": run.returncode,
+        "stopped_by_time_limit": run.stopped_by_limit,
         "time_limit_s": a.time_limit or None,
-        "wall_s": round(t_end - t0, 3),
-        "cpu_s_children": round(ru.ru_utime + ru.ru_stime, 3),
+        "wall_s": round(run.t_end - run.t0, 3),
+        "cpu_s_children": round(run.rusage.ru_utime + run.rusage.ru_stime, 3),
         "timing_note": "wall times are affected by other jobs on this 2-core machine (the child is "
                        "pinned to one CPU); *_cpu_s are CPU seconds of fedlu.py plus its reaped "
                        "DataLoader workers over the same span (os.times in the shim's markers)",
-        "memory": {
-            "child_peak_rss_mib_vmhwm": round(poller.vm_hwm_kb / 1024, 1),
-            "tree_peak_rss_mib_summed": round(poller.tree_rss_peak_kb / 1024, 1),
-            "ru_maxrss_children_mib": round(ru.ru_maxrss / 1024, 1),
-            "max_processes": poller.max_procs,
-            "note": "VmHWM: the fedlu.py process (polled each second); summed: fedlu.py plus its "
-                    "DataLoader workers (shared-memory pages counted in each); ru_maxrss: largest "
-                    "single process among the harness's reaped children",
-        },
+        "memory": memory_record(run),
         "data": {"dir": str(data_dir), "clients": data_summary},
-        "child_log_tail": [ln for _, ln in lines[-40:]],
-    })
+        "child_log_tail": [ln for _, ln in run.lines[-40:]],
+    }
+
+
+def main() -> int:
+    ap = build_parser()
+    a = ap.parse_args()
+    if a.reestimate:
+        return reestimate(a.reestimate, a.data)
+
+    fedlu_dir = a.fedlu_dir.resolve()
+    code_dir = fedlu_dir / "Code"
+    data_dir = a.data.resolve()
+    if not (code_dir / "fedlu.py").is_file():
+        ap.error(f"{code_dir}/fedlu.py not found")
+    clients = sorted(int(p.name) for p in data_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    if not clients:
+        ap.error(f"no client folders in {data_dir}")
+    blobs = official_files(code_dir)
+    data_summary = summarize_data(data_dir)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_official_fedlu_"))
+    shim_dir = write_shim(tmp)
+    save_dir = tmp / "save"
+    flags = fedlu_flags(a, data_dir, save_dir, len(clients))
+    cmd = [a.python, "-u", str(code_dir / "fedlu.py")] + flags
+    env = child_env(a, shim_dir, code_dir)
+    cpus = pinned_cpus(a.pin, a.threads)
+
+    versions = child_versions(a.python)
+    print("child env:", versions, flush=True)
+    print("command:", " ".join(cmd), flush=True)
+    print("pinned to CPUs:", sorted(cpus) if cpus else "not pinned", flush=True)
+    run = run_official(cmd, code_dir, env, cpus, a.time_limit, a.log, len(clients))
+
+    result = analyse(run.lines, run.t0, run.t_end, len(clients), data_summary)
+    result.update(run_record(a, cmd, flags, blobs, versions, env, cpus, run, data_dir, data_summary))
     result["estimates"] = estimates(result)
-    if rc != 0 and not killed["by_limit"]:
-        result["error_tail"] = [ln for _, ln in lines[-60:]]
+    if run.returncode != 0 and not run.stopped_by_limit:
+        result["error_tail"] = [ln for _, ln in run.lines[-60:]]
 
     print_table(result)
     if a.out:
@@ -582,13 +665,49 @@ def main() -> int:
         shutil.rmtree(shim_dir, ignore_errors=True)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if (rc == 0 or killed["by_limit"]) else 1
+    return 0 if (run.returncode == 0 or run.stopped_by_limit) else 1
 
 
-def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
+class BlockReader:
+    """The metric blocks of the official log (``test in Iter k``, ``local valid ...``, ``global
+    valid ...``): per client (``Log of Client i``) and weighted, up to a line of dashes."""
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.blocks: list[dict] = []
+        self.current: dict | None = None
+        self.target: dict | None = None
+
+    def read(self, t: float, line: str) -> None:
+        m = BLOCK_RE.match(line)
+        if m:
+            self.current = {"mode": m.group(1), "iter": int(m.group(2)), "t_s": round(t - self.t0, 3),
+                            "clients": {}, "weighted": {}}
+            self.blocks.append(self.current)
+            self.target = None
+            return
+        if self.current is not None:
+            m = CLIENT_RE.match(line)
+            if m:
+                self.target = self.current["clients"].setdefault(m.group(1), {})
+                return
+            if line == "Weight Averaged of All Clients":
+                self.target = self.current["weighted"]
+                return
+            m = KV_BLOCK_RE.match(line)
+            if m and self.target is not None:
+                self.target[m.group(1)] = float(m.group(2))
+                return
+            if line.startswith("-" * 20):
+                self.current = None
+
+
+def parse_log(lines: list[tuple[float, str]], t0: float) -> tuple[list, list, list, dict | None]:
+    """The child's output read back: the shim's markers ``(name, phase, who, time, cpu)``,
+    the metric blocks (:class:`BlockReader`), each ``Client.train``'s logged losses, and the
+    effective arguments the official code printed."""
     events = []  # (name, phase, who, t)
-    blocks = []
-    cur_block = None
+    blocks = BlockReader(t0)
     train_logs: list[dict] = []
     args_ns = None
     in_train = None  # index into train_logs while inside Client.train
@@ -620,29 +739,13 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
             if m:
                 train_logs[in_train]["local"][m.group(1)] = float(m.group(2))
                 continue
-        m = BLOCK_RE.match(line)
-        if m:
-            cur_block = {"mode": m.group(1), "iter": int(m.group(2)), "t_s": round(t - t0, 3),
-                         "clients": {}, "weighted": {}}
-            blocks.append(cur_block)
-            target = None
-            continue
-        if cur_block is not None:
-            m = CLIENT_RE.match(line)
-            if m:
-                target = cur_block["clients"].setdefault(m.group(1), {})
-                continue
-            if line == "Weight Averaged of All Clients":
-                target = cur_block["weighted"]
-                continue
-            m = KV_BLOCK_RE.match(line)
-            if m and target is not None:
-                target[m.group(1)] = float(m.group(2))
-                continue
-            if line.startswith("-" * 20):
-                cur_block = None
+        blocks.read(t, line)
+    return events, blocks.blocks, train_logs, args_ns
 
-    # ---- pair begin/end events into calls, in order
+
+def pair_calls(events: list) -> list[dict]:
+    """Begin and end markers paired into calls (``name``, ``who``, wall ``t0``/``t1``, CPU
+    ``c0``/``c1``), in order of their start."""
     calls = []
     open_calls = {}
     for name, phase, who, tc, cpu in events:
@@ -653,65 +756,74 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
             (b, bc) = open_calls.pop(key)
             calls.append({"name": name, "who": who, "t0": b, "t1": tc, "c0": bc, "c1": cpu})
     calls.sort(key=lambda c: c["t0"])
+    return calls
 
-    def dur(c):
-        return c["t1"] - c["t0"]
 
-    def cdur(c):
-        return c["c1"] - c["c0"]
+def dur(c: dict) -> float:
+    return c["t1"] - c["t0"]
 
-    def rel(t):
-        return round(t - t0, 3)
 
-    out: dict = {"effective_args": args_ns}
-    ctrain = [c for c in calls if c["name"] == "Client.train"]
-    t_first_train = ctrain[0]["t0"] if ctrain else None
-    ctest = [c for c in calls if c["name"] == "Client.test"]
-    init_tests = [c for c in ctest if t_first_train is None or c["t1"] <= t_first_train][:n_clients]
-    final_tests = [c for c in ctest if t_first_train is not None and c["t0"] > t_first_train]
+def cdur(c: dict) -> float:
+    return c["c1"] - c["c0"]
 
-    # ---- setup
-    srv = [c for c in calls if c["name"] == "Server.__init__"]
-    cinit = [c for c in calls if c["name"] == "Client.__init__"]
-    minit = [c for c in calls if c["name"] == "Client.init_model"]
-    setup = {
-        "start_to_server_s": rel(srv[0]["t0"]) if srv else None,
+
+def named(calls: list[dict], name: str) -> list[dict]:
+    return [c for c in calls if c["name"] == name]
+
+
+def setup_summary(calls: list[dict], init_tests: list[dict], t0: float) -> dict:
+    """From the child's start to its first test: server, data loading, pre-sampling."""
+    srv = named(calls, "Server.__init__")
+    cinit = named(calls, "Client.__init__")
+    minit = named(calls, "Client.init_model")
+    return {
+        "start_to_server_s": round(srv[0]["t0"] - t0, 3) if srv else None,
         "server_entity_index_s": round(dur(srv[0]), 3) if srv else None,
         "data_loading_s": round(sum(dur(c) for c in cinit), 3),
         "init_model_presampling_s": round(sum(dur(c) for c in minit), 3),
         "init_model_per_client_s": {c["who"]: round(dur(c), 3) for c in minit},
         "init_model_presampling_cpu_s": round(sum(cdur(c) for c in minit), 3),
-        "total_s": rel(init_tests[0]["t0"]) if init_tests else None,
+        "total_s": round(init_tests[0]["t0"] - t0, 3) if init_tests else None,
         "total_cpu_s": round(init_tests[0]["c0"], 3) if init_tests else None,
         "note": "total = child start (interpreter, imports, Server, Client data, global init, "
                 "init_model: model + every training DataLoader iterated once) to the first test",
     }
-    out["setup"] = setup
 
-    def eval_summary(group):
-        if not group:
-            return None
-        return {"total_s": round(group[-1]["t1"] - group[0]["t0"], 3),
-                "total_cpu_s": round(group[-1]["c1"] - group[0]["c0"], 3),
-                "per_client_s": {c["who"]: round(dur(c), 3) for c in group},
-                "per_client_cpu_s": {c["who"]: round(cdur(c), 3) for c in group},
-                "complete": len(group) == n_clients}
 
-    out["initial_test"] = eval_summary(init_tests)
-    lm = [c for c in calls if c["name"] == "Client.load_model"]
-    final = eval_summary(final_tests)
+def eval_summary(group: list[dict], n_clients: int) -> dict | None:
+    """One evaluation of every client (a group of ``Client.test`` calls): wall and CPU seconds."""
+    if not group:
+        return None
+    return {"total_s": round(group[-1]["t1"] - group[0]["t0"], 3),
+            "total_cpu_s": round(group[-1]["c1"] - group[0]["c0"], 3),
+            "per_client_s": {c["who"]: round(dur(c), 3) for c in group},
+            "per_client_cpu_s": {c["who"]: round(cdur(c), 3) for c in group},
+            "complete": len(group) == n_clients}
+
+
+def final_test_summary(final_tests: list[dict], loads: list[dict], n_clients: int) -> dict | None:
+    """The final test, with the reload of the best checkpoints (``loads``) before it."""
+    final = eval_summary(final_tests, n_clients)
     if final is not None:
-        final["checkpoint_reload_s"] = round(sum(dur(c) for c in lm), 3)
-        final["total_with_reload_s"] = round(final_tests[-1]["t1"] - (lm[0]["t0"] if lm else final_tests[0]["t0"]), 3)
-    out["final_test"] = final
+        final["checkpoint_reload_s"] = round(sum(dur(c) for c in loads), 3)
+        start = loads[0]["t0"] if loads else final_tests[0]["t0"]
+        final["total_with_reload_s"] = round(final_tests[-1]["t1"] - start, 3)
+    return final
 
-    # ---- rounds
+
+def round_summaries(calls: list[dict], ctrain: list[dict], loads: list[dict], final_tests: list[dict],
+                    train_logs: list[dict], n_clients: int, t_end: float) -> list[dict]:
+    """Per round (``n_clients`` consecutive ``Client.train`` calls): training, validation,
+    checkpoint saving and aggregation seconds up to the next round (or the final test), and
+    each client's logged losses."""
     rounds = []
+    # the last round ends where the final test's reload starts (or the test, or the child)
+    last_stop = loads[0]["t0"] if loads else (final_tests[0]["t0"] if final_tests else t_end)
     for r in range(0, math.ceil(len(ctrain) / n_clients)):
         grp = ctrain[r * n_clients:(r + 1) * n_clients]
         start = grp[0]["t0"]
         nxt = ctrain[(r + 1) * n_clients]["t0"] if len(ctrain) > (r + 1) * n_clients else None
-        stop = nxt if nxt is not None else (lm[0]["t0"] if lm else (final_tests[0]["t0"] if final_tests else t_end))
+        stop = nxt if nxt is not None else last_stop
 
         def within(name):
             return [c for c in calls if c["name"] == name and start <= c["t0"] < stop]
@@ -731,55 +843,87 @@ def analyse(lines, t0, t_end, n_clients, data_summary, a) -> dict:
             "valid_per_client_s": {c["who"]: round(dur(c), 3) for c in valid} if valid else None,
             "checkpoint_save_s": round(sum(dur(c) for c in saves), 3) if saves else None,
             "aggregation_s": round(sum(dur(c) for c in agg), 3) if agg else None,
-            "wall_s": round(stop - start, 3) if (nxt is not None or lm or final_tests) else None,
+            "wall_s": round(stop - start, 3) if (nxt is not None or loads or final_tests) else None,
             "losses": {str(tl["client"]): tl for tl in train_logs[r * n_clients:(r + 1) * n_clients]},
         }
         rec["losses"] = {k: v for k, v in rec["losses"].items() if v["local"] or v["transfer"]}
         for v in rec["losses"].values():
             v.pop("client", None)
         rounds.append(rec)
-    out["rounds"] = rounds
+    return rounds
 
-    # ---- per-batch training cost and a whole-round extrapolation
+
+def training_cost(ctrain: list[dict], args_ns: dict | None, data_summary: dict) -> dict | None:
+    """Seconds per training batch over the client rounds that finished, and a whole round
+    extrapolated from them (None before the first ``Client.train`` ended)."""
     bs = int((args_ns or {}).get("batch_size", 512)) if isinstance(args_ns, dict) else 512
     ep = int((args_ns or {}).get("max_epoch", 3)) if isinstance(args_ns, dict) else 3
     batches = {k: 2 * math.ceil(v["train"] / bs) * ep for k, v in data_summary.items()}
     done = [(c["who"], dur(c), cdur(c)) for c in ctrain]
-    if done:
-        sec = sum(d for _, d, _ in done)
-        csec = sum(d for _, _, d in done)
-        nb = sum(batches[w] for w, _, _ in done)
-        per_batch = sec / nb
-        per_batch_cpu = csec / nb
-        out["training_cost"] = {
-            "batches_per_round_per_client": batches,
-            "batches_per_round": sum(batches.values()),
-            "measured_client_rounds": len(done),
-            "measured_batches": nb,
-            "s_per_batch_pair": round(per_batch, 4),
-            "cpu_s_per_batch_pair": round(per_batch_cpu, 4),
-            "estimated_train_cpu_s_per_round": round(per_batch_cpu * sum(batches.values()), 1),
-            "note": "one 'batch' = one pre-drawn (head- or tail-mode) batch: a local train_step and a "
-                    "global transfer_step; batches per client per round = 2*ceil(train/batch_size)*max_epoch",
-            "estimated_train_s_per_round": round(per_batch * sum(batches.values()), 1),
-        }
+    if not done:
+        return None
+    sec = sum(d for _, d, _ in done)
+    csec = sum(d for _, _, d in done)
+    nb = sum(batches[w] for w, _, _ in done)
+    per_batch = sec / nb
+    per_batch_cpu = csec / nb
+    return {
+        "batches_per_round_per_client": batches,
+        "batches_per_round": sum(batches.values()),
+        "measured_client_rounds": len(done),
+        "measured_batches": nb,
+        "s_per_batch_pair": round(per_batch, 4),
+        "cpu_s_per_batch_pair": round(per_batch_cpu, 4),
+        "estimated_train_cpu_s_per_round": round(per_batch_cpu * sum(batches.values()), 1),
+        "note": "one 'batch' = one pre-drawn (head- or tail-mode) batch: a local train_step and a "
+                "global transfer_step; batches per client per round = 2*ceil(train/batch_size)*max_epoch",
+        "estimated_train_s_per_round": round(per_batch * sum(batches.values()), 1),
+    }
 
-    # ---- metrics
+
+def metric_summary(blocks: list[dict]) -> dict:
+    """The metric blocks by kind, the initial and final test (weighted over clients) and the
+    weighted validation MRR of the local and global models per validation."""
     def pick(b):
         return {"iter": b["iter"], "t_s": b["t_s"], "weighted": b["weighted"], "clients": b["clients"]}
 
-    out["metrics"] = {
+    metrics = {
         "tests": [pick(b) for b in blocks if b["mode"] == "test"],
         "local_valid": [pick(b) for b in blocks if b["mode"] == "local valid"],
         "global_valid": [pick(b) for b in blocks if b["mode"] == "global valid"],
     }
-    tests = out["metrics"]["tests"]
-    out["final_test_weighted"] = tests[1]["weighted"] if len(tests) > 1 else None
-    out["initial_test_weighted"] = tests[0]["weighted"] if tests else None
-    out["valid_weighted_mrr"] = [
-        {"iter": lv["iter"], "local": lv["weighted"].get("MRR"), "global": gv["weighted"].get("MRR")}
-        for lv, gv in zip(out["metrics"]["local_valid"], out["metrics"]["global_valid"])
-    ]
+    tests = metrics["tests"]
+    return {
+        "metrics": metrics,
+        "final_test_weighted": tests[1]["weighted"] if len(tests) > 1 else None,
+        "initial_test_weighted": tests[0]["weighted"] if tests else None,
+        "valid_weighted_mrr": [
+            {"iter": lv["iter"], "local": lv["weighted"].get("MRR"), "global": gv["weighted"].get("MRR")}
+            for lv, gv in zip(metrics["local_valid"], metrics["global_valid"])
+        ],
+    }
+
+
+def analyse(lines, t0, t_end, n_clients, data_summary) -> dict:
+    """Everything measured in the child's timestamped output: setup, the initial test, each
+    round, the final test, the training cost per batch and the metrics."""
+    events, blocks, train_logs, args_ns = parse_log(lines, t0)
+    calls = pair_calls(events)
+    out: dict = {"effective_args": args_ns}
+    ctrain = named(calls, "Client.train")
+    t_first_train = ctrain[0]["t0"] if ctrain else None
+    ctest = named(calls, "Client.test")
+    init_tests = [c for c in ctest if t_first_train is None or c["t1"] <= t_first_train][:n_clients]
+    final_tests = [c for c in ctest if t_first_train is not None and c["t0"] > t_first_train]
+    loads = named(calls, "Client.load_model")
+    out["setup"] = setup_summary(calls, init_tests, t0)
+    out["initial_test"] = eval_summary(init_tests, n_clients)
+    out["final_test"] = final_test_summary(final_tests, loads, n_clients)
+    out["rounds"] = round_summaries(calls, ctrain, loads, final_tests, train_logs, n_clients, t_end)
+    cost = training_cost(ctrain, args_ns, data_summary)
+    if cost is not None:
+        out["training_cost"] = cost
+    out.update(metric_summary(blocks))
     return out
 
 
