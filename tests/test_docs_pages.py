@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md")), ROOT / "scripts" / "README.md"]
 # Strategies that share a page with their method (FedCQA's baselines under the query task,
 # FedE's Isolation and Collection settings).
 PAGE_OF = {"fedcqa_fede": "fedcqa", "fedcqa_fedr": "fedcqa", "single": "baselines", "entire": "baselines"}
