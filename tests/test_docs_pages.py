@@ -195,8 +195,10 @@ def test_every_named_script_test_and_config_exists(path):
 
 
 def test_the_file_pattern_finds_scripts_tests_and_configs():
-    text = "`python scripts/benchmarks/bench_fede.py` (tests/test_layers.py; configs/fede/umls_fede.yaml) ../configs/x.yaml"
-    assert REPO_FILE.findall(text) == ["scripts/benchmarks/bench_fede.py", "tests/test_layers.py", "configs/fede/umls_fede.yaml"]
+    text = ("`python scripts/tools/compare_runs.py` (tests/test_layers.py; configs/fede/umls_fede.yaml)"
+            " ../configs/x.yaml")
+    assert REPO_FILE.findall(text) == ["scripts/tools/compare_runs.py", "tests/test_layers.py",
+                                       "configs/fede/umls_fede.yaml"]
 
 
 def test_a_stale_module_name_is_found(tmp_path):

@@ -15,7 +15,8 @@ on the FedLU run (each client forgets its ``unlearn.txt``; the retrained gold st
 gets the same round budget) and records forgetting-set and test metrics, the
 membership-inference AUC and the seconds of unlearning and retraining.
 
-    python scripts/benchmarks/bench_fedlu.py --rounds 5 --threads 1 --unlearn --json-out docs/results/fedlu/bench_fedlu_r10.json
+    python scripts/benchmarks/bench_fedlu.py --rounds 5 --threads 1 --unlearn \\
+        --json-out docs/results/fedlu/bench_fedlu_r10.json
     python scripts/benchmarks/bench_fedlu.py --rounds 1 --strategies fedlu model.dim=64     # a quick look
     python scripts/benchmarks/bench_fedlu.py --rounds 1 --strategies fedlu --limit-batches 10 trainer.accelerator=cpu
 

@@ -48,7 +48,8 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
 
 Commands (docs/results/fkge.md records their output; the first is the second pass's):
 
-    python scripts/benchmarks/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control_fkge,frozen,average,control_average,\
+    python scripts/benchmarks/bench_fkge.py --seeds 0,1,2,3,4 \\
+        --variants fkge,control_fkge,frozen,average,control_average,\
 sup_exact,control_sup_exact,sup16,sup4,control_sup4,sup1,sup4_average,control_sup4_average \
         --json-out docs/results/fkge/bench_fkge_umls.json
     python scripts/benchmarks/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir runs/bench_fkge_fb15k237 \
@@ -62,7 +63,8 @@ sup_exact,control_sup_exact,sup16,sup4,control_sup4,sup1,sup4_average,control_su
     python scripts/benchmarks/bench_fkge.py --seeds 0,1,2,3,4 --variants average_shuffled --json-out docs/results/fkge/bench_fkge_umls_shuffled.json
     python scripts/benchmarks/bench_fkge.py --seeds 0,1,2,3,4 --variants dp10 --json-out docs/results/fkge/bench_fkge_umls_average_dp10.json \
         federated.fkge.mode=average
-    python scripts/benchmarks/bench_fkge.py --seeds 0,1,2 --variants fkge,ray --json-out docs/results/fkge/bench_fkge_engines.json
+    python scripts/benchmarks/bench_fkge.py --seeds 0,1,2 --variants fkge,ray \\
+        --json-out docs/results/fkge/bench_fkge_engines.json
     python scripts/benchmarks/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --seeds 0 --variants fkge,average \
         --json-out docs/results/fkge/bench_fkge_fb15k237.json federated.fkge.pretrain_epochs=5 \
         federated.fkge.update_epochs=1 federated.fkge.handshakes_per_kg=1

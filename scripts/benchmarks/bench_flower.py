@@ -11,7 +11,8 @@ machine with fewer cores than clients the clients' compute itself is slowed by s
 the cores; that is in the compute column, not the overhead. Run it on a quiet machine
 (two runs at once share the cores).
 
-    python scripts/benchmarks/bench_flower.py -c configs/fede/umls_fede.yaml --rounds 4 --out docs/results/flower/umls.json
+    python scripts/benchmarks/bench_flower.py -c configs/fede/umls_fede.yaml --rounds 4 \\
+        --out docs/results/flower/umls.json
     python scripts/benchmarks/bench_flower.py -c configs/fede/fb15k237_fed3_fede.yaml --rounds 2 \\
         --out docs/results/flower/fb15k237_fed3.json
 """

@@ -17,7 +17,8 @@ seconds per run (over the runs timed, i.e. not reused ones without ``bench_run.j
 and the per-seed MRRs. This script does not import torch.
 
     python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml -c configs/single/umls_single.yaml
-    python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml --seeds 0 1 2 --json docs/results/fede/seeds.json
+    python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml --seeds 0 1 2 \\
+        --json docs/results/fede/seeds.json
     python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml --out runs/dim32 model.dim=32
 
 Put overrides before ``--seeds`` (or after ``--``): ``--seeds`` takes every number that follows.

@@ -34,7 +34,8 @@ does not hide; on a GPU every timing ends with a device synchronisation.
     python scripts/benchmarks/bench_step.py --threads 1 --batches 500 trainer.accelerator=gpu
     python scripts/benchmarks/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --threads 1 model.dim=8 \
         trainer.compile=true
-    python scripts/benchmarks/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 --profile   # costliest kernels
+    python scripts/benchmarks/bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 0 \\
+        --profile   # costliest kernels
 """
 
 from __future__ import annotations

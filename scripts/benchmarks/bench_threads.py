@@ -30,7 +30,8 @@ after the load starts).
     python scripts/benchmarks/bench_threads.py --load 0 --variants 1,2 -c configs/fede/umls_fede.yaml -- model.dim=512
     python scripts/benchmarks/bench_threads.py --load 1 --duty 0.5 --variants 1,2 --rounds 1 \\
         -c configs/fede/fb15k237_fed3_fede.yaml -- federated.local_epochs=1 model.dim=32
-    python scripts/benchmarks/bench_threads.py --load 0,1 --warmup 60 --settle 0.3 --variants unset,1,2   # the default's choice
+    python scripts/benchmarks/bench_threads.py --load 0,1 --warmup 60 --settle 0.3 \\
+        --variants unset,1,2   # the default's choice
 
 ``--warmup`` lets the load average see the load before a block's first run (it trails by
 about a minute), ``--settle`` lets it forget our own previous run before a quiet one: both

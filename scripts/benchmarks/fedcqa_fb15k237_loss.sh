@@ -31,6 +31,7 @@ run() {  # run LOSS SEED
 wait
 
 for loss in softmax negative_sampling; do
-    "$py" scripts/benchmarks/bench_fedcqa.py quality --variants fb15k237_fed3_central_gqe --seeds 0 1 2 --out "$out/$loss" \
+    "$py" scripts/benchmarks/bench_fedcqa.py quality --variants fb15k237_fed3_central_gqe --seeds 0 1 2 \
+        --out "$out/$loss" \
         --json-out "docs/results/fedcqa/fb15k237_fed3_central_$loss.json" "${common[@]}" task.loss="$loss"
 done

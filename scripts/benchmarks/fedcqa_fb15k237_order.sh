@@ -36,8 +36,8 @@ run() {  # run VARIANT SEED
     echo "$(date -u +%FT%T) start $1 seed $2 load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
     # appended, not overwritten: a resumed run's log keeps the rounds of its earlier starts
     echo "=== $(date -u +%FT%T) start" >> "$out/$1_seed$2.log"
-    nice -n 10 "$py" scripts/benchmarks/bench_fedcqa.py quality --variants "$1" --seeds "$2" --out "$out" "${common[@]}" \
-        >> "$out/$1_seed$2.log" 2>&1
+    nice -n 10 "$py" scripts/benchmarks/bench_fedcqa.py quality --variants "$1" --seeds "$2" \
+        --out "$out" "${common[@]}" >> "$out/$1_seed$2.log" 2>&1
     echo "$(date -u +%FT%T) end $1 seed $2 wall $((SECONDS - start)) s load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.log"
 }
 

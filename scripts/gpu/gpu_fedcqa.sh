@@ -47,7 +47,8 @@ $py -c "import torch, lightning; print('torch', torch.__version__, 'lightning', 
 
 step() { echo "== $*"; local t0=$(date +%s%N); "$@"; local rc=$?; echo "== rc $rc in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; return $rc; }
 
-step timeout 120 $py scripts/benchmarks/bench_fedcqa.py quality --variants umls_fedcqa_gqe --seeds 0 --out "$RUNS/umls_smoke" \
+step timeout 120 $py scripts/benchmarks/bench_fedcqa.py quality --variants umls_fedcqa_gqe --seeds 0 \
+    --out "$RUNS/umls_smoke" \
     --json-out "$OUT/umls_smoke.json" federated.rounds=2 federated.eval_every=2 > "$OUT/umls_smoke.log" 2>&1
 rc=$?
 grep -v -i warning "$OUT/umls_smoke.log" | tail -12
@@ -60,8 +61,8 @@ step timeout 300 $py -m lightning_fedkg.cli data stats --workers "${WORKERS:-4}"
     | grep -v -i warning | grep -E "sampl|cross-graph  |client_|rc " | tail -12
 for seed in $SEEDS; do
   for v in local fedcqa; do
-    (step timeout "$LIMIT" $py scripts/benchmarks/bench_fedcqa.py quality --variants "${PREFIX}_${v}_gqe" --seeds "$seed" \
-        --out "$RUNS/order" "${common[@]}" > "$OUT/${PREFIX}_${v}_seed$seed.log" 2>&1) &
+    (step timeout "$LIMIT" $py scripts/benchmarks/bench_fedcqa.py quality --variants "${PREFIX}_${v}_gqe" \
+        --seeds "$seed" --out "$RUNS/order" "${common[@]}" > "$OUT/${PREFIX}_${v}_seed$seed.log" 2>&1) &
   done
   wait
   for v in local fedcqa; do

@@ -50,9 +50,11 @@ Modes
 
 The process's peak RSS and its CPU seconds are printed too; ``--json-out`` writes it all.
 
-    python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode bounded --batches 20 --eval-limit 0 --threads 2
+    python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode bounded --batches 20 \\
+        --eval-limit 0 --threads 2
     python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode bounded --batches 20 --eval-limit 0 --eval-full --threads 2
-    python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode full --rounds 1 --eval-full --threads 2
+    python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode full --rounds 1 --eval-full \\
+        --threads 2
 """
 
 from __future__ import annotations

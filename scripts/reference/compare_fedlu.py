@@ -16,7 +16,8 @@ deviation over the runs of each side:
   trained rounds (the official code validates after iteration ``k``, i.e. after ``k + 1``
   rounds).
 
-    python scripts/reference/compare_fedlu.py --ours runs/ours_s*.json --official runs/official_h*.json --json-out cmp.json
+    python scripts/reference/compare_fedlu.py --ours runs/ours_s*.json --official runs/official_h*.json \\
+        --json-out cmp.json
 """
 
 from __future__ import annotations

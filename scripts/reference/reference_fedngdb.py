@@ -9,8 +9,9 @@ overwrites no entity row, so entity rows are never shared). That repository carr
 licence, so none of its code or text is here: ``--original`` names a checkout of it, and
 its ``model/train_fed.py`` is started as a subprocess with its own interpreter (``--python``;
 it needs torch, numpy, pandas, tqdm and tensorboardX, which our venv lacks: a separate venv,
-which ``bash scripts/reference/fedngdb_env.sh runs/fedngdb_venv`` makes). It runs on the CPU as it is (it picks ``cuda`` only when
-one is available): no shim, no patch, nothing written into ``--original``.
+which ``bash scripts/reference/fedngdb_env.sh runs/fedngdb_venv`` makes). It runs on the CPU
+as it is (it picks ``cuda`` only when one is available): no shim, no patch, nothing written
+into ``--original``.
 
 What the harness does
 

@@ -8,7 +8,8 @@ two runs. Exits 1 if any run differs or is missing. Typical use, with ``bench_se
 run on the old and the new checkout into two folders:
 
     python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml --out runs/old trainer.threads=1
-    (new checkout) python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml --out runs/new trainer.threads=1
+    (new checkout) python scripts/benchmarks/bench_seeds.py -c configs/fede/umls_fede.yaml \\
+        --out runs/new trainer.threads=1
     python scripts/tools/compare_runs.py runs/old runs/new
 
 FKGE draws its secret noise from the OS by default; compare it with

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
         extra["unlearn"] = [sample_forget_set(kg.triples("train"), args.unlearn_fraction, gen,
                                               kg.num_entities, kg.num_relations) for kg in fed.clients]
     write_fedlu_folder(fed, args.out, extra)
-    stats = {"command": "python scripts/tools/make_fedlu_split.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+    arguments = sys.argv[1:] if argv is None else argv
+    stats = {"command": "python scripts/tools/make_fedlu_split.py " + shlex.join(arguments),
              "clients": [{**row, **{s: len(t[c]) for s, t in extra.items()}} for c, row in enumerate(fed.stats())]}
     if args.stats:
         write_json(args.stats, stats, indent=2)

@@ -19,8 +19,10 @@ Output (read back by ``lightning_fedkg.methods.fkge.multisource.load_multisource
 Deterministic: the output is a function of the input files and the arguments (one seeded
 ``torch.Generator``). Examples (the data folders are not in the repository; regenerate)::
 
-    python scripts/tools/make_multisource.py --kg ../shared/data/FB15k-237 --sources 3 --seed 12345 --out data/FB15k-237-MS3
-    python scripts/tools/make_multisource.py --kg ../shared/data/NELL-995 --sources 3 --seed 12345 --out data/NELL-995-MS3
+    python scripts/tools/make_multisource.py --kg ../shared/data/FB15k-237 --sources 3 --seed 12345 \\
+        --out data/FB15k-237-MS3
+    python scripts/tools/make_multisource.py --kg ../shared/data/NELL-995 --sources 3 --seed 12345 \\
+        --out data/NELL-995-MS3
     python scripts/tools/make_multisource.py --kg umls --sources 3 --seed 12345 --out data/umls-MS3
 
 ``--kg`` is a bundled name (umls, nations, kinship) or a folder ``load_kg`` reads (named
