@@ -175,3 +175,21 @@ class PlainClientUnlearner:
     def _restore(self, snapshot: list[Tensor]) -> None:
         for p, saved in zip(self.local_params + self.global_params, snapshot):
             p.copy_(saved)
+
+
+def plain_unlearn_client(party, forget: Tensor, cfg) -> list[float]:
+    """The phase's ``unlearn_client`` with :class:`PlainClientUnlearner`: the same data
+    modules and seeds, validation through the party."""
+    from lightning_fedkg.builders import build_datamodule
+    from lightning_fedkg.methods.fedlu.phase import _settings, _view
+    from lightning_fedkg.seeding import derive_seed
+
+    kg = party.kg
+    retain = kg.triples("train")
+    batch_size = cfg.unlearn.batch_size or cfg.train.batch_size
+    seed = derive_seed(cfg.seed, party.name, "unlearn")
+    forget_dm = build_datamodule(_view(kg, forget, {}), cfg, seed=seed, batch_size=batch_size)
+    retain_dm = build_datamodule(_view(kg, retain, {}), cfg, seed=seed + 1, batch_size=batch_size)
+    unlearner = PlainClientUnlearner(party.module, _settings(cfg.unlearn, cfg.train.lr))
+    unlearner.interfere(forget_dm.train_dataloader)
+    return unlearner.decay(retain_dm.train_dataloader, lambda: party.evaluate("val")["mrr"])

@@ -334,7 +334,7 @@ def test_fusion_with_real_kge_models(single_name, fed_name):
 # --------------------------------------------------------------------------- the LightningModule
 
 
-def test_fusion_module_trains_under_a_plain_trainer():
+def test_fusion_module_trains_under_a_plain_trainer(one_thread):
     import lightning as L
 
     from lightning_fedkg.methods.fede.fusion import FusionModule
@@ -360,7 +360,7 @@ def test_fusion_module_trains_under_a_plain_trainer():
     ("tables", 6, 64, False),   # global RNG: both draw the same numbers from it
     ("kge", 7, 64, True),
 ])
-def test_fit_fusion_is_the_plain_loop_bit_for_bit(models, epochs, batch_size, seeded):
+def test_fit_fusion_is_the_plain_loop_bit_for_bit(models, epochs, batch_size, seeded, one_thread):
     """The Trainer's fit of FusionModule gives the weights, bias and loss history of the
     plain loop it replaced (tests/plain_loops.py), and leaves the global RNG where it does."""
     from plain_loops import plain_fit_fusion
