@@ -8,6 +8,7 @@ same protocol and can be compared exactly.
 
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -130,20 +131,18 @@ def test_the_client_trainer_fits_the_fusion_of_the_plain_loop(fused):
     single_run = obtain_single_run(cfg, run_dir)
     for k, (fed, single) in enumerate(zip(fed_run.clients, single_run.clients)):
         epochs_before = fed.trainer.current_epoch
-        layers = []
-        for fit, trainer in ((plain_fit_fusion, None), (fit_fusion, fed.trainer)):
-            kw = {} if trainer is None else {"trainer": trainer}
-            layers.append(fit(single.module.model, fed.module.model, fed.kg.triples("valid"), fed.kg.num_entities,
-                              num_negatives=fc.fusion_negatives, margin=fc.fusion_margin, lr=fc.fusion_lr,
-                              epochs=fc.fusion_epochs,
-                              generator=torch.Generator().manual_seed(derive_seed(cfg.seed, fed.name, "fusion")),
-                              **kw))
-        plain, fitted = layers
-        assert torch.equal(plain.linear.weight, fitted.linear.weight) and torch.equal(plain.linear.bias,
-                                                                                     fitted.linear.bias)
+        plain, fitted = (
+            fit(single.module.model, fed.module.model, fed.kg.triples("valid"), fed.kg.num_entities,
+                num_negatives=fc.fusion_negatives, margin=fc.fusion_margin, lr=fc.fusion_lr, epochs=fc.fusion_epochs,
+                generator=torch.Generator().manual_seed(derive_seed(cfg.seed, fed.name, "fusion")))
+            for fit in (plain_fit_fusion, partial(fit_fusion, trainer=fed.trainer))
+        )
+        assert torch.equal(plain.linear.weight, fitted.linear.weight)
+        assert torch.equal(plain.linear.bias, fitted.linear.bias)
         assert torch.equal(plain.loss_history, fitted.loss_history)
         entry = metrics["fusion"]["clients"][k]
-        assert entry["weights"] == [float(w) for w in fitted.weight.detach()] and entry["bias"] == float(fitted.bias.detach())
+        assert entry["weights"] == [float(w) for w in fitted.weight.detach()]
+        assert entry["bias"] == float(fitted.bias.detach())
         assert fed.trainer.current_epoch == epochs_before + fc.fusion_epochs
         # the client's Trainer still fits its own module afterwards
         table = fed.module.model.entity_emb.detach().clone()

@@ -4,9 +4,9 @@ A :class:`Party` is what one organisation runs. Client halves of strategies
 (:mod:`.strategies.base`) act on their own party only; nothing here knows about other
 parties or the server. Each party keeps one ``lightning.Trainer`` for the whole run
 (Lightning keeps a reused Trainer's counters: its ``fit_loop`` resumes from
-``max_epochs``): every :meth:`Party.fit` raises
-``fit_loop.max_epochs`` by E (:func:`fit_epochs`), and a phase fits its own modules on
-the same Trainer (FedE's fusion layer, FedLU's unlearning). Per-round scalars go to the party's own TensorBoard
+``max_epochs``): every :meth:`Party.fit` raises ``fit_loop.max_epochs`` by E
+(:func:`fit_epochs`), and a phase fits its own modules with the same Trainer (FedE's
+fusion layer, FedLU's unlearning). Per-round scalars go to the party's own TensorBoard
 sub-run with the *round* as step, so clients overlay round by round, a resumed run
 continues the same axis, and one event file serves the whole process.
 """
