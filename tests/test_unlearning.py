@@ -162,8 +162,9 @@ def _small_kg(n_ent: int = 40, n_rel: int = 4, n_train: int = 300):
 
 
 def _unlearning_setup(learner: str, *overrides: str):
-    """A trained-looking learner over :func:`_small_kg`, its forget and retain data modules
-    (the first 48 train triples and the rest) and the unlearning settings of ``overrides``."""
+    """A FedLU (its avatar apart from its local table) or FedE learner over :func:`_small_kg`,
+    a maker of its forget and retain data modules (the first 48 train triples and the rest)
+    and the unlearning settings of ``overrides``."""
     from lightning_fedkg.builders import build_datamodule
     from lightning_fedkg.methods.fedlu import DistillationModule
     from lightning_fedkg.methods.fedlu.phase import _settings, _view
@@ -196,10 +197,14 @@ def test_unlearning_module_trains_under_a_plain_trainer(one_thread):
 
     class Recording(UnlearningModule):
         def interference_step(self, batch, student="local"):
-            self.seen.append(("interference", student, super().interference_step(batch, student)))
+            loss = super().interference_step(batch, student)
+            self.seen.append(("interference", student, loss))
+            return loss
 
         def decay_step(self, batch, student="local", distill=True):
-            self.seen.append(("decay", student, super().decay_step(batch, student, distill)))
+            loss = super().decay_step(batch, student, distill)
+            self.seen.append(("decay", student, loss))
+            return loss
 
     module, datamodules, settings = _unlearning_setup("fedlu")
     forget_dm, retain_dm = datamodules()
