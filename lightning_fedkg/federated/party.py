@@ -105,10 +105,9 @@ def device_trainer(device: torch.device | str) -> L.Trainer:
     for a module fit outside a party (a phase's module over bare models, a unit test).
     Modules stay on the device after a fit, as a party's do on its GPU."""
     device = torch.device(device)
-    if device.type == "cpu":
-        placement = dict(accelerator="cpu", devices=1)
-    else:
-        placement = dict(accelerator=device.type, strategy=ResidentSingleDeviceStrategy(device=device))
+    placement = dict(accelerator=device.type, devices=1)
+    if device.type == "cuda":  # as a party's (resident_strategy), on the given card
+        placement.update(strategy=ResidentSingleDeviceStrategy(device=device))
     with quiet_lightning():
         return L.Trainer(max_epochs=0, **QUIET_TRAINER, **placement)
 
