@@ -329,3 +329,63 @@ def test_fusion_with_real_kge_models(single_name, fed_name):
     b = float(fusion.bias.detach())
     got_fused = evaluate_fusion(fusion, single, fed, test, filter_fn)
     assert_metrics_equal(got_fused, brute_metrics(w_s * single_table + w_f * fed_table + b, test, tails))
+
+
+# --------------------------------------------------------------------------- the LightningModule
+
+
+def test_fusion_module_trains_under_a_plain_trainer(one_thread):
+    import lightning as L
+
+    from lightning_fedkg.methods.fede.fusion import FusionModule
+
+    g = torch.Generator().manual_seed(3)
+    pos, neg = torch.randn(40, generator=g), torch.randn(40, 6, generator=g)
+    module = FusionModule(pos, neg, pos + 1.0, neg - 1.0, batch_size=16, lr=0.05,
+                          generator=torch.Generator().manual_seed(0))
+    weight, bias = module.fusion.linear.weight.detach().clone(), module.fusion.linear.bias.detach().clone()
+    trainer = L.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module)
+    history = module.loss_history()
+    assert history.shape == (3,) and torch.isfinite(history).all()
+    assert trainer.global_step == 3 * 3  # ceil(40 / 16) Adam steps per epoch
+    assert not torch.equal(module.fusion.linear.weight, weight)
+    assert torch.equal(module.fusion.linear.bias, bias)  # it cancels in the margin loss: no gradient
+
+
+@pytest.mark.parametrize("models,epochs,batch_size,seeded", [
+    ("tables", 40, 32, True),   # 160 positives: five full batches
+    ("tables", 9, 50, True),    # a short last batch
+    ("tables", 6, 64, False),   # global RNG: both draw the same numbers from it
+    ("kge", 7, 64, True),
+])
+def test_fit_fusion_is_the_plain_loop_bit_for_bit(models, epochs, batch_size, seeded, one_thread):
+    """The Trainer's fit of FusionModule gives the weights, bias and loss history of the
+    plain loop it replaced (tests/plain_loops.py), and leaves the global RNG where it does."""
+    from plain_loops import plain_fit_fusion
+
+    _, valid, _ = make_kg(seed=9)
+    if models == "tables":
+        g = torch.Generator().manual_seed(2)
+        single = TableModel(torch.randn(N_ENT, N_REL, N_ENT, generator=g))
+        fed = TableModel(torch.randn(N_ENT, N_REL, N_ENT, generator=g))
+    else:
+        from lightning_fedkg.models.kge import build_model
+
+        torch.manual_seed(0)
+        single = build_model("rotate", N_ENT, N_REL, dim=8, gamma=4.0, epsilon=2.0)
+        fed = build_model("complex", N_ENT, N_REL, dim=8, gamma=4.0, epsilon=2.0)
+    kw = dict(num_negatives=16, epochs=epochs, batch_size=batch_size, score_chunk_size=100)
+    results = []
+    for fit in (plain_fit_fusion, fit_fusion):
+        torch.manual_seed(123)
+        layer = fit(single, fed, valid, N_ENT, generator=torch.Generator().manual_seed(1) if seeded else None, **kw)
+        results.append((layer.linear.weight.detach(), layer.linear.bias.detach(), layer.loss_history,
+                        torch.get_rng_state()))
+    (w0, b0, h0, rng0), (w1, b1, h1, rng1) = results
+    assert torch.equal(w0, w1) and torch.equal(b0, b1) and torch.equal(h0, h1)
+    assert torch.equal(rng0, rng1)
+    assert h1.shape == (epochs,) and torch.isfinite(h1).all()
+    # with a generator the global RNG is not drawn from; without, both drew the same numbers
+    assert torch.equal(rng1, torch.Generator().manual_seed(123).get_state()) == seeded

@@ -7,8 +7,11 @@ same protocol and can be compared exactly.
 """
 
 import json
+import math
+from functools import partial
 
 import pytest
+import torch
 
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, latest_manifest
@@ -111,6 +114,41 @@ def test_forced_weights_reproduce_each_input_and_the_recorded_fusion(fused):
         assert mrr(ScoreFusion.from_weights(0.0, 1.0)) == metrics["clients"][k]["mrr"]
         entry = metrics["fusion"]["clients"][k]
         assert mrr(ScoreFusion.from_weights(*entry["weights"], bias=entry["bias"])) == entry["mrr"]
+
+
+def test_the_client_trainer_fits_the_fusion_of_the_plain_loop(fused):
+    # The phase fits FusionModule with each federated client's own Trainer (the one that
+    # trained its KGE module); the plain loop it replaced (tests/plain_loops.py) must give
+    # the same layer bit for bit, and so the weights and bias metrics.json recorded.
+    from plain_loops import plain_fit_fusion
+
+    from lightning_fedkg.methods.fede.fusion import fit_fusion
+    from lightning_fedkg.seeding import derive_seed
+
+    cfg, metrics, run_dir = fused
+    fc = cfg.federated.fede
+    fed_run, _ = restore_finished_run(cfg, run_dir / CHECKPOINT_DIR / "best.json")
+    single_run = obtain_single_run(cfg, run_dir)
+    for k, (fed, single) in enumerate(zip(fed_run.clients, single_run.clients)):
+        epochs_before = fed.trainer.current_epoch
+        plain, fitted = (
+            fit(single.module.model, fed.module.model, fed.kg.triples("valid"), fed.kg.num_entities,
+                num_negatives=fc.fusion_negatives, margin=fc.fusion_margin, lr=fc.fusion_lr, epochs=fc.fusion_epochs,
+                generator=torch.Generator().manual_seed(derive_seed(cfg.seed, fed.name, "fusion")))
+            for fit in (plain_fit_fusion, partial(fit_fusion, trainer=fed.trainer))
+        )
+        assert torch.equal(plain.linear.weight, fitted.linear.weight)
+        assert torch.equal(plain.linear.bias, fitted.linear.bias)
+        assert torch.equal(plain.loss_history, fitted.loss_history)
+        entry = metrics["fusion"]["clients"][k]
+        assert entry["weights"] == [float(w) for w in fitted.weight.detach()]
+        assert entry["bias"] == float(fitted.bias.detach())
+        assert fed.trainer.current_epoch == epochs_before + fc.fusion_epochs
+        # the client's Trainer still fits its own module afterwards
+        table = fed.module.model.entity_emb.detach().clone()
+        assert math.isfinite(fed.fit(1)["loss"]) and not torch.equal(fed.module.model.entity_emb, table)
+    fed_run.close()
+    single_run.close()
 
 
 def test_fused_mrr_is_not_below_the_weaker_input(fused):

@@ -47,13 +47,11 @@ def test_confusion_loss_weights_the_hard_term_by_subsampling_weights():
     assert equal.item() == pytest.approx(confusion_loss(positive, negatives, 10.0, 0.5).item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("step", ["interference_step", "decay_step"])
+@pytest.mark.parametrize("step", ["interference_loss", "decay_loss"])
 @pytest.mark.parametrize("student", ["local", "global"])
-def test_unlearning_steps_use_the_batch_weights(step, student):
-    import copy
-
+def test_unlearning_losses_use_the_batch_weights(step, student):
     from lightning_fedkg.methods.fedlu import DistillationModule
-    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
+    from lightning_fedkg.methods.fedlu.client_unlearning import UnlearningModule, UnlearningSettings
 
     torch.manual_seed(0)
     module = DistillationModule("transe", num_entities=6, num_relations=2, dim=4, loss="uniform")
@@ -63,8 +61,8 @@ def test_unlearning_steps_use_the_batch_weights(step, student):
              "mode": "tail"}
 
     def loss(weight):
-        unlearner = ClientUnlearner(copy.deepcopy(module), UnlearningSettings())
-        return getattr(unlearner, step)(dict(batch, **({} if weight is None else {"weight": weight})), student)
+        unlearning = UnlearningModule(module, UnlearningSettings())
+        return getattr(unlearning, step)(dict(batch, **({} if weight is None else {"weight": weight})), student).item()
 
     assert loss(torch.tensor([0.5, 0.5])) == pytest.approx(loss(None), rel=1e-6)
     assert loss(torch.tensor([5.0, 1.0])) != pytest.approx(loss(None), rel=1e-3)
@@ -95,20 +93,18 @@ def _module_and_batch():
     return module, batch
 
 
-@pytest.mark.parametrize("step", ["interference_step", "decay_step"])
+@pytest.mark.parametrize("step", ["interference_loss", "decay_loss"])
 @pytest.mark.parametrize("student", ["local", "global"])
 def test_unlearning_losses_ignore_masked_negatives(step, student):
     """A masked negative is a known true triple: which entity it is must not change any
     unlearning loss (confusion, prediction, the KL of the avatar's distillation)."""
-    import copy
-
-    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
+    from lightning_fedkg.methods.fedlu.client_unlearning import UnlearningModule, UnlearningSettings
 
     module, batch = _module_and_batch()
 
     def loss(negatives):
-        unlearner = ClientUnlearner(copy.deepcopy(module), UnlearningSettings())
-        return getattr(unlearner, step)(dict(batch, negatives=negatives), student)
+        return getattr(UnlearningModule(module, UnlearningSettings()), step)(dict(batch, negatives=negatives),
+                                                                              student).item()
 
     swapped = batch["negatives"].clone()
     swapped[~batch["negative_mask"]] = torch.tensor([1, 2])  # other entities in the masked slots
@@ -124,14 +120,15 @@ def test_unlearning_update_counts(official, grouped, monkeypatch):
     """Ours: 1 local + 1 avatar interference step per forget batch and epoch, 1 decay step per
     retained batch (sides alternating). The official code's: 2 + 2 (an avatar pass, a local
     pass, then avatar + local per batch) and 5 decay steps per batch. ``grouped``: the
-    loaders yield lists of batches (``train.batches_per_step`` > 1), the same steps."""
-    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningSettings
+    loaders yield lists of batches (``train.batches_per_step`` > 1), the same steps. The
+    schedule runs in UnlearningModule.training_step, fit by a Trainer."""
+    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner, UnlearningModule, UnlearningSettings
 
     module, batch = _module_and_batch()
     calls = []
-    monkeypatch.setattr(ClientUnlearner, "interference_step",
+    monkeypatch.setattr(UnlearningModule, "interference_step",
                         lambda self, b, student="local": calls.append(("interfere", b["id"], student)) or 0.0)
-    monkeypatch.setattr(ClientUnlearner, "decay_step",
+    monkeypatch.setattr(UnlearningModule, "decay_step",
                         lambda self, b, student="local", distill=True: calls.append(("decay", b["id"], student, distill))
                         or 0.0)
     settings = UnlearningSettings(interference_epochs=2, decay_epochs=1, official_updates=official)
@@ -152,6 +149,157 @@ def test_unlearning_update_counts(official, grouped, monkeypatch):
         assert interference == epoch * 2
         five = [("local", False), ("global", False), ("global", True), ("global", False), ("local", True)]
         assert decay == [(b, *step) for b in (0, 1) for step in five]
+
+
+def _small_kg(n_ent: int = 40, n_rel: int = 4, n_train: int = 300):
+    """Random distinct triples: ``n_train`` train, 30 valid, 30 test."""
+    from lightning_fedkg.data.kg import KnowledgeGraph
+
+    keys = torch.randperm(n_ent * n_rel * n_ent, generator=torch.Generator().manual_seed(0))[: n_train + 60]
+    triples = torch.stack([keys // (n_rel * n_ent), (keys // n_ent) % n_rel, keys % n_ent], dim=1)
+    return KnowledgeGraph({"train": triples[:n_train], "valid": triples[n_train:n_train + 30],
+                           "test": triples[n_train + 30:]}, n_ent, n_rel)
+
+
+def _unlearning_setup(learner: str, *overrides: str):
+    """A FedLU (its avatar apart from its local table) or FedE learner over :func:`_small_kg`,
+    a maker of its forget and retain data modules (the first 48 train triples and the rest)
+    and the unlearning settings of ``overrides``."""
+    from lightning_fedkg.builders import build_datamodule
+    from lightning_fedkg.methods.fedlu import DistillationModule
+    from lightning_fedkg.methods.fedlu.phase import _settings, _view
+    from lightning_fedkg.models import KGEModule
+
+    kg = _small_kg()
+    cfg = load_config(None, SOURCE + ["unlearn.lr=0.01", "unlearn.batch_size=16", *overrides])
+    torch.manual_seed(0)
+    kind = DistillationModule if learner == "fedlu" else KGEModule
+    module = kind("transe", num_entities=kg.num_entities, num_relations=kg.num_relations, dim=8,
+                  loss="self_adversarial")
+    if learner == "fedlu":
+        with torch.no_grad():
+            module.avatar.entity_emb.add_(0.3 * torch.randn_like(module.avatar.entity_emb))
+    train = kg.triples("train")
+
+    def datamodules():
+        return (build_datamodule(_view(kg, train[:48], {}), cfg, seed=1, batch_size=16),
+                build_datamodule(_view(kg, train[48:], {}), cfg, seed=2, batch_size=16))
+
+    return module, datamodules, _settings(cfg.unlearn, cfg.train.lr)
+
+
+def test_unlearning_module_trains_under_a_plain_trainer(one_thread):
+    """Both stages fit by a plain Trainer: each step's loss is finite, the entity tables of
+    both sides move, the shared relation table does not."""
+    import lightning as L
+
+    from lightning_fedkg.methods.fedlu.client_unlearning import Passes, UnlearningModule
+
+    class Recording(UnlearningModule):
+        def interference_step(self, batch, student="local"):
+            loss = super().interference_step(batch, student)
+            self.seen.append(("interference", student, loss))
+            return loss
+
+        def decay_step(self, batch, student="local", distill=True):
+            loss = super().decay_step(batch, student, distill)
+            self.seen.append(("decay", student, loss))
+            return loss
+
+    module, datamodules, settings = _unlearning_setup("fedlu")
+    forget_dm, retain_dm = datamodules()
+    unlearning = Recording(module, settings)
+    unlearning.seen = []
+
+    def tables():
+        return [t.detach().clone() for t in (module.model.entity_emb, module.avatar.entity_emb,
+                                             module.model.relation_emb)]
+
+    def fit(epochs, make, passes):
+        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(unlearning, train_dataloaders=Passes(make, passes))
+        return trainer
+
+    for stage, epochs, make in (("interference", 2, forget_dm.train_dataloader),
+                                ("decay", 1, retain_dm.train_dataloader)):
+        before = tables()
+        unlearning.stage = stage
+        unlearning.fresh_optimizers()
+        unlearning.seen.clear()
+        trainer = fit(epochs, make, len(unlearning.interference_passes()) if stage == "interference" else 1)
+        # interference: both sides per batch; decay: one side per batch, alternating
+        steps = epochs * len(make()) * (2 if stage == "interference" else 1)
+        assert len(unlearning.seen) == steps and trainer.global_step == steps
+        assert {student for _, student, _ in unlearning.seen} == {"local", "global"}
+        assert all(s == stage and torch.isfinite(loss) for s, _, loss in unlearning.seen)
+        after = tables()
+        assert not torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
+        assert torch.equal(before[2], after[2])  # relations stay frozen
+
+
+@pytest.mark.parametrize("batches_per_step", [1, 3])
+@pytest.mark.parametrize("official", [False, True])
+@pytest.mark.parametrize("learner", ["fedlu", "fede"])
+def test_client_unlearner_is_the_plain_loop_bit_for_bit(learner, official, batches_per_step, one_thread):
+    """The Trainer's fits of UnlearningModule give the tables, decay scores, sampler states
+    and global RNG of the plain loop they replaced (tests/plain_loops.py); the scripted
+    validation improves once, then falls, so the decay also restores its best epoch."""
+    import copy
+
+    from plain_loops import PlainClientUnlearner
+
+    from lightning_fedkg.methods.fedlu.client_unlearning import ClientUnlearner
+
+    module, datamodules, settings = _unlearning_setup(
+        learner, "unlearn.interference_epochs=2", "unlearn.decay_epochs=3",
+        f"unlearn.official_updates={str(official).lower()}", f"train.batches_per_step={batches_per_step}")
+    results = []
+    for unlearner_class in (PlainClientUnlearner, ClientUnlearner):
+        copy_ = copy.deepcopy(module)
+        forget_dm, retain_dm = datamodules()
+        validation = iter([0.1, 0.3, 0.2])
+        torch.manual_seed(5)
+        unlearner = unlearner_class(copy_, settings)
+        unlearner.interfere(forget_dm.train_dataloader)
+        scores = unlearner.decay(retain_dm.train_dataloader, lambda: next(validation))
+        results.append((scores, copy_.state_dict(), torch.get_rng_state(), forget_dm.generator.get_state(),
+                        retain_dm.generator.get_state()))
+    (scores0, state0, *rngs0), (scores1, state1, *rngs1) = results
+    assert scores0 == scores1 == [0.1, 0.3, 0.2]
+    assert state0.keys() == state1.keys() and all(torch.equal(state0[k], state1[k]) for k in state0)
+    assert all(torch.equal(a, b) for a, b in zip(rngs0, rngs1))
+    assert not torch.equal(state1["model.entity_emb"], module.state_dict()["model.entity_emb"])
+
+
+@pytest.mark.parametrize("extra", [[], ["unlearn.official_updates=true", "train.batches_per_step=3",
+                                        "unlearn.batch_size=16", "unlearn.fraction=0.05"]])
+def test_unlearn_client_on_the_party_trainer_is_the_plain_loop(source_run, extra):
+    """``unlearn_client`` fits the unlearning with the party's own Trainer (validated
+    between the decay's fits by the same Trainer): the party's tables, the decay's
+    validation MRRs and the global RNG are those of the plain loop, bit for bit."""
+    from plain_loops import plain_unlearn_client
+
+    from lightning_fedkg.federated.entry import load_run_from
+    from lightning_fedkg.methods.fedlu.phase import forget_sets, retain_only, unlearn_client
+
+    cfg = load_config(None, SOURCE + ["unlearn.forget=sample", "unlearn.interference_epochs=2",
+                                      "unlearn.decay_epochs=3", "unlearn.lr=0.01"] + extra)
+    results = []
+    for unlearn in (plain_unlearn_client, unlearn_client):
+        _, run = load_run_from(source_run, sections=("unlearn",))
+        party = run.clients[0]
+        forget = forget_sets(cfg.unlearn, run.clients)[party.name]
+        retain_only(party, forget, cfg.seed)
+        torch.manual_seed(5)
+        scores = unlearn(party, forget, cfg)
+        results.append((scores, {k: v.clone() for k, v in party.module.state_dict().items()},
+                        torch.get_rng_state()))
+        run.close()
+    (scores0, state0, rng0), (scores1, state1, rng1) = results
+    assert scores0 == scores1 and len(scores1) >= 2
+    assert all(torch.equal(state0[k], state1[k]) for k in state0)
+    assert torch.equal(rng0, rng1)
 
 
 def test_retrain_budget_is_the_source_rounds_plus_the_unlearning_training():

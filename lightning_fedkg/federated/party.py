@@ -4,8 +4,9 @@ A :class:`Party` is what one organisation runs. Client halves of strategies
 (:mod:`.strategies.base`) act on their own party only; nothing here knows about other
 parties or the server. Each party keeps one ``lightning.Trainer`` for the whole run
 (Lightning keeps a reused Trainer's counters: its ``fit_loop`` resumes from
-``max_epochs``): every :meth:`Party.fit` raises
-``fit_loop.max_epochs`` by E. Per-round scalars go to the party's own TensorBoard
+``max_epochs``): every :meth:`Party.fit` raises ``fit_loop.max_epochs`` by E
+(:func:`fit_epochs`), and a phase fits its own modules with the same Trainer (FedE's
+fusion layer, FedLU's unlearning). Per-round scalars go to the party's own TensorBoard
 sub-run with the *round* as step, so clients overlay round by round, a resumed run
 continues the same axis, and one event file serves the whole process.
 """
@@ -32,6 +33,8 @@ __all__ = [
     "Party",
     "build_party",
     "build_client_parties",
+    "device_trainer",
+    "fit_epochs",
     "load_federated_kg",
     "party_config",
     "quiet_lightning",
@@ -90,6 +93,37 @@ def resident_strategy(trainer_cfg) -> ResidentSingleDeviceStrategy | None:
     return None
 
 
+#: What every Trainer of the library's own loops leaves out: logger, checkpoints, progress
+#: bar, sanity validation (a party's Trainer, :func:`device_trainer`). Runs log per round
+#: through :class:`RoundWriter` and checkpoint through the round loop instead.
+QUIET_TRAINER = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                     enable_model_summary=False, num_sanity_val_steps=0)
+
+
+def device_trainer(device: torch.device | str) -> L.Trainer:
+    """A Trainer with a party's settings on ``device`` at full precision, ``max_epochs=0``:
+    for a module fit outside a party (a phase's module over bare models, a unit test).
+    Modules stay on the device after a fit, as a party's do on its GPU."""
+    device = torch.device(device)
+    placement = dict(accelerator=device.type, devices=1)
+    if device.type == "cuda":  # as a party's (resident_strategy), on the given card
+        placement.update(strategy=ResidentSingleDeviceStrategy(device=device))
+    with quiet_lightning():
+        return L.Trainer(max_epochs=0, **QUIET_TRAINER, **placement)
+
+
+def fit_epochs(trainer: L.Trainer, module: L.LightningModule, epochs: int, train_dataloaders=None) -> None:
+    """``trainer.fit(module, train_dataloaders)`` for ``epochs`` more epochs.
+
+    A Trainer counts epochs across its fits, of one module or of several (a party's fits
+    its learner every round, then a phase's module): the limit is raised from where the
+    count stands. Lightning's per-call chatter is silenced (:func:`quiet_lightning`).
+    """
+    trainer.fit_loop.max_epochs = trainer.current_epoch + int(epochs)
+    with quiet_lightning():
+        trainer.fit(module, train_dataloaders=train_dataloaders)
+
+
 class RoundWriter:
     """Per-round scalars of one party in ``<run_dir>/tb/<party>/``, step = round.
 
@@ -144,19 +178,11 @@ class Party:
         self.writer = writer
         batches = max(1, int(getattr(self.datamodule, "num_train_batches", 50)))
         with quiet_lightning():
-            kwargs = trainer_kwargs(cfg.trainer)
+            kwargs = {**trainer_kwargs(cfg.trainer), **QUIET_TRAINER}
             strategy = resident_strategy(cfg.trainer)
             if strategy is not None:
                 kwargs.update(accelerator="cuda", strategy=strategy)
-            self.trainer = L.Trainer(
-                logger=False,
-                max_epochs=0,
-                log_every_n_steps=min(50, batches),
-                enable_progress_bar=False,
-                enable_checkpointing=False,
-                num_sanity_val_steps=0,
-                **kwargs,
-            )
+            self.trainer = L.Trainer(max_epochs=0, log_every_n_steps=min(50, batches), **kwargs)
         move = getattr(self.datamodule, "to_device", None)
         if move is not None:  # batches are made where the module trains
             move(self.trainer.strategy.root_device)
@@ -168,9 +194,7 @@ class Party:
     def fit(self, epochs: int) -> dict:
         """Train ``epochs`` more epochs on the local train split; returns ``{"loss", "examples"}``
         (``examples``: the task's :meth:`~.tasks.Task.train_size`)."""
-        self.trainer.fit_loop.max_epochs = self.trainer.current_epoch + int(epochs)
-        with quiet_lightning():
-            self.trainer.fit(self.module, train_dataloaders=self.datamodule.train_dataloader())
+        fit_epochs(self.trainer, self.module, epochs, self.datamodule.train_dataloader())
         loss = self.trainer.callback_metrics.get("train/loss")
         return {"loss": float(loss) if loss is not None else math.nan,
                 "examples": int(self.task.train_size(self.kg))}

@@ -4,22 +4,27 @@ Chen et al., "FedE: Embedding Knowledge Graphs in Federated Setting", IJCKG 2021
 Eq. 5–6. For a triple the fused score is ``w·[s_single, s_fed] + b`` (:class:`ScoreFusion`),
 fit on the client's validation triples with a margin ranking loss against the mean of
 ``num_negatives`` tail corruptions (:func:`fusion_loss`). Both models are frozen, so their
-scores are computed once and fitting takes seconds. Validation metrics after fusion are
-not clean: report test numbers only. See docs/methods/fede.md.
+scores are computed once and fitting takes seconds: :func:`fit_fusion` caches them and fits
+:class:`FusionModule`, a LightningModule over the cached scores, with a Trainer (the
+client's own in a run). Validation metrics after fusion are not clean: report test
+numbers only. See docs/methods/fede.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import lightning as L
 import torch
 from torch import Tensor, nn
 
 from lightning_fedkg.evaluation.ranking import RankingMetric, filtered_ranks, metrics_to_floats
+from lightning_fedkg.federated.party import device_trainer, fit_epochs
 from lightning_fedkg.keys import pack_keys
 
-__all__ = ["ScoreFusion", "fusion_loss", "sample_fusion_negatives", "fit_fusion", "evaluate_fusion"]
+__all__ = ["ScoreFusion", "fusion_loss", "sample_fusion_negatives", "ShuffledBatches", "FusionModule", "fit_fusion",
+           "evaluate_fusion"]
 
 FilterFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -194,6 +199,106 @@ def _frozen_scores(
     return torch.cat(pos_parts), torch.cat(neg_parts)
 
 
+class ShuffledBatches:
+    """Index batches over ``0 .. n-1``: each pass draws a fresh permutation from
+    ``generator`` (the global RNG if None) and cuts it into ``batch_size`` slices.
+
+    A plain iterable rather than a ``DataLoader``: a DataLoader's iterator draws a seed from
+    the global RNG at every pass, which fitting the fusion layer leaves alone. The
+    permutation is drawn when the first batch is asked for, not by ``iter()`` itself
+    (Lightning calls ``iter()`` once to check that a loader is iterable).
+    """
+
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator | None = None) -> None:
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"need n >= 1 and batch_size >= 1, got {n} and {batch_size}")
+        self.n, self.batch_size, self.generator = n, batch_size, generator
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch_size)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        yield from torch.randperm(self.n, generator=self.generator).split(self.batch_size)
+
+
+class FusionModule(L.LightningModule):
+    """FedE's fusion fit (§2.2.3, Eq. 6): a :class:`ScoreFusion` layer trained by a Trainer
+    on cached scores of two frozen models.
+
+    The scores are buffers (moved with the module to the Trainer's device, never saved);
+    the models themselves are not part of the module, so no fit can touch them. A training
+    batch is a ``LongTensor`` of positive indices (:meth:`train_dataloader`: a fresh order
+    from ``generator`` every epoch) and its loss :func:`fusion_loss` over those positives.
+    Automatic optimisation: one Adam over the layer, one step per batch. The loss is taken
+    outside autocast, in fp32 like the scores, whatever the Trainer's precision.
+
+    Args:
+        single_pos, fed_pos: ``[V]`` scores of the positives by the Single and the federated model.
+        single_neg, fed_neg: ``[V, n]`` scores of each positive's negatives.
+        margin: β of :func:`fusion_loss`.
+        lr, batch_size: Adam learning rate and positives per batch.
+        generator: CPU ``torch.Generator`` for the layer's init and the epochs' orders (the
+            global RNG is then untouched); None draws both from the global RNG.
+
+    Attributes:
+        fusion: the :class:`ScoreFusion` layer being fit.
+        epoch_losses: ``[0-dim tensor]``, the mean loss over the positives of each epoch fit so far.
+    """
+
+    def __init__(self, single_pos: Tensor, single_neg: Tensor, fed_pos: Tensor, fed_neg: Tensor, *,
+                 margin: float = 10.0, lr: float = 0.01, batch_size: int = 512,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if single_pos.dim() != 1 or single_pos.shape != fed_pos.shape or single_neg.shape != fed_neg.shape \
+                or single_neg.dim() != 2 or single_neg.shape[0] != single_pos.shape[0] or single_pos.numel() == 0:
+            raise ValueError(
+                f"need positive scores [V] (V > 0) and negative scores [V, n] of both models, got "
+                f"{tuple(single_pos.shape)}, {tuple(fed_pos.shape)}, {tuple(single_neg.shape)}, {tuple(fed_neg.shape)}"
+            )
+        self.margin, self.lr, self.batch_size, self.generator = margin, lr, batch_size, generator
+        for name, scores in (("single_pos", single_pos), ("single_neg", single_neg), ("fed_pos", fed_pos),
+                             ("fed_neg", fed_neg)):
+            self.register_buffer(name, scores.detach().float(), persistent=False)
+        self.fusion = ScoreFusion(generator=generator)
+        self.epoch_losses: list[Tensor] = []
+        self._epoch_total: Tensor | None = None
+
+    @property
+    def num_positives(self) -> int:
+        """``V``, the number of positives (validation triples) the layer is fit on."""
+        return self.single_pos.shape[0]
+
+    def train_dataloader(self) -> ShuffledBatches:
+        """The positives' indices, shuffled anew each epoch, in ``batch_size`` slices."""
+        return ShuffledBatches(self.num_positives, self.batch_size, self.generator)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.fusion.parameters(), lr=self.lr)
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_total = torch.zeros((), device=self.device)
+
+    def training_step(self, idx: Tensor, batch_idx: int) -> Tensor:
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            loss = fusion_loss(
+                self.fusion(self.single_pos[idx], self.fed_pos[idx]),
+                self.fusion(self.single_neg[idx], self.fed_neg[idx]),
+                self.margin,
+            )
+        # Summed on the device, read once per fit (loss_history), not per step.
+        self._epoch_total += loss.detach() * idx.numel()
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self.epoch_losses.append(self._epoch_total / self.num_positives)
+
+    def loss_history(self) -> Tensor:
+        """``FloatTensor[epochs]`` on the CPU: :attr:`epoch_losses` so far."""
+        if not self.epoch_losses:
+            return torch.zeros(0, dtype=torch.float32)
+        return torch.stack(self.epoch_losses).cpu()
+
+
 def fit_fusion(
     single_model: nn.Module,
     fed_model: nn.Module,
@@ -207,13 +312,14 @@ def fit_fusion(
     batch_size: int = 512,
     generator: torch.Generator | None = None,
     score_chunk_size: int = 1024,
+    trainer: L.Trainer | None = None,
 ) -> ScoreFusion:
     """Fit FedE's fusion layer on a client's validation triples (FedE §2.2.3, Eq. 5–6).
 
     Both models are frozen (never updated, evaluated in ``eval()`` mode and fp32). Their
-    scores on the positives and on the negatives are computed **once** up front; the
-    ``epochs`` passes then only train the 2→1 layer on the cached ``[V]`` / ``[V, n]`` score
-    tensors, so fitting takes seconds.
+    scores on the positives and on the negatives are computed **once** up front; a
+    :class:`FusionModule` over the cached ``[V]`` / ``[V, n]`` score tensors is then fit for
+    ``epochs`` epochs by ``trainer``, so fitting takes seconds.
 
     Args:
         single_model, fed_model: KGE models with ``forward(h, r, t) -> [B]`` and
@@ -227,6 +333,9 @@ def fit_fusion(
         generator: CPU ``torch.Generator`` driving negatives, layer init and shuffling; with
             it the result is reproducible and the global RNG is untouched.
         score_chunk_size: positives scored per model call when building the cache.
+        trainer: the Trainer that fits the layer, on the models' device (:func:`fuse_client`
+            passes the client's own); None: a fresh one there
+            (:func:`~lightning_fedkg.federated.party.device_trainer`).
 
     Returns:
         The trained :class:`ScoreFusion` (in ``eval()`` mode, on the models' device). Its
@@ -240,30 +349,13 @@ def fit_fusion(
     h, r, t = triples.unbind(dim=1)
     single_pos, single_neg = _frozen_scores(single_model, h, r, t, negatives, score_chunk_size)
     fed_pos, fed_neg = _frozen_scores(fed_model, h, r, t, negatives, score_chunk_size)
-    fed_pos, fed_neg = fed_pos.to(device), fed_neg.to(device)
 
-    fusion = ScoreFusion(generator=generator).to(device)
-    fusion.train()
-    optimizer = torch.optim.Adam(fusion.parameters(), lr=lr)
-    num_valid = triples.shape[0]
-    history = torch.zeros(epochs, dtype=torch.float32, device=device)
-    for epoch in range(epochs):
-        order = torch.randperm(num_valid, generator=generator).to(device)
-        total = torch.zeros((), device=device)
-        for start in range(0, num_valid, batch_size):
-            idx = order[start : start + batch_size]
-            loss = fusion_loss(
-                fusion(single_pos[idx], fed_pos[idx]),
-                fusion(single_neg[idx], fed_neg[idx]),
-                margin,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach() * idx.numel()
-        history[epoch] = total / num_valid
-    fusion.eval()
-    fusion.loss_history = history.cpu()
+    module = FusionModule(single_pos, single_neg, fed_pos.to(device), fed_neg.to(device),
+                          margin=margin, lr=lr, batch_size=batch_size, generator=generator)
+    if epochs > 0:
+        fit_epochs(trainer if trainer is not None else device_trainer(device), module, epochs)
+    fusion = module.fusion.to(device).eval()
+    fusion.loss_history = module.loss_history()
     return fusion
 
 

@@ -108,8 +108,9 @@ def fuse_client(fed: Party, single: Party, settings: FedEConfig, seed: int, ties
     each module holding the model it is tested with. ``settings`` is the run's
     ``federated.fede`` section (the ``fusion_*`` settings); ``ties`` and ``chunk_size`` are
     its ``train.ties`` and ``train.eval_batch_size``. The fusion layer is fit on the client's
-    validation triples with a generator seeded from ``(seed, client name)``; the test is
-    tail-only with the client's filter (train ∪ valid ∪ test) and candidates.
+    validation triples with a generator seeded from ``(seed, client name)``, by the federated
+    client's own Trainer; the test is tail-only with the client's filter (train ∪ valid ∪
+    test) and candidates.
 
     Returns ``{"fusion": entry, "single": entry, "federated": entry}``, each entry the
     metric keys plus ``count`` and ``triples``; the fusion entry also has ``weights``
@@ -131,7 +132,7 @@ def fuse_client(fed: Party, single: Party, settings: FedEConfig, seed: int, ties
         fusion = fit_fusion(
             single_model, fed_model, valid, kg.num_entities,
             num_negatives=fc.fusion_negatives, margin=fc.fusion_margin, lr=fc.fusion_lr,
-            epochs=fc.fusion_epochs, generator=generator,
+            epochs=fc.fusion_epochs, generator=generator, trainer=fed.trainer,
         )
     else:  # nothing to fit on: the fused model is the federated one
         log.warning("model fusion: %s has no validation triples; using the federated model", fed.name)

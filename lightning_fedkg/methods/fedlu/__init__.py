@@ -3,7 +3,8 @@
 * :mod:`.distillation` -- :class:`DistillationModule`, the client's learner (local entity
   table + avatar of the global one), a plain LightningModule;
 * :mod:`.strategy` -- :class:`FedLU` (``federated.strategy: fedlu``) and its gate;
-* :mod:`.client_unlearning` -- the client's steps: retroactive interference, passive decay;
+* :mod:`.client_unlearning` -- the client's steps (retroactive interference, passive decay) as
+  :class:`UnlearningModule`, a LightningModule, and :class:`ClientUnlearner`, which fits it;
 * :mod:`.phase` -- :class:`UnlearnPhase` and :func:`run_unlearn` (``fedkg unlearn``);
 * :mod:`.config` -- :class:`FedLUConfig` (``federated.fedlu``), :class:`UnlearnConfig` (``unlearn``);
 * :mod:`.commands` -- ``fedkg unlearn``; :mod:`.report` -- its table.

@@ -219,8 +219,8 @@ def _settings(u: UnlearnConfig, train_lr: float):
 
 
 def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[float]:
-    """Interference on ``forget``, then decay on the retained triples; returns the decay's
-    local validation MRRs (the first: before the decay).
+    """Interference on ``forget``, then decay on the retained triples, fit by the party's own
+    Trainer; returns the decay's local validation MRRs (the first: before the decay).
 
     ``party`` must already hold its retained triples (:func:`retain_only`): they are its
     train split here, and its validation filter leaves the forgotten triples out."""
@@ -236,7 +236,7 @@ def unlearn_client(party: Party, forget: Tensor, cfg: ExperimentConfig) -> list[
     seed = derive_seed(cfg.seed, party.name, "unlearn")
     forget_dm = build_datamodule(_view(kg, forget, {}), cfg, seed=seed, batch_size=batch_size)
     retain_dm = build_datamodule(_view(kg, retain, {}), cfg, seed=seed + 1, batch_size=batch_size)
-    unlearner = ClientUnlearner(party.module, _settings(cfg.unlearn, cfg.train.lr))
+    unlearner = ClientUnlearner(party.module, _settings(cfg.unlearn, cfg.train.lr), trainer=party.trainer)
     unlearner.interfere(forget_dm.train_dataloader)
     return unlearner.decay(retain_dm.train_dataloader, lambda: party.evaluate("val")["mrr"])
 
