@@ -45,6 +45,10 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   ``mode=none`` and ``<variant>``'s handshake schedule replayed from its run of the same seed
   (``federated.fkge.schedule``); the script then prints, per seed, the variant's final MRR,
   Hits@10 and TC accuracy minus the control's, and whether the schedules were equal.
+* ``random_<variant>`` (after ``<variant>``): the control that removes the alignment and
+  keeps everything else: ``<variant>``'s settings (its ``mode``: the same averaging) with
+  ``alignment=random``, a fresh Haar-random rotation per handshake, and ``<variant>``'s
+  schedule replayed; compared per seed like ``control_<variant>``.
 
 Commands (docs/results/fkge.md records their output; the first is the second pass's):
 
@@ -109,6 +113,10 @@ VARIANTS = {
 #: <variant>'s handshake schedule replayed (``schedule``: same hosts, partners, order and
 #: update epochs, whatever the updates' outcomes); run after <variant> in the same call.
 CONTROL = "control_"
+#: ``random_<variant>``: <variant>'s settings with a Haar-random translation per handshake
+#: (``alignment=random``: nothing aligned, nothing released) and its schedule replayed.
+RANDOM = "random_"
+CONTROLS = {CONTROL: ["federated.fkge.mode=none"], RANDOM: ["federated.fkge.alignment=random"]}
 BLOCK_KEYS = ("accuracy", "mrr", "hits@10")
 
 
@@ -128,7 +136,8 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
         metrics = fit(cfg, out)
         wall = time.perf_counter() - start
         done.write_text(json.dumps({**metrics, "bench_wall_seconds": wall}, indent=1))
-    hs = metrics["handshakes"]
+    # a handshake the partner declined (its budget spent) exchanged nothing: only counted
+    hs = [h for h in metrics["handshakes"] if h.get("skipped") != "partner_epsilon"]
     ppat_batches = sum(h["ppat_batches"] for h in hs)
     return {
         "overrides": overrides,
@@ -138,8 +147,9 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
                                          "accepted")} for kg in metrics["kgs"]],
         "pretrain": [kg.get("pretrain") for kg in metrics["kgs"]],
         "generator_moved": [s["generator_moved"] for kg in metrics["kgs"] for s in kg.get("served", [])],
-        "schedule": sorted((h["host"], h["number"], h["client"]) for h in hs),
-        "handshakes": len(hs),
+        "schedule": sorted((h["host"], h["number"], h["client"]) for h in metrics["handshakes"]),
+        "handshakes": len(metrics["handshakes"]),
+        "declined": len(metrics["handshakes"]) - len(hs),
         "accepted": sum(bool(h["accepted"]) for h in hs),
         "seconds_ppat": [h["seconds_ppat"] for h in hs],
         "seconds_update": [h["seconds_update"] for h in hs],
@@ -148,7 +158,9 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
         "bytes_per_ppat_batch": (sum(h["bytes_per_ppat_batch"] * h["ppat_batches"] for h in hs) / ppat_batches
                                  if ppat_batches else None),
         "bytes_sent": metrics["bytes_sent"],
-        "max_epsilon": max(kg["epsilon"] for kg in metrics["kgs"]),
+        # None when a party released something exact (its epsilon is None: not private)
+        "max_epsilon": (None if any(kg["epsilon"] is None for kg in metrics["kgs"])
+                        else max(kg["epsilon"] for kg in metrics["kgs"])),
         "engine": metrics.get("engine", "local"),
     }
 
@@ -206,7 +218,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "translation_cosine": mean([c for r in runs for c in r["translation_cosine"]]),
         "mismatched_cosine": mean([c for r in runs for c in r["mismatched_cosine"]]),
         "bytes_per_ppat_batch": mean([r["bytes_per_ppat_batch"] for r in runs]),
-        "max_epsilon": mean([r["max_epsilon"] for r in runs]),
+        "max_epsilon": (None if any(r["max_epsilon"] is None for r in runs)
+                        else mean([r["max_epsilon"] for r in runs])),
         "generator_moved": mean([g for r in runs for g in r["generator_moved"]]),
         "bytes_per_handshake": mean([r["bytes_sent"] / max(r["handshakes"], 1) for r in runs]),
         "gain": {key: mean([kg["after"][key] - kg["before"][key] for r in runs for kg in r["kgs"]])
@@ -234,28 +247,39 @@ def table(summaries: list[dict]) -> str:
         lines.append(f"{s['variant']:<13}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
                      f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_handshake']:>9.0f}"
                      f"{s['generator_moved']:>8.4f}{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
-                     f"{s['max_epsilon']:>9.2f}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
+                     f"{'exact' if s['max_epsilon'] is None else format(s['max_epsilon'], '.2f'):>9}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
                      f"{s['gain']['accuracy']:>+9.4f}{s['wall_seconds']:>8.1f}")
     return "\n".join(lines)
 
 
 def versus_control(results: dict[str, list[dict]]) -> tuple[dict, str]:
-    """Per variant with a ``control_<variant>`` run: per seed, the mean over KGs of the
-    variant's final metric minus the control's (same seed, same schedule)."""
+    """Per variant with a ``control_<variant>`` or ``random_<variant>`` run: per seed, the mean
+    over KGs of the variant's final metric minus the control's (same seed, same schedule).
+    Keyed ``<variant>`` (against ``control_``, the older layout) and ``<variant> - random_<variant>``."""
     out, lines = {}, []
     for name, runs in results.items():
-        control = results.get(CONTROL + name)
-        if not control:
-            continue
-        per_seed = {key: [mean([a["after"][key] - b["after"][key] for a, b in zip(run["kgs"], ctrl["kgs"])])
-                          for run, ctrl in zip(runs, control)] for key in BLOCK_KEYS}
-        same = [run["schedule"] == ctrl["schedule"] for run, ctrl in zip(runs, control)]
-        out[name] = {"per_seed": per_seed, "same_schedule": same}
-        for key, values in per_seed.items():
-            lines.append(f"{name} - {CONTROL + name} {key}: mean {mean(values):+.4f}, per seed "
-                         + " ".join(f"{v:+.4f}" for v in values)
-                         + f" ({sum(v > 0 for v in values)}/{len(values)} positive; same schedule: {all(same)})")
+        for prefix in CONTROLS:
+            control = results.get(prefix + name)
+            if not control:
+                continue
+            per_seed = {key: [mean([a["after"][key] - b["after"][key] for a, b in zip(run["kgs"], ctrl["kgs"])])
+                              for run, ctrl in zip(runs, control)] for key in BLOCK_KEYS}
+            same = [run["schedule"] == ctrl["schedule"] for run, ctrl in zip(runs, control)]
+            out[name if prefix == CONTROL else f"{name} - {prefix + name}"] = {"per_seed": per_seed,
+                                                                               "same_schedule": same}
+            for key, values in per_seed.items():
+                lines.append(f"{name} - {prefix + name} {key}: mean {mean(values):+.4f}, per seed "
+                             + " ".join(f"{v:+.4f}" for v in values)
+                             + f" ({sum(v > 0 for v in values)}/{len(values)} positive; same schedule: {all(same)})")
     return out, "\n".join(lines)
+
+
+def _source(name: str) -> str | None:
+    """The variant a ``control_`` or ``random_`` name controls (None for any other name)."""
+    for prefix in CONTROLS:
+        if name.startswith(prefix) and name not in VARIANTS:
+            return name[len(prefix):]
+    return None
 
 
 def main() -> int:
@@ -278,11 +302,10 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args()
     names = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS
-               and not (v.startswith(CONTROL) and v[len(CONTROL):] in names[:names.index(v)])]
+    unknown = [v for v in names if v not in VARIANTS and _source(v) not in names[:names.index(v)]]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}, or "
-                     f"{CONTROL}<variant> after <variant>")
+                     f"{CONTROL}<variant> / {RANDOM}<variant> after <variant>")
     seeds = [int(s) for s in args.seeds.split(",")]
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench_fkge_"))
     results, summaries = {}, []
@@ -295,9 +318,10 @@ def main() -> int:
     for name in names:
         runs = []
         for seed in seeds:
-            if name.startswith(CONTROL) and name not in VARIANTS:
-                source = name[len(CONTROL):]
-                settings = [*VARIANTS[source], *args.overrides, "federated.fkge.mode=none",
+            if name not in VARIANTS:  # a control: the source's settings, its schedule replayed
+                source = _source(name)
+                prefix = name[: len(name) - len(source)]
+                settings = [*VARIANTS[source], *args.overrides, *CONTROLS[prefix],
                             f"federated.fkge.schedule={runs_dir / f'{source}_seed{seed}'}"]
             else:
                 settings = [*VARIANTS[name], *args.overrides]
@@ -306,8 +330,9 @@ def main() -> int:
             overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false", *settings]
             run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}", reuse=args.reuse)
             wall = "?" if run["wall_seconds"] is None else f"{run['wall_seconds']:.1f}"
+            eps = "not private" if run["max_epsilon"] is None else f"{run['max_epsilon']:.2f}"
             print(f"[{name} seed {seed}] {run['accepted']}/{run['handshakes']} accepted, "
-                  f"wall {wall} s, epsilon {run['max_epsilon']:.2f}", flush=True)
+                  f"wall {wall} s, epsilon {eps}", flush=True)
             runs.append(run)
         results[name] = runs
         summaries.append(summarize(name, runs))

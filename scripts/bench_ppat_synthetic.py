@@ -15,7 +15,9 @@ Two tasks (``--task``):
   momentum 0.9; ``--epochs``), ``gan`` (a plain MUSE-style GAN with no PATE at all: one
   discriminator on real vs generated rows, 5 discriminator steps per generator step,
   ``--iterations``), ``supervised`` (the supervised DP alignment of
-  ``lightning_fedkg/methods/fkge/supervised.py`` at epsilon 1, 4, 10, 16 and exact).
+  ``lightning_fedkg/methods/fkge/supervised.py``, plain Procrustes at epsilon 1, 4, 10, 16
+  and exact; with ``--epsilon``, plain and whitened at that epsilon with the first-order
+  predicted error of each beside the measured one).
   Prints ``‖W − R‖/‖R‖`` from W's start to the end (a random rotation: ~1.41) and, for
   PPAT, the share of teacher votes fooled in the last epoch.
 
@@ -33,6 +35,7 @@ Diagnostics of why PPAT does not find ``R`` (clusters task):
   signs from the third moments.
 
     python scripts/bench_ppat_synthetic.py --task clusters --seeds 0 1 2 3 4
+    python scripts/bench_ppat_synthetic.py --methods supervised --epsilon 10 --rows 512 --seeds 5
     python scripts/bench_ppat_synthetic.py --task mean --seeds 0 1 2 3 4 --lam 100
 """
 
@@ -193,15 +196,27 @@ def run_plain_gan(seed: int, iterations: int, batch: int = 64, steps: int = 5, s
     return start, error(w.detach(), rot)
 
 
-def run_supervised(seed: int, epsilon: float | None) -> tuple[float, float]:
+def run_supervised(seed: int, epsilon: float | None, m: int = 512, power: float | None = 0.0) -> dict:
+    """The supervised release on the clusters task, the host's release as in a federation
+    (:class:`AlignmentHost`, exact calibration, replace-one): the client's rows whitened by
+    ``power`` (None: the power with the smallest predicted error) and decoded by
+    :func:`decode`. Returns the start and end errors, the power, sigma and the first-order
+    predicted error for the actual singular values."""
     from lightning_fedkg.federated.message import Message
-    from lightning_fedkg.methods.fkge.supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
+    from lightning_fedkg.methods.fkge.supervised import (CROSSCOV, ROWS, AlignmentHost, decode, precondition,
+                                                         predicted_error, unit_rows, whitening_power)
 
-    x, y, rot = clusters_task(seed)
+    x, y, rot = clusters_task(seed, m=m)
     w0 = haar(x.shape[1], torch.Generator().manual_seed(seed + 100))
+    z = unit_rows(x @ w0.T)
+    if power is None:
+        power = 0.0 if epsilon is None else whitening_power(z)
+    sent, b = precondition(z, power)
     host = AlignmentHost(y, epsilon, noise_seed=seed)
-    reply = host.on_rows(Message(arrays={ROWS: unit_rows(x @ w0.T)}))
-    return error(w0, rot), error(procrustes(reply.arrays[CROSSCOV]) @ w0, rot)
+    reply = host.on_rows(Message(arrays={ROWS: sent}))
+    w = decode(reply.arrays[CROSSCOV], b, power) @ w0
+    return {"start": error(w0, rot), "error": error(w, rot), "power": power, "sigma": host.sigma,
+            "predicted": predicted_error(b, host.sigma, weighted=power > 0)}
 
 
 def nn_fit(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -364,17 +379,23 @@ def overrides(pairs: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=["clusters", "mean"], default="clusters")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                        help="the seeds (two or more), or one number N: seeds 0 .. N-1")
     parser.add_argument("--lam", type=float, default=100.0, help="mean task: PATE noise parameter")
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
     parser.add_argument("--methods", default="ppat,gan,supervised",
                         help="any of ppat,gan,supervised,refine,restarts,feedback,moments; "
                              "teachers (with ppat): memorisation check")
-    parser.add_argument("--epsilon", type=float, default=None, help="feedback, moments: privacy budget (none: no noise)")
+    parser.add_argument("--epsilon", type=float, default=None,
+                        help="feedback, moments, supervised: privacy budget (none: no noise; supervised: "
+                             "the table at 1, 4, 10, 16 and exact)")
+    parser.add_argument("--whiten", type=float, default=None,
+                        help="supervised with --epsilon: the whitening power (default: the one with the smallest "
+                             "predicted error)")
     parser.add_argument("--teachers", type=int, default=4, help="feedback: teachers")
     parser.add_argument("--clip", type=float, default=1.0, help="feedback: norm bound of each teacher's gradient block")
-    parser.add_argument("--rows", type=int, default=512, help="moments: rows of the task")
+    parser.add_argument("--rows", type=int, default=512, help="moments, supervised: rows of the task")
     parser.add_argument("--start", choices=["orthogonal", "truth", "near"], default="orthogonal",
                         help="clusters: W0 for PPAT and the GAN (Haar-random, R, or about 0.3 from R)")
     parser.add_argument("--starts", type=int, default=200, help="refine, restarts: random restarts")
@@ -382,6 +403,10 @@ def main() -> int:
                         help="clusters: override a PPATHost argument, or a PPATClient one as g_KEY "
                              "(e.g. num_teachers=1 g_momentum=0)")
     args = parser.parse_args()
+    if len(args.seeds) == 1:  # a count
+        if args.seeds[0] < 1:
+            parser.error("--seeds N needs N >= 1 (or list two or more seeds)")
+        args.seeds = list(range(args.seeds[0]))
     torch.set_num_threads(1)
     if args.task == "mean":
         mean_task(args.seeds, args.lam, args.epochs or 18)
@@ -402,15 +427,23 @@ def main() -> int:
         if "gan" in methods:
             start, end = run_plain_gan(seed, args.iterations, start=args.start)
             parts.append(f"plain GAN {start:.3f} -> {end:.3f}")
-        if "supervised" in methods:
-            cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps)[1]:.3f}" for eps in (1.0, 4.0, 10.0, 16.0, None)]
-            parts.append("supervised " + ", ".join(cells))
+        if "supervised" in methods and args.epsilon is None:
+            cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps, args.rows)['error']:.3f}"
+                     for eps in (1.0, 4.0, 10.0, 16.0, None)]
+            parts.append("supervised, plain Procrustes " + ", ".join(cells))
         if "feedback" in methods:
             parts.append(run_feedback(seed, args.epochs or 30, args.start, args.epsilon, args.teachers, args.clip))
         if "moments" in methods:
             parts.append(run_moments(seed, args.epsilon, args.rows))
         if "refine" in methods:
             parts.append(run_refine(seed, args.starts))
+        if "supervised" in methods and args.epsilon is not None:  # last: the line ends in error=
+            plain = run_supervised(seed, args.epsilon, args.rows, power=0.0)
+            best = run_supervised(seed, args.epsilon, args.rows, power=args.whiten)
+            parts.append(f"supervised, epsilon {args.epsilon:g} (sigma {best['sigma']:.3f}, replace-one, exact "
+                         f"accounting), m {args.rows}: plain Procrustes predicted {plain['predicted']:.3f} "
+                         f"error {plain['error']:.3f}; whitened (power {best['power']:.2f}) "
+                         f"predicted={best['predicted']:.3f} error={best['error']:.3f}")
         print(f"seed {seed}: " + " | ".join(parts), flush=True)
     return 0
 

@@ -128,12 +128,14 @@ class PPATClientSide(ClientSide):
 
 @dataclass
 class SupervisedClientSide(ClientSide):
-    """The supervised alignment's client: its rows ``X`` and secret rotation ``W0``; ``W`` once
-    the host's noisy cross-covariance came back."""
+    """The supervised alignment's client: its rows ``X``, secret rotation ``W0`` and whitening
+    ``power``; ``W`` once the host's noisy cross-covariance came back. The random-translation
+    control uses it too, with ``W = W0`` a random rotation from the start."""
 
     w0: Tensor
     rows: Tensor
     w: Tensor | None = None
+    power: float = 0.0
 
     @property
     def x(self) -> Tensor:
@@ -144,7 +146,7 @@ class SupervisedClientSide(ClientSide):
 
     def state_dict(self) -> dict:
         return {"kind": "supervised", "entities": self.entities, "relations": self.relations,
-                "seconds": self.seconds, "w0": self.w0, "x": self.rows}
+                "seconds": self.seconds, "w0": self.w0, "x": self.rows, "power": self.power}
 
 
 #: The held-out alignment scores of an :class:`Exchange`, last in a metrics.json row.
