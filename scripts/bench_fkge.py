@@ -40,7 +40,9 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   with the client's random rotation W₀ as the translation;
 * ``sup_exact`` / ``sup16`` / ``sup4`` / ``sup1``: the supervised DP alignment
   (``alignment=supervised``) exact or at ``dp_epsilon`` 16 / 4 / 1 per release;
-  ``sup4_average``: ``sup4`` with ``mode=average``;
+  ``sup4_average``: ``sup4`` with ``mode=average``; ``sup_exact_average``: the exact release
+  with ``mode=average`` and no epsilon budget (the upper bound of any translation learnt from
+  the pairs);
 * ``control_<variant>`` (after ``<variant>`` in the same call): ``<variant>``'s settings with
   ``mode=none`` and ``<variant>``'s handshake schedule replayed from its run of the same seed
   (``federated.fkge.schedule``); the script then prints, per seed, the variant's final MRR,
@@ -108,6 +110,8 @@ VARIANTS = {
     "sup1": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=1"],
     "sup4_average": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=4",
                      "federated.fkge.mode=average"],
+    "sup_exact_average": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=null",
+                          "federated.fkge.max_epsilon=null", "federated.fkge.mode=average"],
 }
 #: ``control_<variant>``: <variant>'s settings with nothing received used (``mode=none``) and
 #: <variant>'s handshake schedule replayed (``schedule``: same hosts, partners, order and
@@ -155,6 +159,10 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
         "seconds_update": [h["seconds_update"] for h in hs],
         "translation_cosine": [h["translation_cosine"] for h in hs],
         "mismatched_cosine": [h["mismatched_cosine"] for h in hs],
+        # the translation on held-out pairs (federated.fkge.holdout_fraction; None without)
+        "heldout_cosine": [h.get("heldout_cosine") for h in hs],
+        "heldout_hits1": [h.get("heldout_hits1") for h in hs],
+        "heldout_hits10": [h.get("heldout_hits10") for h in hs],
         "bytes_per_ppat_batch": (sum(h["bytes_per_ppat_batch"] * h["ppat_batches"] for h in hs) / ppat_batches
                                  if ppat_batches else None),
         "bytes_sent": metrics["bytes_sent"],
@@ -217,6 +225,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "seconds_update": mean([s for r in runs for s in r["seconds_update"]]),
         "translation_cosine": mean([c for r in runs for c in r["translation_cosine"]]),
         "mismatched_cosine": mean([c for r in runs for c in r["mismatched_cosine"]]),
+        **{key: mean([c for r in runs for c in r.get(key, [])]) for key in
+           ("heldout_cosine", "heldout_hits1", "heldout_hits10")},
         "bytes_per_ppat_batch": mean([r["bytes_per_ppat_batch"] for r in runs]),
         "max_epsilon": (None if any(r["max_epsilon"] is None for r in runs)
                         else mean([r["max_epsilon"] for r in runs])),
