@@ -21,6 +21,10 @@ Two tasks (``--task``):
   Prints ``‖W − R‖/‖R‖`` from W's start to the end (a random rotation: ~1.41) and, for
   PPAT, the share of teacher votes fooled in the last epoch.
 
+``ppat_module``: PPAT as a LightningModule trained by ``lightning.Trainer``
+(:mod:`lightning_fedkg.methods.fkge.ppat_module`), the ``ppat`` settings, ``--set`` as there.
+``pate``: what PATE's labels say and cost at T teachers and noise lambda (``--rows`` labels).
+
 Diagnostics of why PPAT does not find ``R`` (clusters task):
 
 * ``feedback`` -- PPAT's game with the student removed: the generator follows the mean over
@@ -337,6 +341,53 @@ def run_moments(seed: int, epsilon: float | None, m: int = 512) -> str:
     return f"moments start (m {m}, {eps}): {error(w, rot):.3f}"
 
 
+def run_ppat_module(seed: int, epochs: int, start: str = "orthogonal", **options) -> str:
+    """PPAT as a LightningModule (:class:`~lightning_fedkg.methods.fkge.ppat_module.PPATModule`)
+    trained by a plain ``lightning.Trainer``, the same settings as ``--methods ppat``."""
+    from lightning_fedkg.methods.fkge.ppat_module import PPATModule, fit_ppat
+
+    x, y, rot = clusters_task(seed)
+    client_kw = dict(init="orthogonal", lr=0.01, momentum=0.9, orthogonalize=0.01, seed=seed + 100)
+    host_kw = dict(hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
+    client_kw.update({k[2:]: v for k, v in options.items() if k.startswith("g_")})
+    host_kw.update({k: v for k, v in options.items() if not k.startswith("g_")})
+    module = PPATModule(x, y, client_kw=client_kw, host_kw=host_kw, seed=seed)
+    w0 = start_matrix(seed, start, rot)
+    if w0 is not None:
+        with torch.no_grad():
+            module.w.copy_(w0)
+    begin = error(module.w.detach(), rot)
+    torch.manual_seed(seed)  # dropout: see run_ppat_clusters
+    trainer = fit_ppat(module, epochs)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return (f"PPAT module (lambda {host_kw['lam']:g}, {host_kw.get('num_teachers', 4)} teachers) {begin:.3f} -> "
+            f"{error(module.w.detach(), rot):.3f} (last epoch: fooled {m['teachers_fooled']:.2f}, label agreement "
+            f"{m.get('agreement', float('nan')):.2f}; epsilon {m['epsilon']:.3g}, data-dependent "
+            f"{m['epsilon_data_dependent']:.3g} (not private))")
+
+
+def pate_table(labels: int = 512, delta: float = 1e-5) -> None:
+    """``--methods pate``: what PATE's labels say and cost. For T teachers voting unanimously
+    (the best case: vote gap T), the chance that the noisy label ``argmax(n + Lap(1/lambda))``
+    is the teachers' plurality, ``1 - (2 + lambda T) / (4 e^{lambda T})`` (PATE's q), and the
+    epsilon of ``labels`` such labels: data-independent (the guarantee) and data-dependent
+    (PATE Thm 3 at gap T; not itself private)."""
+    import math
+
+    from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+
+    print(f"{labels} labels, delta {delta:g}, unanimous teachers (gap T)")
+    print(f"{'T':>5} {'lambda':>7} {'T*lambda':>9} {'agreement':>10} {'epsilon':>10} {'data-dependent':>15}")
+    for teachers in (4, 16, 64, 256):
+        for lam in (0.05, 0.2, 1.0):
+            x = lam * teachers
+            agree = 1 - min(0.5, (2 + x) / (4 * math.exp(x)))
+            acc = PateMomentsAccountant(lam, delta=delta)
+            acc.accumulate(torch.full((labels,), teachers))
+            print(f"{teachers:>5} {lam:>7g} {x:>9.2f} {agree:>10.3f} {acc.epsilon_data_independent():>10.2f} "
+                  f"{acc.epsilon():>15.2f}")
+
+
 def mean_task(seeds, lam: float, epochs: int) -> None:
     from test_ppat import _rotated_pair
 
@@ -385,7 +436,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
     parser.add_argument("--methods", default="ppat,gan,supervised",
-                        help="any of ppat,gan,supervised,refine,restarts,feedback,moments; "
+                        help="any of ppat,ppat_module,gan,supervised,refine,restarts,feedback,moments,pate; "
                              "teachers (with ppat): memorisation check")
     parser.add_argument("--epsilon", type=float, default=None,
                         help="feedback, moments, supervised: privacy budget (none: no noise; supervised: "
@@ -412,6 +463,11 @@ def main() -> int:
         mean_task(args.seeds, args.lam, args.epochs or 18)
         return 0
     methods = args.methods.split(",")
+    if "pate" in methods:
+        pate_table(args.rows)
+        methods.remove("pate")
+        if not methods:
+            return 0
     for seed in args.seeds:
         parts = []
         if "ppat" in methods:
@@ -422,6 +478,8 @@ def main() -> int:
             if memory:
                 parts.append(f"teachers call real: own rows {memory['own']:.2f}, other teachers' rows "
                              f"{memory['other']:.2f}; call the final fakes fake {memory['fakes']:.2f}")
+        if "ppat_module" in methods:
+            parts.append(run_ppat_module(seed, args.epochs or 30, args.start, **overrides(args.set)))
         if "restarts" in methods:
             parts.append(run_ppat_restarts_clusters(seed, args.epochs or 30, args.starts, **overrides(args.set)))
         if "gan" in methods:
