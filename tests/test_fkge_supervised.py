@@ -157,14 +157,17 @@ def test_the_quick_start_improves_the_kgs_it_federates(tmp_path):
     are closer to the host's own rows of the same items than to other items', and no party
     passes epsilon 10. On the earlier quick start (the paper's PPAT) the mean MRR fell,
     .7004 -> .6957. The noise is reproducible (a test setting, not private) so the test
-    checks the config, not a draw; over 5 seeds with the operating system's noise the gain
-    was +.046 to +.111 (docs/results/fkge.md)."""
+    checks the config, not a draw. The gain is not the alignment's: a random rotation in its
+    place gains as much (docs/results/fkge.md; tests/test_fkge_controls.py holds the control).
+    A handshake a spent partner declined exchanged nothing and has no cosine."""
     cfg = load_config("configs/fkge/umls_fkge.yaml", [
         "trainer.threads=1", "trainer.progress_bar=false", "federated.fkge.reproducible_noise=true"])
     metrics = fit(cfg, tmp_path / "quick_start")
     gains = [kg["after"]["mrr"] - kg["before"]["mrr"] for kg in metrics["kgs"]]
     assert sum(gains) / len(gains) > 0.02, gains
-    for h in metrics["handshakes"]:
+    exchanged = [h for h in metrics["handshakes"] if h.get("skipped") != "partner_epsilon"]
+    assert exchanged
+    for h in exchanged:
         assert h["translation_cosine"] > h["mismatched_cosine"] + 0.05
     assert all(kg["epsilon"] <= 10 for kg in metrics["kgs"])
 
