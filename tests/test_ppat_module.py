@@ -47,3 +47,36 @@ def test_the_budget_stops_the_trainer_before_a_batch_that_could_pass_it():
     assert module.stopped == "budget"
     assert module.ppat_host.accountant.epsilon_data_independent() <= 10.0
     assert module.ppat_host.epsilon_after(32) > 10.0
+
+
+def test_the_federations_ppat_handshake_is_fitted_by_a_trainer(tmp_path, monkeypatch):
+    """Each PPAT handshake's host half runs as one ``lightning.Trainer`` fit
+    (``HostTrainer``), one training step per generated batch, and every fit has ended when
+    the run does. Before, the host stepped plain torch optimizers per message."""
+    import threading
+
+    from lightning_fedkg.config import load_config
+    from lightning_fedkg.methods.fkge import ppat_module
+    from lightning_fedkg.run import fit
+
+    from test_fkge_federation import BASE
+
+    made, steps = [], []
+    original_step = ppat_module.HostTrainer.step
+
+    class Counting(ppat_module.HostTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def step(self, message):
+            steps.append(1)
+            return original_step(self, message)
+
+    monkeypatch.setattr("lightning_fedkg.methods.fkge.federation.HostTrainer", Counting)
+    metrics = fit(load_config(None, [*BASE, "federated.fkge.handshakes_per_kg=1"]), tmp_path / "run")
+    exchanged = [h for h in metrics["handshakes"] if h.get("ppat_batches")]
+    assert exchanged and len(made) == len(exchanged)
+    assert len(steps) == sum(h["ppat_batches"] for h in exchanged)
+    assert all(isinstance(t.trainer, L.Trainer) and not t.thread.is_alive() for t in made)
+    assert not [t for t in threading.enumerate() if t.name == "ppat-host-trainer"]

@@ -35,6 +35,7 @@ from .handshake import (ClientSide, Convergence, Exchange, HandshakeRecord, Host
                         SupervisedClientSide, UpdateOutcome)
 from .ledger import PrivacyLedger
 from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
+from .ppat_module import HostTrainer
 from .pretraining import Pretraining, load_pretrained, pretrain, save_pretrained
 from .report import format_kgs_table
 from .config import check_fkge_config
@@ -402,12 +403,20 @@ class FKGEPeer(PeerHalf):
     def on_fkge_decline(self, message: Message, sender: str) -> list[Outgoing]:
         """The partner's privacy budget is spent: it sends nothing more; the handshake ends unused."""
         host = self._hosting(sender)
+        self._end_trainer(host)
         self.handshakes.append(HandshakeRecord(client=sender, host=self.name, number=host.number,
                                                finished_at=time.time()))
         self.host, self.state = None, PeerState.READY
         log.info("fkge: %s hosted %s (#%d): declined by %s (its privacy budget is spent)",
                  self.name, sender, host.number, sender)
         return self._next()
+
+    @staticmethod
+    def _end_trainer(host: Hosting) -> None:
+        """End the handshake's PPAT fit, if one runs."""
+        if host.trainer is not None:
+            host.trainer.close()
+            host.trainer = None
 
     def _send_next(self, host: str) -> list[Outgoing]:
         if self.spent():  # no more batches nor translated rows once this party's budget is spent
@@ -437,7 +446,10 @@ class FKGEPeer(PeerHalf):
         if host.stopped == "converged":
             return [(sender, STOP, Message())]
         tic = time.perf_counter()
-        reply = host.ppat.on_fake(message)
+        if host.trainer is None:  # the handshake's PPAT half is fitted by a lightning.Trainer
+            batches = self.fk.ppat_epochs * math.ceil(host.y.shape[0] / self.fk.ppat_batch_size)
+            host.trainer = HostTrainer(host.ppat, max_batches=batches)
+        reply = host.trainer.step(message)
         host.seconds += time.perf_counter() - tic
         host.batches += 1
         self._track_convergence(host, n)
@@ -546,6 +558,7 @@ class FKGEPeer(PeerHalf):
 
     def on_fkge_translated(self, message: Message, sender: str) -> list[Outgoing]:
         host = self._hosting(sender)
+        self._end_trainer(host)
         host.bytes += tensor_bytes(message.arrays)
         exchange = Exchange(
             aligned_entities=int(host.entities.numel()), aligned_relations=int(host.relations.numel()),

@@ -45,7 +45,8 @@ class Convergence:
 @dataclass
 class Hosting:
     """The handshake a peer hosts: its partner (the client), the aligned rows ``y`` of the host,
-    its PPAT half (``None`` for the supervised alignment) and what the handshake cost."""
+    its PPAT half (``None`` for the supervised alignment) and the Trainer fitting it, and what
+    the handshake cost."""
 
     partner: str
     number: int  # the host's count of hosted handshakes, this one included
@@ -61,9 +62,13 @@ class Hosting:
     stopped: str = "epochs"  # why PPAT ended: "epochs", "converged" or "budget"
     sigma: float | None = None  # the supervised release's noise scale
     convergence: Convergence | None = None
+    # the Trainer fitting the PPAT half for this handshake (ppat_module.HostTrainer): a live
+    # thread, not state; a resumed host starts a new one from ``ppat``'s saved state
+    trainer: object | None = field(default=None, repr=False, compare=False)
 
     def state_dict(self) -> dict:
-        state = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ppat", "convergence")}
+        state = {f.name: getattr(self, f.name) for f in fields(self)
+                 if f.name not in ("ppat", "convergence", "trainer")}
         state["ppat"] = None if self.ppat is None else self.ppat.state_dict()
         state["convergence"] = None if self.convergence is None else asdict(self.convergence)
         return state

@@ -9,15 +9,19 @@ client -> host and its gradient host -> client as messages through a
 steps the teachers, the student and the generator through the optimizers Lightning hands
 out (:meth:`~lightning.pytorch.core.LightningModule.optimizers`).
 
-Where it runs: in one process that holds both halves (the synthetic benchmark, tests, a
-party that simulates a pair). The federation's handshake keeps the same halves on two
-peers and exchanges the same messages one event at a time: a host's batch arrives as a
-message, and a Trainer cannot be suspended between two events, nor can a host's step block
-on its client without deadlocking two parties that host each other
-(docs/methods/fkge.md).
+In the federation the two halves live on two peers, so the host fits only its own half:
+:class:`PPATHostModule` (teachers, student, PATE) under a ``lightning.Trainer`` that runs in a
+thread of the host for the length of a handshake (:class:`HostTrainer`). Each generated batch
+the client sends is handed to the Trainer's next training step, and the step's answer (the
+gradient) is what the host sends back; the event loop and the Trainer alternate in lockstep,
+so the run stays deterministic, and the Trainer never waits on another party (a host step
+that blocked on its client could deadlock two parties hosting each other).
 """
 
 from __future__ import annotations
+
+import queue
+import threading
 
 import lightning as L
 import torch
@@ -25,10 +29,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lightning_fedkg.federated.channel import Channel
+from lightning_fedkg.federated.message import Message
 
 from .ppat import FAKE, GRAD, PPATClient, PPATHost
 
-__all__ = ["PPATModule", "fit_ppat"]
+__all__ = ["PPATModule", "PPATHostModule", "HostTrainer", "fit_ppat"]
 
 
 class PPATModule(L.LightningModule):
@@ -110,6 +115,108 @@ class PPATModule(L.LightningModule):
     def translate(self, rows: Tensor) -> Tensor:
         """``W`` applied to any rows (``G(X)``)."""
         return self.client.translate(rows)
+
+
+def _wrap_host_optimizers(host: PPATHost, opts) -> None:
+    """Let ``host`` step its nets through the optimizers Lightning hands out."""
+    opts = opts if isinstance(opts, list) else [opts]
+    host.teacher_opts, host.student_opt = list(opts[:-1]), opts[-1]
+
+
+class PPATHostModule(L.LightningModule):
+    """The host's half of PPAT (teachers, student, PATE aggregation) as a LightningModule with
+    manual optimisation, fed one generated batch per training step by :class:`HostTrainer`.
+
+    Its training data are the client's messages: step ``k`` takes the ``k``-th generated batch
+    from ``inbox``, runs :meth:`~.ppat.PPATHost.on_fake` (the teachers' and the student's
+    steps through Lightning's optimizers) and puts the gradient message in ``outbox``. A
+    ``None`` in ``inbox`` ends the fit (the handshake is over)."""
+
+    def __init__(self, host: PPATHost, inbox: queue.Queue, outbox: queue.Queue, max_batches: int):
+        super().__init__()
+        self.automatic_optimization = False
+        self.ppat_host = host
+        self.teachers, self.student = host.teachers, host.student
+        self.inbox, self.outbox, self.max_batches = inbox, outbox, int(max_batches)
+        self._raw = (list(host.teacher_opts), host.student_opt)
+
+    def configure_optimizers(self):
+        return [*self.ppat_host.teacher_opts, self.ppat_host.student_opt]
+
+    def on_train_start(self) -> None:
+        _wrap_host_optimizers(self.ppat_host, self.optimizers())
+
+    def on_train_end(self) -> None:  # the host's state holds plain optimizers again
+        self.ppat_host.teacher_opts, self.ppat_host.student_opt = self._raw
+
+    def train_dataloader(self) -> DataLoader:
+        # a generator of its own: creating the loader's iterator must not draw from the
+        # global RNG, which the rest of the run (dropout, KGE training) shares
+        return DataLoader(range(self.max_batches), batch_size=1, generator=torch.Generator())
+
+    def training_step(self, batch, batch_idx: int) -> None:
+        message = self.inbox.get()
+        if message is None:
+            self.trainer.should_stop = True
+            return None
+        try:
+            reply = self.ppat_host.on_fake(message)
+        except BaseException as err:  # handed to the event loop, which raises it
+            self.outbox.put(err)
+            raise
+        self.log_dict({k: self.ppat_host.last[k] for k in ("loss_teachers", "loss_student", "loss_generator")},
+                      on_step=False, on_epoch=True, batch_size=int(self.ppat_host.last["size"]))
+        self.outbox.put(reply)
+        return None
+
+
+class HostTrainer:
+    """One handshake's host-side Trainer fit, in a thread that alternates with the event loop.
+
+    :meth:`step` hands a generated batch to the fit and returns its gradient message;
+    :meth:`close` ends the fit. The thread only ever waits for the event loop's next batch,
+    and the event loop only for this thread's answer, so no two parties wait on each other.
+    """
+
+    def __init__(self, host: PPATHost, max_batches: int, trainer_kwargs: dict | None = None):
+        self.inbox: queue.Queue = queue.Queue(maxsize=1)
+        self.outbox: queue.Queue = queue.Queue(maxsize=1)
+        self.module = PPATHostModule(host, self.inbox, self.outbox, max_batches + 1)
+        kwargs = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        kwargs.update(trainer_kwargs or {})
+        from lightning_fedkg.federated.party import quiet_lightning
+
+        with quiet_lightning():
+            self.trainer = L.Trainer(**kwargs)
+        self.thread = threading.Thread(target=self._fit, name="ppat-host-trainer", daemon=True)
+        self.thread.start()
+
+    def _fit(self) -> None:
+        from lightning_fedkg.federated.party import quiet_lightning
+
+        try:
+            with quiet_lightning():
+                self.trainer.fit(self.module)
+        except BaseException as err:  # noqa: BLE001 -- reported to the event loop by step()
+            if self.outbox.empty():
+                self.outbox.put(err)
+
+    def step(self, message: Message) -> Message:
+        """The gradient of the generator loss for this generated batch (one training step)."""
+        if not self.thread.is_alive():
+            raise RuntimeError("the host's PPAT trainer has ended")
+        self.inbox.put(message)
+        reply = self.outbox.get()
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        """End the fit (idempotent)."""
+        if self.thread.is_alive():
+            self.inbox.put(None)
+            self.thread.join()
 
 
 def fit_ppat(module: PPATModule, epochs: int, trainer_kwargs: dict | None = None) -> L.Trainer:
