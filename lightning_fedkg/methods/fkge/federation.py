@@ -407,8 +407,8 @@ class FKGEPeer(PeerHalf):
         self.handshakes.append(HandshakeRecord(client=sender, host=self.name, number=host.number,
                                                finished_at=time.time()))
         self.host, self.state = None, PeerState.READY
-        log.info("fkge: %s hosted %s (#%d): declined by %s (its privacy budget is spent)",
-                 self.name, sender, host.number, sender)
+        log.info("fkge: %s hosted %s (#%d): declined by %s (its privacy budget is spent), epsilon %s",
+                 self.name, sender, host.number, sender, self.epsilon_text())
         return self._next()
 
     @staticmethod
