@@ -376,16 +376,19 @@ def pate_table(labels: int = 512, delta: float = 1e-5) -> None:
 
     from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
 
-    print(f"{labels} labels, delta {delta:g}, unanimous teachers (gap T)")
-    print(f"{'T':>5} {'lambda':>7} {'T*lambda':>9} {'agreement':>10} {'epsilon':>10} {'data-dependent':>15}")
-    for teachers in (4, 16, 64, 256):
-        for lam in (0.05, 0.2, 1.0):
+    print(f"{labels} labels (and 30 epochs of them), delta {delta:g}, unanimous teachers (gap T)")
+    print(f"{'T':>5} {'lambda':>7} {'T*lambda':>9} {'agreement':>10} {'epsilon':>10} {'data-dependent':>15} "
+          f"{'30 epochs':>10}")
+    for teachers in (4, 16, 64, 256, 320):
+        for lam in (0.01, 0.05, 0.2, 1.0):
             x = lam * teachers
             agree = 1 - min(0.5, (2 + x) / (4 * math.exp(x)))
             acc = PateMomentsAccountant(lam, delta=delta)
             acc.accumulate(torch.full((labels,), teachers))
+            epochs = PateMomentsAccountant(lam, delta=delta)
+            epochs.accumulate(torch.full((30 * labels,), teachers))
             print(f"{teachers:>5} {lam:>7g} {x:>9.2f} {agree:>10.3f} {acc.epsilon_data_independent():>10.2f} "
-                  f"{acc.epsilon():>15.2f}")
+                  f"{acc.epsilon():>15.2f} {epochs.epsilon_data_independent():>10.2f}")
 
 
 def mean_task(seeds, lam: float, epochs: int) -> None:
