@@ -254,10 +254,11 @@ def table(summaries: list[dict]) -> str:
              f"{'gain acc':>9}{'wall s':>8}")
     lines += ["", head2, "-" * len(head2)]
     for s in summaries:
+        eps = "exact" if s["max_epsilon"] is None else format(s["max_epsilon"], ".2f")
         lines.append(f"{s['variant']:<13}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
                      f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_handshake']:>9.0f}"
                      f"{s['generator_moved']:>8.4f}{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
-                     f"{'exact' if s['max_epsilon'] is None else format(s['max_epsilon'], '.2f'):>9}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
+                     f"{eps:>9}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
                      f"{s['gain']['accuracy']:>+9.4f}{s['wall_seconds']:>8.1f}")
     return "\n".join(lines)
 

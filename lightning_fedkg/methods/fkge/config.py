@@ -55,7 +55,7 @@ class FKGEConfig:
 
     ``alignment``: ``ppat`` (the paper's GAN), ``supervised``
     (:mod:`lightning_fedkg.methods.fkge.supervised`: the host releases the cross-covariance
-    of its aligned rows' directions with the client's rotated, whitened ones under the
+    of its aligned rows' directions with the client's rotated (optionally whitened) ones under the
     Gaussian mechanism, noise calibrated exactly so one handshake costs ``dp_epsilon`` at
     ``delta``; ``null``: exact, not private; the client fits ``W`` from it and its own rows)
     or ``random``: the control that removes the alignment, a fresh Haar-random rotation per

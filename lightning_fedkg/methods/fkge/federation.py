@@ -30,7 +30,7 @@ from lightning_fedkg.federated.peer import Outgoing, PeerHalf, PeerStrategy
 from lightning_fedkg.seeding import derive_seed
 
 from .classification import triple_classification
-from .config import FKGEConfig
+from .config import FKGEConfig, check_fkge_config
 from .handshake import (ClientSide, Convergence, Exchange, HandshakeRecord, Hosting, PeerState, PPATClientSide,
                         SupervisedClientSide, UpdateOutcome)
 from .ledger import PrivacyLedger
@@ -38,7 +38,6 @@ from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
 from .ppat_module import HostTrainer
 from .pretraining import Pretraining, load_pretrained, pretrain, save_pretrained
 from .report import format_kgs_table
-from .config import check_fkge_config
 from .supervised import CROSSCOV, ROWS, AlignmentHost, decode, precondition, release_cost, unit_rows, whitening_power
 from .update import kgemb_update
 
@@ -643,7 +642,8 @@ class FKGEPeer(PeerHalf):
                 "pretrain": None if self.pretrain is None else self.pretrain.to_dict(),
                 "before": self.before, "after": self.quality(),
                 # None after an exact release: no epsilon bounds what it showed (privacy.private)
-                "epsilon": privacy["epsilon"] if privacy["private"] else None, "privacy": privacy, "queries": self.ledger.pate.queries,
+                "epsilon": privacy["epsilon"] if privacy["private"] else None, "privacy": privacy,
+                "queries": self.ledger.pate.queries,
                 "hosted": self.hosted, "served": self.served,
                 "accepted": sum(bool(h.accepted) for h in self.handshakes), "best": self.best,
                 "state": self.state.value, "stopped_hosting": self.exhausted or None,
