@@ -4,15 +4,12 @@ Abadi et al., CCS 2016 (log moments, Thm 2.1/2.2) and Papernot et al., ICLR 2017
 Each answered query (one noisy label, ``Lap(1/lambda)``, a ``2 lambda``-DP answer) is
 charged ``min(di, pure, dd)`` at every order: the data-independent bound, the trivial
 pure-DP bound, and PATE Thm 3's data-dependent bound only where its condition holds (FKGE's
-Eq. 8-10 omit it). One query per labelled sample. The derivation and its checks:
-docs/privacy.md.
-
-Two epsilons come out. :meth:`~PateMomentsAccountant.epsilon_data_independent` depends on
-the number of answered queries only: it is the guarantee, and publishing it (or stopping on
-it) reveals nothing more. :meth:`~PateMomentsAccountant.epsilon` uses the vote gaps, a
-function of the teachers' data: it is tighter where the teachers agree, but the number is
-itself not differentially private (PATE's §3 releases it only through a smooth-sensitivity
-mechanism), so it is reported, labelled data-dependent, and nothing stops on it.
+Eq. 8-10 omit it). One query per labelled sample. Two epsilons come out:
+:meth:`~PateMomentsAccountant.epsilon_data_independent`, from the query count alone, is the
+guarantee (publishing or stopping on it reveals nothing more);
+:meth:`~PateMomentsAccountant.epsilon` uses the vote gaps, so it is tighter where teachers
+agree but not itself private (PATE releases it only through smooth sensitivity): it is
+reported, and nothing stops on it. The derivation and its checks: docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The Gaussian mechanism's privacy: exact (epsilon, delta) of composed releases, RDP log
 moments for composing with PATE, and noise calibration.
 
-Exact accounting (:func:`gaussian_epsilon`, :func:`gaussian_mu`): a Gaussian release of a
-query of L2 sensitivity ``S`` with noise std ``sigma`` is ``mu``-GDP with ``mu = S / sigma``;
-``k`` releases compose to ``sqrt(sum mu_i^2)``-GDP, exactly (Dong, Roth & Su, "Gaussian
-differential privacy", JRSS-B 2022, Cor. 3.3), and a ``mu``-GDP mechanism is
-``(epsilon, delta)``-DP exactly for ``delta = Phi(-epsilon/mu + mu/2) - e^epsilon
-Phi(-epsilon/mu - mu/2)`` (Balle & Wang, ICML 2018, Thm 8; Dong et al., Cor. 2.13). No
-accountant is tighter for unsampled Gaussian releases (dp-accounting's PLD agrees to its
-discretisation; ``tests/test_privacy_ledger.py``).
-
-Exact RDP at integer orders (Mironov, Talwar & Zhang, 2019, §3.3) returned as log moments
+Exact (:func:`gaussian_epsilon`, :func:`gaussian_mu`): a release of sensitivity ``S`` with
+noise std ``sigma`` is ``mu``-GDP, ``mu = S / sigma``; releases compose to
+``sqrt(sum mu_i^2)``-GDP, and ``mu``-GDP is ``(epsilon, delta)``-DP exactly for ``delta =
+Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2)`` (Dong, Roth & Su, JRSS-B 2022;
+Balle & Wang, ICML 2018). RDP (Mironov, Talwar & Zhang, 2019, §3.3), returned as log moments
 ``alpha(l) = l * RDP(l + 1)``, the form of
-:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant`, so one ledger adds PATE's
-data-dependent moments and the Gaussian's order by order (which ``dp-accounting``'s public
-API does not expose). ``tests/test_privacy_ledger.py`` checks it against ``dp-accounting``.
-See docs/privacy.md.
+:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant`, so one ledger adds
+PATE's moments and the Gaussian's order by order. ``tests/test_privacy_ledger.py`` checks
+both against ``dp-accounting`` (PLD, RDP). See docs/privacy.md.
 """
 
 from __future__ import annotations

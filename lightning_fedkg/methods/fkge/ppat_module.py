@@ -1,21 +1,15 @@
-"""PPAT's GAN as one LightningModule, trained by a plain ``lightning.Trainer``.
+"""PPAT's GAN as LightningModules, each fitted by a plain ``lightning.Trainer``.
 
-:class:`PPATModule` composes the two halves of :mod:`.ppat` -- the client's generator
-(:class:`~.ppat.PPATClient`, ``W``) and the host's teachers, student and PATE aggregation
-(:class:`~.ppat.PPATHost`) -- and runs their alternating game with manual optimisation
-(``automatic_optimization = False``): each training step moves one batch of generated rows
-client -> host and its gradient host -> client as messages through a
-:class:`~lightning_fedkg.federated.channel.Channel` (the wire log the federation keeps), and
-steps the teachers, the student and the generator through the optimizers Lightning hands
-out (:meth:`~lightning.pytorch.core.LightningModule.optimizers`).
-
-In the federation the two halves live on two peers, so the host fits only its own half:
-:class:`PPATHostModule` (teachers, student, PATE) under a ``lightning.Trainer`` that runs in a
-thread of the host for the length of a handshake (:class:`HostTrainer`). Each generated batch
-the client sends is handed to the Trainer's next training step, and the step's answer (the
-gradient) is what the host sends back; the event loop and the Trainer alternate in lockstep,
-so the run stays deterministic, and the Trainer never waits on another party (a host step
-that blocked on its client could deadlock two parties hosting each other).
+:class:`PPATModule` composes both halves of :mod:`.ppat` -- the client's generator ``W`` and
+the host's teachers, student and PATE aggregation -- with manual optimisation: each training
+step moves one generated batch client -> host and its gradient host -> client as messages
+through a :class:`~lightning_fedkg.federated.channel.Channel`, and every net steps through the
+optimizers Lightning hands out (one process holds both halves: the synthetic benchmark).
+In the federation the halves live on two peers, so each host fits its own half,
+:class:`PPATHostModule`, with a Trainer per handshake (:class:`HostTrainer`): the Trainer
+runs in a thread of the host and takes each generated batch that arrives as a message as its
+next training step. Event loop and Trainer alternate in lockstep (deterministic), and the
+Trainer never waits on another party, so two parties hosting each other cannot deadlock.
 """
 
 from __future__ import annotations

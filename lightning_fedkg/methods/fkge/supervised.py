@@ -1,25 +1,16 @@
 """Supervised DP alignment: the translation ``W`` fitted on the known aligned pairs, under DP.
 
 Beyond the FKGE paper. The client sends its aligned rows' directions under a secret random
-rotation ``W0``, optionally whitened by its own covariance (:func:`precondition`,
-``whiten_power``); the host answers once
-with their cross-covariance with its own rows plus Gaussian noise calibrated exactly
-(:func:`~.gaussian.gaussian_mu`) to ``dp_epsilon`` at ``delta`` under ``dp_neighbours``,
-charged to its :class:`~lightning_fedkg.methods.fkge.ledger.PrivacyLedger`; the client undoes
-the whitening from its own rows and sets ``W = V W0`` (:func:`decode`). ``dp_epsilon: null``
-releases the exact cross-covariance (not private). The unit protected is one aligned
-entity's row of the host, not a triple. Derivation and threat model: docs/methods/fkge.md.
-
-Why whitening: with ``M = R B + N`` (``B`` the client's known cross-matrix of its rotated and
-sent rows, ``N`` iid ``N(0, sigma^2)``), the estimate ``polar(M B^T)`` errs to first order by
-``|W - R| / |R| = sqrt(sigma^2 / d * sum_{i != j} 1 / (s_i^2 + s_j^2))`` for the singular
-values ``s`` of ``B`` (plain Procrustes, ``polar(M)`` with ``B = Z^T Z``:
-``sqrt(2 sigma^2 / d * sum_{i != j} 1 / (s_i + s_j)^2)``). Rows concentrated on few axes leave
-tiny ``s`` on the others and those axes carry the error; whitening the sent rows spreads
-``B``'s singular values. With ``whiten_power: null`` the client picks the power that
-minimises the predicted error (:func:`whitening_power`), from its own rows alone; the
-default 0 sends the rows as they are, since on real KGs, which are far from isometric, the
-weak axes hold little the host shares and whitening lowered the held-out fit (UMLS).
+rotation ``W0``, optionally whitened by its own covariance (:func:`precondition`); the host
+answers once with their cross-covariance with its own rows plus Gaussian noise calibrated
+exactly (:func:`~.gaussian.gaussian_mu`) to ``dp_epsilon`` at ``delta`` under
+``dp_neighbours``, charged to its :class:`~lightning_fedkg.methods.fkge.ledger.PrivacyLedger`;
+the client undoes the whitening from its own rows and sets ``W = V W0`` (:func:`decode`).
+``dp_epsilon: null`` releases the exact cross-covariance (not private). The unit protected
+is one aligned entity's row of the host, not a triple. Whitening spreads the singular values
+of the client's cross-matrix ``B``, which set the first-order error
+(:func:`predicted_error`); it fixes near-isometric spaces and hurt on UMLS, so it is off by
+default. Derivation, measurements and threat model: docs/methods/fkge.md.
 """
 
 from __future__ import annotations
