@@ -630,6 +630,11 @@ class FKGEPeer(PeerHalf):
                              virtual_entities=0 if virtual_entities is None else int(virtual_entities.shape[0]),
                              valid_before=out["valid_before"], valid_after=out["valid_after"])
 
+    def close(self) -> None:
+        """A run that ends mid-handshake (``federated.rounds``) ends its PPAT fit too."""
+        if self.host is not None:
+            self._end_trainer(self.host)
+
     # ------------------------------------------------------------------ reporting and state
     def epsilon_text(self) -> str:
         """This party's epsilon as the terminal shows it: ``not private`` after an exact release."""
