@@ -54,10 +54,10 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
 
 Commands (docs/results/fkge.md records their output; the first two are the review's controls):
 
-    python scripts/bench_fkge.py --config configs/fkge/umls_fkge.yaml --seeds 0,1,2,3,4 \
+    python scripts/bench_fkge.py --config configs/fkge/umls_fkge.yaml --seeds 0,1,2,3,4 \\
         --variants fkge,random_fkge,control_fkge --json-out docs/results/fkge/bench_fkge_umls_random.json
-    python scripts/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir runs/fb_controls \
-        --reuse --seeds 0,1,2 --variants sup4_average,random_sup4_average,control_sup4_average,sup_exact_average \
+    python scripts/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir runs/fb_controls \\
+        --reuse --seeds 0,1,2 --variants sup4_average,random_sup4_average,control_sup4_average,sup_exact_average \\
         --json-out docs/results/fkge/bench_fkge_fb15k237_controls.json federated.fkge.holdout_fraction=0.2
 
     python scripts/bench_fkge.py --seeds 0,1,2,3,4 --variants fkge,control_fkge,frozen,average,control_average,\
