@@ -103,6 +103,10 @@ class PeerHalf:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def close(self) -> None:
+        """Release what the peer holds beyond its state (threads, files) when the run ends
+        (default: nothing)."""
+
 
 class PeerStrategy(Strategy):
     """A method run by :class:`EventRunner`: no server half, one :attr:`Peer` half per party.
@@ -232,6 +236,8 @@ class EventRunner:
 
     def close(self) -> None:
         self.channel.close()
+        for peer in self.peers.values():
+            peer.close()
         for p in self.parties.values():
             if p.writer is not None:
                 p.writer.close()

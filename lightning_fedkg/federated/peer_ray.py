@@ -106,6 +106,7 @@ class PartyActor:
         return self.peer.report()
 
     def close(self) -> None:
+        self.peer.close()
         if self.party.writer is not None:
             self.party.writer.close()
 

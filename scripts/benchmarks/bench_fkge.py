@@ -40,13 +40,25 @@ Variants (``--variants``, comma-separated; ``all`` = every one):
   with the client's random rotation W₀ as the translation;
 * ``sup_exact`` / ``sup16`` / ``sup4`` / ``sup1``: the supervised DP alignment
   (``alignment=supervised``) exact or at ``dp_epsilon`` 16 / 4 / 1 per release;
-  ``sup4_average``: ``sup4`` with ``mode=average``;
+  ``sup4_average``: ``sup4`` with ``mode=average``; ``sup_exact_average``: the exact release
+  with ``mode=average`` and no epsilon budget (the upper bound of any translation learnt from
+  the pairs);
 * ``control_<variant>`` (after ``<variant>`` in the same call): ``<variant>``'s settings with
   ``mode=none`` and ``<variant>``'s handshake schedule replayed from its run of the same seed
   (``federated.fkge.schedule``); the script then prints, per seed, the variant's final MRR,
   Hits@10 and TC accuracy minus the control's, and whether the schedules were equal.
+* ``random_<variant>`` (after ``<variant>``): the control that removes the alignment and
+  keeps everything else: ``<variant>``'s settings (its ``mode``: the same averaging) with
+  ``alignment=random``, a fresh Haar-random rotation per handshake, and ``<variant>``'s
+  schedule replayed; compared per seed like ``control_<variant>``.
 
-Commands (docs/results/fkge.md records their output; the first is the second pass's):
+Commands (docs/results/fkge.md records their output; the first two are the review's controls):
+
+    python scripts/benchmarks/bench_fkge.py --config configs/fkge/umls_fkge.yaml --seeds 0,1,2,3,4 \\
+        --variants fkge,random_fkge,control_fkge --json-out docs/results/fkge/bench_fkge_umls_random.json
+    python scripts/benchmarks/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir runs/fb_controls \\
+        --reuse --seeds 0,1,2 --variants sup4_average,random_sup4_average,control_sup4_average,sup_exact_average \\
+        --json-out docs/results/fkge/bench_fkge_fb15k237_controls.json federated.fkge.holdout_fraction=0.2
 
     python scripts/benchmarks/bench_fkge.py --seeds 0,1,2,3,4 \\
         --variants fkge,control_fkge,frozen,average,control_average,\
@@ -106,11 +118,17 @@ VARIANTS = {
     "sup1": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=1"],
     "sup4_average": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=4",
                      "federated.fkge.mode=average"],
+    "sup_exact_average": ["federated.fkge.alignment=supervised", "federated.fkge.dp_epsilon=null",
+                          "federated.fkge.max_epsilon=null", "federated.fkge.mode=average"],
 }
 #: ``control_<variant>``: <variant>'s settings with nothing received used (``mode=none``) and
 #: <variant>'s handshake schedule replayed (``schedule``: same hosts, partners, order and
 #: update epochs, whatever the updates' outcomes); run after <variant> in the same call.
 CONTROL = "control_"
+#: ``random_<variant>``: <variant>'s settings with a Haar-random translation per handshake
+#: (``alignment=random``: nothing aligned, nothing released) and its schedule replayed.
+RANDOM = "random_"
+CONTROLS = {CONTROL: ["federated.fkge.mode=none"], RANDOM: ["federated.fkge.alignment=random"]}
 BLOCK_KEYS = ("accuracy", "mrr", "hits@10")
 
 
@@ -130,7 +148,8 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
         metrics = fit(cfg, out)
         wall = time.perf_counter() - start
         measure.write_json(done, {**metrics, "bench_wall_seconds": wall})
-    hs = metrics["handshakes"]
+    # a handshake the partner declined (its budget spent) exchanged nothing: only counted
+    hs = [h for h in metrics["handshakes"] if h.get("skipped") != "partner_epsilon"]
     ppat_batches = sum(h["ppat_batches"] for h in hs)
     return {
         "overrides": overrides,
@@ -140,17 +159,24 @@ def run_one(config: str, overrides: list[str], out: Path, reuse: bool = False) -
                                          "accepted")} for kg in metrics["kgs"]],
         "pretrain": [kg.get("pretrain") for kg in metrics["kgs"]],
         "generator_moved": [s["generator_moved"] for kg in metrics["kgs"] for s in kg.get("served", [])],
-        "schedule": sorted((h["host"], h["number"], h["client"]) for h in hs),
-        "handshakes": len(hs),
+        "schedule": sorted((h["host"], h["number"], h["client"]) for h in metrics["handshakes"]),
+        "handshakes": len(metrics["handshakes"]),
+        "declined": len(metrics["handshakes"]) - len(hs),
         "accepted": sum(bool(h["accepted"]) for h in hs),
         "seconds_ppat": [h["seconds_ppat"] for h in hs],
         "seconds_update": [h["seconds_update"] for h in hs],
         "translation_cosine": [h["translation_cosine"] for h in hs],
         "mismatched_cosine": [h["mismatched_cosine"] for h in hs],
+        # the translation on held-out pairs (federated.fkge.holdout_fraction; None without)
+        "heldout_cosine": [h.get("heldout_cosine") for h in hs],
+        "heldout_hits1": [h.get("heldout_hits1") for h in hs],
+        "heldout_hits10": [h.get("heldout_hits10") for h in hs],
         "bytes_per_ppat_batch": (sum(h["bytes_per_ppat_batch"] * h["ppat_batches"] for h in hs) / ppat_batches
                                  if ppat_batches else None),
         "bytes_sent": metrics["bytes_sent"],
-        "max_epsilon": max(kg["epsilon"] for kg in metrics["kgs"]),
+        # None when a party released something exact (its epsilon is None: not private)
+        "max_epsilon": (None if any(kg["epsilon"] is None for kg in metrics["kgs"])
+                        else max(kg["epsilon"] for kg in metrics["kgs"])),
         "engine": metrics.get("engine", "local"),
     }
 
@@ -207,8 +233,11 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "seconds_update": mean([s for r in runs for s in r["seconds_update"]]),
         "translation_cosine": mean([c for r in runs for c in r["translation_cosine"]]),
         "mismatched_cosine": mean([c for r in runs for c in r["mismatched_cosine"]]),
+        **{key: mean([c for r in runs for c in r.get(key, [])]) for key in
+           ("heldout_cosine", "heldout_hits1", "heldout_hits10")},
         "bytes_per_ppat_batch": mean([r["bytes_per_ppat_batch"] for r in runs]),
-        "max_epsilon": mean([r["max_epsilon"] for r in runs]),
+        "max_epsilon": (None if any(r["max_epsilon"] is None for r in runs)
+                        else mean([r["max_epsilon"] for r in runs])),
         "generator_moved": mean([g for r in runs for g in r["generator_moved"]]),
         "bytes_per_handshake": mean([r["bytes_sent"] / max(r["handshakes"], 1) for r in runs]),
         "gain": {key: mean([kg["after"][key] - kg["before"][key] for r in runs for kg in r["kgs"]])
@@ -233,31 +262,43 @@ def table(summaries: list[dict]) -> str:
              f"{'gain acc':>9}{'wall s':>8}")
     lines += ["", head2, "-" * len(head2)]
     for s in summaries:
+        eps = "exact" if s["max_epsilon"] is None else format(s["max_epsilon"], ".2f")
         lines.append(f"{s['variant']:<13}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
                      f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_handshake']:>9.0f}"
                      f"{s['generator_moved']:>8.4f}{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
-                     f"{s['max_epsilon']:>9.2f}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
+                     f"{eps:>9}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
                      f"{s['gain']['accuracy']:>+9.4f}{s['wall_seconds']:>8.1f}")
     return "\n".join(lines)
 
 
 def versus_control(results: dict[str, list[dict]]) -> tuple[dict, str]:
-    """Per variant with a ``control_<variant>`` run: per seed, the mean over KGs of the
-    variant's final metric minus the control's (same seed, same schedule)."""
+    """Per variant with a ``control_<variant>`` or ``random_<variant>`` run: per seed, the mean
+    over KGs of the variant's final metric minus the control's (same seed, same schedule).
+    Keyed ``<variant>`` (against ``control_``, the older layout) and ``<variant> - random_<variant>``."""
     out, lines = {}, []
     for name, runs in results.items():
-        control = results.get(CONTROL + name)
-        if not control:
-            continue
-        per_seed = {key: [mean([a["after"][key] - b["after"][key] for a, b in zip(run["kgs"], ctrl["kgs"])])
-                          for run, ctrl in zip(runs, control)] for key in BLOCK_KEYS}
-        same = [run["schedule"] == ctrl["schedule"] for run, ctrl in zip(runs, control)]
-        out[name] = {"per_seed": per_seed, "same_schedule": same}
-        for key, values in per_seed.items():
-            lines.append(f"{name} - {CONTROL + name} {key}: mean {mean(values):+.4f}, per seed "
-                         + " ".join(f"{v:+.4f}" for v in values)
-                         + f" ({sum(v > 0 for v in values)}/{len(values)} positive; same schedule: {all(same)})")
+        for prefix in CONTROLS:
+            control = results.get(prefix + name)
+            if not control:
+                continue
+            per_seed = {key: [mean([a["after"][key] - b["after"][key] for a, b in zip(run["kgs"], ctrl["kgs"])])
+                              for run, ctrl in zip(runs, control)] for key in BLOCK_KEYS}
+            same = [run["schedule"] == ctrl["schedule"] for run, ctrl in zip(runs, control)]
+            out[name if prefix == CONTROL else f"{name} - {prefix + name}"] = {"per_seed": per_seed,
+                                                                               "same_schedule": same}
+            for key, values in per_seed.items():
+                lines.append(f"{name} - {prefix + name} {key}: mean {mean(values):+.4f}, per seed "
+                             + " ".join(f"{v:+.4f}" for v in values)
+                             + f" ({sum(v > 0 for v in values)}/{len(values)} positive; same schedule: {all(same)})")
     return out, "\n".join(lines)
+
+
+def _source(name: str) -> str | None:
+    """The variant a ``control_`` or ``random_`` name controls (None for any other name)."""
+    for prefix in CONTROLS:
+        if name.startswith(prefix) and name not in VARIANTS:
+            return name[len(prefix):]
+    return None
 
 
 def main() -> int:
@@ -280,11 +321,10 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args()
     names = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS
-               and not (v.startswith(CONTROL) and v[len(CONTROL):] in names[:names.index(v)])]
+    unknown = [v for v in names if v not in VARIANTS and _source(v) not in names[:names.index(v)]]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}, or "
-                     f"{CONTROL}<variant> after <variant>")
+                     f"{CONTROL}<variant> / {RANDOM}<variant> after <variant>")
     seeds = [int(s) for s in args.seeds.split(",")]
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="bench_fkge_"))
     results, summaries = {}, []
@@ -297,9 +337,10 @@ def main() -> int:
     for name in names:
         runs = []
         for seed in seeds:
-            if name.startswith(CONTROL) and name not in VARIANTS:
-                source = name[len(CONTROL):]
-                settings = [*VARIANTS[source], *args.overrides, "federated.fkge.mode=none",
+            if name not in VARIANTS:  # a control: the source's settings, its schedule replayed
+                source = _source(name)
+                prefix = name[: len(name) - len(source)]
+                settings = [*VARIANTS[source], *args.overrides, *CONTROLS[prefix],
                             f"federated.fkge.schedule={runs_dir / f'{source}_seed{seed}'}"]
             else:
                 settings = [*VARIANTS[name], *args.overrides]
@@ -308,8 +349,9 @@ def main() -> int:
             overrides = [f"seed={seed}", f"trainer.threads={args.threads}", "trainer.progress_bar=false", *settings]
             run = run_one(args.config, overrides, runs_dir / f"{name}_seed{seed}", reuse=args.reuse)
             wall = "?" if run["wall_seconds"] is None else f"{run['wall_seconds']:.1f}"
+            eps = "not private" if run["max_epsilon"] is None else f"{run['max_epsilon']:.2f}"
             print(f"[{name} seed {seed}] {run['accepted']}/{run['handshakes']} accepted, "
-                  f"wall {wall} s, epsilon {run['max_epsilon']:.2f}", flush=True)
+                  f"wall {wall} s, epsilon {eps}", flush=True)
             runs.append(run)
         results[name] = runs
         summaries.append(summarize(name, runs))

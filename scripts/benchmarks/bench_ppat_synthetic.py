@@ -15,9 +15,15 @@ Two tasks (``--task``):
   momentum 0.9; ``--epochs``), ``gan`` (a plain MUSE-style GAN with no PATE at all: one
   discriminator on real vs generated rows, 5 discriminator steps per generator step,
   ``--iterations``), ``supervised`` (the supervised DP alignment of
-  ``lightning_fedkg/methods/fkge/supervised.py`` at epsilon 1, 4, 10, 16 and exact).
+  ``lightning_fedkg/methods/fkge/supervised.py``, plain Procrustes at epsilon 1, 4, 10, 16
+  and exact; with ``--epsilon``, plain and whitened at that epsilon with the first-order
+  predicted error of each beside the measured one).
   Prints ``‖W − R‖/‖R‖`` from W's start to the end (a random rotation: ~1.41) and, for
   PPAT, the share of teacher votes fooled in the last epoch.
+
+``ppat_module``: PPAT as a LightningModule trained by ``lightning.Trainer``
+(:mod:`lightning_fedkg.methods.fkge.ppat_module`), the ``ppat`` settings, ``--set`` as there.
+``pate``: what PATE's labels say and cost at T teachers and noise lambda (``--rows`` labels).
 
 Diagnostics of why PPAT does not find ``R`` (clusters task):
 
@@ -33,6 +39,7 @@ Diagnostics of why PPAT does not find ``R`` (clusters task):
   signs from the third moments.
 
     python scripts/benchmarks/bench_ppat_synthetic.py --task clusters --seeds 0 1 2 3 4
+    python scripts/benchmarks/bench_ppat_synthetic.py --methods supervised --epsilon 10 --rows 512 --seeds 5
     python scripts/benchmarks/bench_ppat_synthetic.py --task mean --seeds 0 1 2 3 4 --lam 100
 """
 
@@ -194,15 +201,27 @@ def run_plain_gan(seed: int, iterations: int, batch: int = 64, steps: int = 5, s
     return start, error(w.detach(), rot)
 
 
-def run_supervised(seed: int, epsilon: float | None) -> tuple[float, float]:
+def run_supervised(seed: int, epsilon: float | None, m: int = 512, power: float | None = 0.0) -> dict:
+    """The supervised release on the clusters task, the host's release as in a federation
+    (:class:`AlignmentHost`, exact calibration, replace-one): the client's rows whitened by
+    ``power`` (None: the power with the smallest predicted error) and decoded by
+    :func:`decode`. Returns the start and end errors, the power, sigma and the first-order
+    predicted error for the actual singular values."""
     from lightning_fedkg.federated.message import Message
-    from lightning_fedkg.methods.fkge.supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, unit_rows
+    from lightning_fedkg.methods.fkge.supervised import (CROSSCOV, ROWS, AlignmentHost, decode, precondition,
+                                                         predicted_error, unit_rows, whitening_power)
 
-    x, y, rot = clusters_task(seed)
+    x, y, rot = clusters_task(seed, m=m)
     w0 = haar(x.shape[1], torch.Generator().manual_seed(seed + 100))
+    z = unit_rows(x @ w0.T)
+    if power is None:
+        power = 0.0 if epsilon is None else whitening_power(z)
+    sent, b = precondition(z, power)
     host = AlignmentHost(y, epsilon, noise_seed=seed)
-    reply = host.on_rows(Message(arrays={ROWS: unit_rows(x @ w0.T)}))
-    return error(w0, rot), error(procrustes(reply.arrays[CROSSCOV]) @ w0, rot)
+    reply = host.on_rows(Message(arrays={ROWS: sent}))
+    w = decode(reply.arrays[CROSSCOV], b, power) @ w0
+    return {"start": error(w0, rot), "error": error(w, rot), "power": power, "sigma": host.sigma,
+            "predicted": predicted_error(b, host.sigma, weighted=power > 0)}
 
 
 def nn_fit(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -329,6 +348,54 @@ def rotated_pair_of_the_tests():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module._rotated_pair
+def run_ppat_module(seed: int, epochs: int, start: str = "orthogonal", **options) -> str:
+    """PPAT as a LightningModule (:class:`~lightning_fedkg.methods.fkge.ppat_module.PPATModule`)
+    trained by a plain ``lightning.Trainer``, the same settings as ``--methods ppat``."""
+    from lightning_fedkg.methods.fkge.ppat_module import PPATModule, fit_ppat
+
+    x, y, rot = clusters_task(seed)
+    client_kw = dict(init="orthogonal", lr=0.01, momentum=0.9, orthogonalize=0.01, seed=seed + 100)
+    host_kw = dict(hidden=64, lam=100.0, seed=seed, noise_seed=seed, smoothing=0.1, dropout=0.1)
+    client_kw.update({k[2:]: v for k, v in options.items() if k.startswith("g_")})
+    host_kw.update({k: v for k, v in options.items() if not k.startswith("g_")})
+    module = PPATModule(x, y, client_kw=client_kw, host_kw=host_kw, seed=seed)
+    w0 = start_matrix(seed, start, rot)
+    if w0 is not None:
+        with torch.no_grad():
+            module.w.copy_(w0)
+    begin = error(module.w.detach(), rot)
+    torch.manual_seed(seed)  # dropout: see run_ppat_clusters
+    trainer = fit_ppat(module, epochs)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return (f"PPAT module (lambda {host_kw['lam']:g}, {host_kw.get('num_teachers', 4)} teachers) {begin:.3f} -> "
+            f"{error(module.w.detach(), rot):.3f} (last epoch: fooled {m['teachers_fooled']:.2f}, label agreement "
+            f"{m.get('agreement', float('nan')):.2f}; epsilon {m['epsilon']:.3g}, data-dependent "
+            f"{m['epsilon_data_dependent']:.3g} (not private))")
+
+
+def pate_table(labels: int = 512, delta: float = 1e-5) -> None:
+    """``--methods pate``: what PATE's labels say and cost. For T teachers voting unanimously
+    (the best case: vote gap T), the chance that the noisy label ``argmax(n + Lap(1/lambda))``
+    is the teachers' plurality, ``1 - (2 + lambda T) / (4 e^{lambda T})`` (PATE's q), and the
+    epsilon of ``labels`` such labels: data-independent (the guarantee) and data-dependent
+    (PATE Thm 3 at gap T; not itself private)."""
+    import math
+
+    from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+
+    print(f"{labels} labels (and 30 epochs of them), delta {delta:g}, unanimous teachers (gap T)")
+    print(f"{'T':>5} {'lambda':>7} {'T*lambda':>9} {'agreement':>10} {'epsilon':>10} {'data-dependent':>15} "
+          f"{'30 epochs':>10}")
+    for teachers in (4, 16, 64, 256, 320):
+        for lam in (0.01, 0.05, 0.2, 1.0):
+            x = lam * teachers
+            agree = 1 - min(0.5, (2 + x) / (4 * math.exp(x)))
+            acc = PateMomentsAccountant(lam, delta=delta)
+            acc.accumulate(torch.full((labels,), teachers))
+            epochs = PateMomentsAccountant(lam, delta=delta)
+            epochs.accumulate(torch.full((30 * labels,), teachers))
+            print(f"{teachers:>5} {lam:>7g} {x:>9.2f} {agree:>10.3f} {acc.epsilon_data_independent():>10.2f} "
+                  f"{acc.epsilon():>15.2f} {epochs.epsilon_data_independent():>10.2f}")
 
 
 def mean_task(seeds, lam: float, epochs: int) -> None:
@@ -373,17 +440,23 @@ def overrides(pairs: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=["clusters", "mean"], default="clusters")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                        help="the seeds (two or more), or one number N: seeds 0 .. N-1")
     parser.add_argument("--lam", type=float, default=100.0, help="mean task: PATE noise parameter")
     parser.add_argument("--epochs", type=int, default=None, help="PPAT epochs (mean: 18, clusters: 30)")
     parser.add_argument("--iterations", type=int, default=3000, help="plain GAN generator steps")
     parser.add_argument("--methods", default="ppat,gan,supervised",
-                        help="any of ppat,gan,supervised,refine,restarts,feedback,moments; "
+                        help="any of ppat,ppat_module,gan,supervised,refine,restarts,feedback,moments,pate; "
                              "teachers (with ppat): memorisation check")
-    parser.add_argument("--epsilon", type=float, default=None, help="feedback, moments: privacy budget (none: no noise)")
+    parser.add_argument("--epsilon", type=float, default=None,
+                        help="feedback, moments, supervised: privacy budget (none: no noise; supervised: "
+                             "the table at 1, 4, 10, 16 and exact)")
+    parser.add_argument("--whiten", type=float, default=None,
+                        help="supervised with --epsilon: the whitening power (default: the one with the smallest "
+                             "predicted error)")
     parser.add_argument("--teachers", type=int, default=4, help="feedback: teachers")
     parser.add_argument("--clip", type=float, default=1.0, help="feedback: norm bound of each teacher's gradient block")
-    parser.add_argument("--rows", type=int, default=512, help="moments: rows of the task")
+    parser.add_argument("--rows", type=int, default=512, help="moments, supervised: rows of the task")
     parser.add_argument("--start", choices=["orthogonal", "truth", "near"], default="orthogonal",
                         help="clusters: W0 for PPAT and the GAN (Haar-random, R, or about 0.3 from R)")
     parser.add_argument("--starts", type=int, default=200, help="refine, restarts: random restarts")
@@ -391,11 +464,20 @@ def main() -> int:
                         help="clusters: override a PPATHost argument, or a PPATClient one as g_KEY "
                              "(e.g. num_teachers=1 g_momentum=0)")
     args = parser.parse_args()
+    if len(args.seeds) == 1:  # a count
+        if args.seeds[0] < 1:
+            parser.error("--seeds N needs N >= 1 (or list two or more seeds)")
+        args.seeds = list(range(args.seeds[0]))
     torch.set_num_threads(1)
     if args.task == "mean":
         mean_task(args.seeds, args.lam, args.epochs or 18)
         return 0
     methods = args.methods.split(",")
+    if "pate" in methods:
+        pate_table(args.rows)
+        methods.remove("pate")
+        if not methods:
+            return 0
     for seed in args.seeds:
         parts = []
         if "ppat" in methods:
@@ -406,20 +488,30 @@ def main() -> int:
             if memory:
                 parts.append(f"teachers call real: own rows {memory['own']:.2f}, other teachers' rows "
                              f"{memory['other']:.2f}; call the final fakes fake {memory['fakes']:.2f}")
+        if "ppat_module" in methods:
+            parts.append(run_ppat_module(seed, args.epochs or 30, args.start, **overrides(args.set)))
         if "restarts" in methods:
             parts.append(run_ppat_restarts_clusters(seed, args.epochs or 30, args.starts, **overrides(args.set)))
         if "gan" in methods:
             start, end = run_plain_gan(seed, args.iterations, start=args.start)
             parts.append(f"plain GAN {start:.3f} -> {end:.3f}")
-        if "supervised" in methods:
-            cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps)[1]:.3f}" for eps in (1.0, 4.0, 10.0, 16.0, None)]
-            parts.append("supervised " + ", ".join(cells))
+        if "supervised" in methods and args.epsilon is None:
+            cells = [f"{eps if eps else 'exact'}: {run_supervised(seed, eps, args.rows)['error']:.3f}"
+                     for eps in (1.0, 4.0, 10.0, 16.0, None)]
+            parts.append("supervised, plain Procrustes " + ", ".join(cells))
         if "feedback" in methods:
             parts.append(run_feedback(seed, args.epochs or 30, args.start, args.epsilon, args.teachers, args.clip))
         if "moments" in methods:
             parts.append(run_moments(seed, args.epsilon, args.rows))
         if "refine" in methods:
             parts.append(run_refine(seed, args.starts))
+        if "supervised" in methods and args.epsilon is not None:  # last: the line ends in error=
+            plain = run_supervised(seed, args.epsilon, args.rows, power=0.0)
+            best = run_supervised(seed, args.epsilon, args.rows, power=args.whiten)
+            parts.append(f"supervised, epsilon {args.epsilon:g} (sigma {best['sigma']:.3f}, replace-one, exact "
+                         f"accounting), m {args.rows}: plain Procrustes predicted {plain['predicted']:.3f} "
+                         f"error {plain['error']:.3f}; whitened (power {best['power']:.2f}) "
+                         f"predicted={best['predicted']:.3f} error={best['error']:.3f}")
         print(f"seed {seed}: " + " | ".join(parts), flush=True)
     return 0
 

@@ -4,8 +4,9 @@ CIKM 2021): decentralised KG embedding by pairwise, differentially private trans
 * :mod:`.federation` -- :class:`FKGE` (``federated.strategy: fkge``), one :class:`FKGEPeer`
   per KG on the core's event loop; :mod:`.handshake` its typed state, :mod:`.pretraining`,
   :mod:`.report` (the per-KG table), :mod:`.config` (``federated.fkge``);
-* :mod:`.ppat` (PPAT, the adversarial translation), :mod:`.supervised` (the supervised DP
-  alignment), :mod:`.update` (KGEmb-Update with virtual rows and backtracking);
+* :mod:`.ppat` (PPAT, the adversarial translation; :mod:`.ppat_module`, the same game as a
+  LightningModule), :mod:`.supervised` (the supervised DP alignment), :mod:`.update`
+  (KGEmb-Update with virtual rows and backtracking);
 * :mod:`.pate`, :mod:`.accountant`, :mod:`.gaussian`, :mod:`.ledger` -- PATE voting, its
   moments accountant, the Gaussian's log moments, one privacy ledger per party;
 * :mod:`.multisource` (KGs aligned by names), :mod:`.classification` (triple classification).

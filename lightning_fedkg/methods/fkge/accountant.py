@@ -4,8 +4,12 @@ Abadi et al., CCS 2016 (log moments, Thm 2.1/2.2) and Papernot et al., ICLR 2017
 Each answered query (one noisy label, ``Lap(1/lambda)``, a ``2 lambda``-DP answer) is
 charged ``min(di, pure, dd)`` at every order: the data-independent bound, the trivial
 pure-DP bound, and PATE Thm 3's data-dependent bound only where its condition holds (FKGE's
-Eq. 8-10 omit it). One query per labelled sample. The derivation and its checks:
-docs/privacy.md.
+Eq. 8-10 omit it). One query per labelled sample. Two epsilons come out:
+:meth:`~PateMomentsAccountant.epsilon_data_independent`, from the query count alone, is the
+guarantee (publishing or stopping on it reveals nothing more);
+:meth:`~PateMomentsAccountant.epsilon` uses the vote gaps, so it is tighter where teachers
+agree but not itself private (PATE releases it only through smooth sensitivity): it is
+reported, and nothing stops on it. The derivation and its checks: docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -80,17 +84,32 @@ class PateMomentsAccountant:
         return (self.log_moments + math.log(1.0 / self.delta)) / self.orders
 
     def epsilon(self) -> float:
-        """``min_l (alpha(l) + log(1/delta)) / l`` (Abadi et al. 2016, Thm 2.2)."""
+        """The data-dependent ``min_l (alpha(l) + log(1/delta)) / l`` (Abadi et al. 2016,
+        Thm 2.2) over the charged gaps: **not itself private** (see the module docstring)."""
         return float(self._eps_per_order().min())
 
-    def epsilon_after(self, queries: int) -> float:
-        """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost.
+    def worst_query(self) -> Tensor:
+        """``float64 [L]``: the data-independent charge of one query, ``min(di, 2 lambda l)``.
+        A gap of 0 never meets PATE Thm 3's condition, so this bounds every query's charge."""
+        return self.per_query(torch.zeros(1)).squeeze(0)
 
-        A gap of 0 never meets PATE Thm 3's condition, so its charge ``min(di, 2 lambda l)``
-        bounds every query's: the added charge does not depend on the samples to be labelled.
-        """
-        worst = self.per_query(torch.zeros(1)).squeeze(0) * queries
-        return float(((self.log_moments + worst + math.log(1.0 / self.delta)) / self.orders).min())
+    def data_independent_log_moments(self, extra_queries: int = 0) -> Tensor:
+        """``alpha(l)`` of every answered query (plus ``extra_queries``) at the worst charge:
+        a function of the query count alone."""
+        return self.worst_query() * (self.queries + int(extra_queries))
+
+    def epsilon_data_independent(self) -> float:
+        """The private guarantee: ``epsilon`` from the query count alone (0 before any)."""
+        if not self.queries:
+            return 0.0
+        moments = self.data_independent_log_moments()
+        return float(((moments + math.log(1.0 / self.delta)) / self.orders).min())
+
+    def epsilon_after(self, queries: int) -> float:
+        """The data-independent ``epsilon`` if ``queries`` more labels were answered: what a
+        stop rule may use, since it depends on counts only (not on the votes)."""
+        moments = self.data_independent_log_moments(queries)
+        return float(((moments + math.log(1.0 / self.delta)) / self.orders).min())
 
     def best_order(self) -> int:
         """The order ``l`` attaining :meth:`epsilon` (the smallest one on ties)."""

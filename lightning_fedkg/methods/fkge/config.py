@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from lightning_fedkg.config import Range
+from lightning_fedkg.config import ConfigError, Range
 
-__all__ = ["FKGEConfig"]
+__all__ = ["FKGEConfig", "check_fkge_config"]
 
 
 @dataclass
@@ -53,11 +53,19 @@ class FKGEConfig:
     and answers no PATE query that would take its epsilon (at
     ``delta``) past ``max_epsilon``. ``federated.backend`` picks the execution mode.
 
-    ``alignment``: ``ppat`` (the paper's GAN) or ``supervised``
+    ``alignment``: ``ppat`` (the paper's GAN), ``supervised``
     (:mod:`lightning_fedkg.methods.fkge.supervised`: the host releases the cross-covariance
-    of its aligned rows' directions with the client's rotated ones under the Gaussian
-    mechanism, noise calibrated so one handshake costs ``dp_epsilon`` at ``delta``;
-    ``null``: exact, not private; the client fits ``W`` by orthogonal Procrustes).
+    of its aligned rows' directions with the client's rotated (optionally whitened) ones under the
+    Gaussian mechanism, noise calibrated exactly so one handshake costs ``dp_epsilon`` at
+    ``delta``; ``null``: exact, not private; the client fits ``W`` from it and its own rows)
+    or ``random``: the control that removes the alignment, a fresh Haar-random rotation per
+    handshake drawn from ``seed`` (nothing released under a mechanism; not a protocol, the
+    host could recompute it), with the same schedule (``schedule``) and update.
+    ``whiten_power``: the client sends ``unit(Z C^-p)`` (``C`` its rows' covariance) and
+    decodes by ``polar(M B^T)``; 0 (default): its rows as they are, plain Procrustes; null:
+    the ``p`` in [0, 1] with the smallest error predicted for near-isometric spaces (0 for
+    the exact release). Whitening fixes the synthetic task's weak axes and hurts on UMLS,
+    whose spaces are far from isometric (docs/results/fkge.md).
     ``dp_neighbours``: the neighbouring relation that ``dp_epsilon`` and the ledger are under,
     on the unit "one aligned entity's row" of the host: ``replace`` (default; one row
     replaced by any other, sensitivity 2) or ``add_remove`` (one aligned pair added or
@@ -122,7 +130,36 @@ class FKGEConfig:
     max_seconds: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True),
                                                                  "resume": "free"})
     max_epsilon: Optional[float] = field(default=None, metadata={"range": Range(min=0, min_exclusive=True)})
-    alignment: Literal["ppat", "supervised"] = "ppat"
+    alignment: Literal["ppat", "supervised", "random"] = "ppat"
+    whiten_power: Optional[float] = field(default=0.0, metadata={"range": Range(min=0, max=1)})
     dp_epsilon: Optional[float] = field(default=4.0, metadata={"range": Range(min=0, min_exclusive=True)})
     dp_neighbours: Literal["replace", "add_remove"] = "replace"
     schedule: Optional[str] = None
+
+
+def check_fkge_config(fk: FKGEConfig) -> None:
+    """Refuse, before any training, a privacy budget under which no handshake can happen
+    (the run would pre-train, release nothing and exit 0). Raises :class:`ConfigError`
+    naming the keys."""
+    if fk.max_epsilon is None or fk.alignment == "random":
+        return
+    from .ledger import PrivacyLedger
+    from .supervised import release_cost
+
+    ledger = PrivacyLedger(fk.lam, delta=fk.delta, neighbours=fk.dp_neighbours)
+    if fk.alignment == "supervised":
+        if fk.dp_epsilon is None:
+            raise ConfigError("federated.fkge.dp_epsilon: null (the exact release, not private) with "
+                              f"federated.fkge.max_epsilon={fk.max_epsilon:g} allows no handshake: an exact "
+                              "release has no finite epsilon; set federated.fkge.max_epsilon=null or a dp_epsilon")
+        cost = release_cost(fk.dp_epsilon, fk.delta, ledger.max_order, fk.dp_neighbours)
+        first = ledger.epsilon_after_gaussian(cost.log_moments, cost.mu)
+        if first > fk.max_epsilon:
+            raise ConfigError(f"federated.fkge.dp_epsilon={fk.dp_epsilon:g} per release is above "
+                              f"federated.fkge.max_epsilon={fk.max_epsilon:g}: no handshake fits the budget")
+        return
+    first = ledger.epsilon_after_pate(1)
+    if first > fk.max_epsilon:
+        raise ConfigError(f"federated.fkge.max_epsilon={fk.max_epsilon:g} is below what one PATE label costs at "
+                          f"federated.fkge.lam={fk.lam:g}, federated.fkge.delta={fk.delta:g} ({first:.3f}): "
+                          "no PPAT batch can be answered; raise max_epsilon or lower lam")

@@ -13,6 +13,7 @@ events and where it differs from Alg. 1: docs/methods/fkge.md.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import secrets
@@ -29,17 +30,20 @@ from lightning_fedkg.federated.peer import Outgoing, PeerHalf, PeerStrategy
 from lightning_fedkg.seeding import derive_seed
 
 from .classification import triple_classification
-from .config import FKGEConfig
+from .config import FKGEConfig, check_fkge_config
 from .handshake import (ClientSide, Convergence, Exchange, HandshakeRecord, Hosting, PeerState, PPATClientSide,
                         SupervisedClientSide, UpdateOutcome)
 from .ledger import PrivacyLedger
 from .ppat import FAKE, GRAD, PPATClient, PPATHost, initial_generator
+from .ppat_module import HostTrainer
 from .pretraining import Pretraining, load_pretrained, pretrain, save_pretrained
 from .report import format_kgs_table
-from .supervised import CROSSCOV, ROWS, AlignmentHost, procrustes, release_cost, unit_rows
+from .supervised import CROSSCOV, ROWS, AlignmentHost, decode, precondition, release_cost, unit_rows, whitening_power
 from .update import kgemb_update
 
-__all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS"]
+__all__ = ["FKGE", "FKGEPeer", "neighbour_edges", "QUALITY_KEYS", "random_rotation"]
+
+log = logging.getLogger("lightning_fedkg")
 
 #: Link-prediction keys of a ``before``/``after`` block (plus ``"accuracy"``).
 QUALITY_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
@@ -87,6 +91,14 @@ def neighbour_edges(train: Tensor, anchors: Tensor, excluded: Tensor, per_anchor
     starts = torch.searchsorted(anchor, anchor)
     keep = (torch.arange(cand.shape[0]) - starts) < per_anchor
     return cand[keep][:, :4]
+
+
+def random_rotation(d: int, seed: int) -> Tensor:
+    """A Haar-random orthogonal ``[d, d]`` matrix drawn from ``seed``: QR of a Gaussian matrix
+    with the signs of R's diagonal fixed (without the fix, Q is not Haar-distributed)."""
+    g = torch.Generator().manual_seed(int(seed))
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
 
 
 def planned_partners(path: str, host: str) -> list[str]:
@@ -246,9 +258,11 @@ class FKGEPeer(PeerHalf):
         spent party releases nothing more: it neither hosts, nor serves, nor broadcasts."""
         if self.fk.max_epsilon is None:
             return False
+        if self.fk.alignment == "random":  # the control releases nothing under a mechanism
+            return False
         if self.fk.alignment == "supervised":
-            moments = release_cost(self.fk.dp_epsilon, self.fk.delta, self.ledger.max_order, self.fk.dp_neighbours)[1]
-            return self.ledger.epsilon_after_gaussian(moments) > self.fk.max_epsilon
+            cost = release_cost(self.fk.dp_epsilon, self.fk.delta, self.ledger.max_order, self.fk.dp_neighbours)
+            return self.ledger.epsilon_after_gaussian(cost.log_moments, cost.mu) > self.fk.max_epsilon
         return self.ledger.epsilon_after_pate(1) > self.fk.max_epsilon
 
     def _next(self) -> list[Outgoing]:
@@ -307,6 +321,8 @@ class FKGEPeer(PeerHalf):
         w_seed = self._seed(sender, number, "generator") if self.fk.reproducible_noise else secrets.randbits(63)
         if self.fk.alignment == "supervised":
             return self._send_rotated_rows(sender, ents, rels, w_seed, tic)
+        if self.fk.alignment == "random":
+            return self._send_randomly_translated(sender, ents, rels, number, tic)
         ppat = self._ppat_client(self.rows(ents, rels), w_seed)
         w_start = ppat.w.detach().clone()
         order = torch.Generator().manual_seed(self._seed(sender, number, "order"))
@@ -316,16 +332,38 @@ class FKGEPeer(PeerHalf):
                                               ppat=ppat, batches=batches, w_start=w_start)
         return self._send_next(sender)
 
+    # ------------------------------------------------------------------ the random-translation control
+    def _send_randomly_translated(self, host: str, ents: Tensor, rels: Tensor, number: int,
+                                  tic: float) -> list[Outgoing]:
+        """Client of ``alignment: random``: its rows under a fresh Haar-random rotation, drawn
+        from the run's seed (a control, not a protocol: the host could recompute it)."""
+        x = self.rows(ents, rels)
+        w = random_rotation(x.shape[1], self._seed(host, number, "random_translation"))
+        side = SupervisedClientSide(entities=ents, relations=rels, seconds=0.0, w0=w, rows=x, w=w)
+        message = self._translated(host, side)
+        side.seconds = time.perf_counter() - tic
+        message.metrics["seconds_client"] = float(side.seconds)
+        return [(host, TRANSLATED, message)]
+
     # ------------------------------------------------------------------ supervised DP alignment
+    def _whitening(self, z: Tensor) -> float:
+        """The client's whitening power: ``whiten_power``, or the one with the smallest
+        predicted error; 0 (plain Procrustes) for the exact release, which has no noise."""
+        if self.fk.whiten_power is not None:
+            return float(self.fk.whiten_power)
+        return 0.0 if self.fk.dp_epsilon is None else whitening_power(z)
+
     def _send_rotated_rows(self, host: str, ents: Tensor, rels: Tensor, w_seed: int, tic: float) -> list[Outgoing]:
-        """Client: its aligned rows' directions under its secret ``W0`` (:mod:`.supervised`)."""
+        """Client: its aligned rows' directions under its secret ``W0``, whitened (:mod:`.supervised`)."""
         x = self.rows(ents, rels)
         w0 = initial_generator(x.shape[1], "orthogonal", w_seed)
         z = unit_rows(x @ w0.T)
+        power = self._whitening(z)
+        sent, _ = precondition(z, power)
         self.ledger.declare("rotated_rows", z.shape[0])
         self.serving[host] = SupervisedClientSide(entities=ents, relations=rels, seconds=time.perf_counter() - tic,
-                                                  w0=w0, rows=x)
-        return [(host, ROWS, Message(arrays={ROWS: z}))]
+                                                  w0=w0, rows=x, power=power)
+        return [(host, ROWS, Message(arrays={ROWS: sent}))]
 
     def on_align_rows(self, message: Message, sender: str) -> list[Outgoing]:
         """Host: the noisy cross-covariance, charged to this party's ledger."""
@@ -342,7 +380,8 @@ class FKGEPeer(PeerHalf):
         if fk.dp_epsilon is None:
             self.ledger.declare("exact_crosscov", 1)
         else:
-            self.ledger.charge_gaussian(align.log_moments, add_remove=align.log_moments_add_remove)
+            self.ledger.charge_gaussian(align.log_moments, add_remove=align.log_moments_add_remove,
+                                        mu=align.cost.mu, mu_add_remove=align.cost.mu_add_remove)
         host.batches, host.sigma = 1, align.sigma
         host.seconds += time.perf_counter() - tic
         host.bytes += tensor_bytes(reply.arrays)
@@ -355,17 +394,28 @@ class FKGEPeer(PeerHalf):
         if self.spent():  # spent while the host computed: the translated rows are not sent
             return [(sender, DECLINE, Message())]
         tic = time.perf_counter()
-        side.w = procrustes(message.arrays[CROSSCOV].float()) @ side.w0
+        _, b = precondition(unit_rows(side.rows @ side.w0.T), side.power)  # from the client's own rows
+        side.w = decode(message.arrays[CROSSCOV].float(), b, side.power) @ side.w0
         side.seconds += time.perf_counter() - tic
         return [(sender, TRANSLATED, self._translated(sender, side))]
 
     def on_fkge_decline(self, message: Message, sender: str) -> list[Outgoing]:
         """The partner's privacy budget is spent: it sends nothing more; the handshake ends unused."""
         host = self._hosting(sender)
+        self._end_trainer(host)
         self.handshakes.append(HandshakeRecord(client=sender, host=self.name, number=host.number,
                                                finished_at=time.time()))
         self.host, self.state = None, PeerState.READY
+        log.info("fkge: %s hosted %s (#%d): declined by %s (its privacy budget is spent), epsilon %s",
+                 self.name, sender, host.number, sender, self.epsilon_text())
         return self._next()
+
+    @staticmethod
+    def _end_trainer(host: Hosting) -> None:
+        """End the handshake's PPAT fit, if one runs."""
+        if host.trainer is not None:
+            host.trainer.close()
+            host.trainer = None
 
     def _send_next(self, host: str) -> list[Outgoing]:
         if self.spent():  # no more batches nor translated rows once this party's budget is spent
@@ -395,7 +445,10 @@ class FKGEPeer(PeerHalf):
         if host.stopped == "converged":
             return [(sender, STOP, Message())]
         tic = time.perf_counter()
-        reply = host.ppat.on_fake(message)
+        if host.trainer is None:  # the handshake's PPAT half is fitted by a lightning.Trainer
+            batches = self.fk.ppat_epochs * math.ceil(host.y.shape[0] / self.fk.ppat_batch_size)
+            host.trainer = HostTrainer(host.ppat, max_batches=batches)
+        reply = host.trainer.step(message)
         host.seconds += time.perf_counter() - tic
         host.batches += 1
         self._track_convergence(host, n)
@@ -504,6 +557,7 @@ class FKGEPeer(PeerHalf):
 
     def on_fkge_translated(self, message: Message, sender: str) -> list[Outgoing]:
         host = self._hosting(sender)
+        self._end_trainer(host)
         host.bytes += tensor_bytes(message.arrays)
         exchange = Exchange(
             aligned_entities=int(host.entities.numel()), aligned_relations=int(host.relations.numel()),
@@ -511,7 +565,7 @@ class FKGEPeer(PeerHalf):
             sigma=host.sigma, ppat_generator_losses=[] if host.convergence is None else host.convergence.losses,
             seconds_ppat=host.seconds + float(message.metrics.get("seconds_client", 0.0)),
             **self._translation_cosine(host, message), **self._heldout_alignment(host, message))
-        if host.batches == 0:  # the privacy budget allowed no PPAT step: nothing to update with
+        if host.batches == 0 and host.stopped == "budget":  # the budget allowed no PPAT step: nothing to update
             outcome = UpdateOutcome(accepted=False, skipped="epsilon", seconds_update=0.0, virtual_entities=0,
                                     valid_before=self.best, valid_after=None)
         else:
@@ -522,6 +576,9 @@ class FKGEPeer(PeerHalf):
                                  finished_at=time.time())
         self.handshakes.append(record)
         self.host, self.state = None, PeerState.READY
+        log.info("fkge: %s hosted %s (#%d): %s, validation MRR %s -> %s, epsilon %s", self.name, sender, host.number,
+                 "accepted" if record.accepted else (f"skipped ({outcome.skipped})" if outcome.skipped else "rejected"),
+                 _mrr(outcome.valid_before), _mrr(outcome.valid_after), self.epsilon_text())
         out = []
         if record.accepted and not self.spent():  # a broadcast tells each partner "my validation improved"
             out = [(p, REQUEST, Message()) for p in sorted(self.entity_pairs)
@@ -573,13 +630,25 @@ class FKGEPeer(PeerHalf):
                              virtual_entities=0 if virtual_entities is None else int(virtual_entities.shape[0]),
                              valid_before=out["valid_before"], valid_after=out["valid_after"])
 
+    def close(self) -> None:
+        """A run that ends mid-handshake (``federated.rounds``) ends its PPAT fit too."""
+        if self.host is not None:
+            self._end_trainer(self.host)
+
     # ------------------------------------------------------------------ reporting and state
+    def epsilon_text(self) -> str:
+        """This party's epsilon as the terminal shows it: ``not private`` after an exact release."""
+        privacy = self.ledger.summary()
+        return "not private" if not privacy["private"] else f"{privacy['epsilon']:.2f}"
+
     def report(self) -> dict:
         privacy = self.ledger.summary()
         return {"name": self.name, "model": self.cfg.model.name,
                 "pretrain": None if self.pretrain is None else self.pretrain.to_dict(),
                 "before": self.before, "after": self.quality(),
-                "epsilon": privacy["epsilon"], "privacy": privacy, "queries": self.ledger.pate.queries,
+                # None after an exact release: no epsilon bounds what it showed (privacy.private)
+                "epsilon": privacy["epsilon"] if privacy["private"] else None, "privacy": privacy,
+                "queries": self.ledger.pate.queries,
                 "hosted": self.hosted, "served": self.served,
                 "accepted": sum(bool(h.accepted) for h in self.handshakes), "best": self.best,
                 "state": self.state.value, "stopped_hosting": self.exhausted or None,
@@ -610,14 +679,18 @@ class FKGEPeer(PeerHalf):
     def _client_side(self, state: dict) -> ClientSide:
         """A :class:`ClientSide` from its ``state_dict``."""
         common = dict(entities=state["entities"], relations=state["relations"], seconds=state["seconds"])
-        if state["kind"] == "supervised":  # W0 and X are the whole client side
-            return SupervisedClientSide(**common, w0=state["w0"], rows=state["x"])
+        if state["kind"] == "supervised":  # W0, X and the whitening power are the whole client side
+            return SupervisedClientSide(**common, w0=state["w0"], rows=state["x"], power=state.get("power", 0.0))
         ppat = self._ppat_client(state["x"])
         ppat.load_state_dict(state["ppat"])
         if state["pending"] is not None:  # W has not stepped since this batch went out
             ppat.fake_message(state["pending"])
         return PPATClientSide(**common, ppat=ppat, batches=state["batches"], w_start=state["w_start"],
                               pending=state["pending"])
+
+
+def _mrr(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _party_name(kg, k: int, taken: set[str]) -> str:
@@ -640,6 +713,7 @@ class FKGE(PeerStrategy):
         """``{party name: KnowledgeGraph}`` of ``cfg.data``'s multi-source federation."""
         from lightning_fedkg.methods.fkge.multisource import load_multisource
 
+        check_fkge_config(cfg.federated.fkge)  # before any party is built or trained
         d = cfg.data
         if d.client_entities != "own":
             raise ConfigError("data.client_entities=all is not for fkge: its KGs keep their own entities and "

@@ -1,11 +1,15 @@
-"""The Poisson-subsampled Gaussian mechanism's log moments, and noise calibration.
+"""The Gaussian mechanism's privacy: exact (epsilon, delta) of composed releases, RDP log
+moments for composing with PATE, and noise calibration.
 
-Exact RDP at integer orders (Mironov, Talwar & Zhang, 2019, §3.3) returned as log moments
+Exact (:func:`gaussian_epsilon`, :func:`gaussian_mu`): a release of sensitivity ``S`` with
+noise std ``sigma`` is ``mu``-GDP, ``mu = S / sigma``; releases compose to
+``sqrt(sum mu_i^2)``-GDP, and ``mu``-GDP is ``(epsilon, delta)``-DP exactly for ``delta =
+Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2)`` (Dong, Roth & Su, JRSS-B 2022;
+Balle & Wang, ICML 2018). RDP (Mironov, Talwar & Zhang, 2019, §3.3), returned as log moments
 ``alpha(l) = l * RDP(l + 1)``, the form of
-:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant`, so one ledger adds PATE's
-data-dependent moments and the Gaussian's order by order (which ``dp-accounting``'s public
-API does not expose). ``tests/test_privacy_ledger.py`` checks it against ``dp-accounting``.
-See docs/privacy.md.
+:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant`, so one ledger adds
+PATE's moments and the Gaussian's order by order. ``tests/test_privacy_ledger.py`` checks
+both against ``dp-accounting`` (PLD, RDP). See docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["sampled_gaussian_log_moments", "epsilon_from_log_moments", "calibrate_gaussian_noise"]
+__all__ = ["sampled_gaussian_log_moments", "epsilon_from_log_moments", "calibrate_gaussian_noise",
+           "gaussian_delta", "gaussian_epsilon", "gaussian_mu"]
 
 
 def sampled_gaussian_log_moments(q: float, sigma: float, max_order: int = 32, steps: int = 1) -> Tensor:
@@ -73,3 +78,67 @@ def calibrate_gaussian_noise(epsilon: float, delta: float, q: float = 1.0, steps
         mid = (low + high) / 2
         low, high = (low, mid) if eps(mid) <= epsilon else (mid, high)
     return high
+
+
+def _log_ndtr(x: float) -> float:
+    """``log Phi(x)`` for the standard normal CDF, accurate far into the lower tail."""
+    if x > -20:
+        return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
+    # asymptotic series of Mills' ratio: Phi(x) ~ phi(x) / |x| * (1 - 1/x^2 + 3/x^4 - 15/x^6)
+    x2 = x * x
+    return -x2 / 2 - math.log(-x) - 0.5 * math.log(2 * math.pi) + math.log1p(-1 / x2 + 3 / x2**2 - 15 / x2**3)
+
+
+def gaussian_delta(epsilon: float, mu: float) -> float:
+    """The smallest ``delta`` for which a ``mu``-GDP mechanism (a Gaussian release with
+    sensitivity / noise std ``= mu``) is ``(epsilon, delta)``-DP (Balle & Wang 2018, Thm 8)."""
+    if mu <= 0:
+        return 0.0
+    if math.isinf(mu):
+        return 1.0
+    first = _log_ndtr(-epsilon / mu + mu / 2)
+    second = epsilon + _log_ndtr(-epsilon / mu - mu / 2)
+    if second >= first:  # equal up to rounding: no privacy loss above epsilon
+        return 0.0
+    return math.exp(first) * -math.expm1(second - first)
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """The exact ``epsilon`` at ``delta`` of a ``mu``-GDP mechanism (0 for ``mu = 0``, inf
+    for ``mu = inf``: a release without noise)."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    if mu <= 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+    if gaussian_delta(0.0, mu) <= delta:
+        return 0.0
+    low, high = 0.0, 1.0
+    while gaussian_delta(high, mu) > delta:
+        low, high = high, high * 2
+    for _ in range(200):  # bisection to float precision: delta(epsilon) is decreasing
+        mid = (low + high) / 2
+        low, high = (mid, high) if gaussian_delta(mid, mu) > delta else (low, mid)
+        if high - low <= 1e-12 * high:
+            break
+    return high
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """The largest ``mu`` (sensitivity / noise std) whose ``mu``-GDP is ``(epsilon, delta)``-DP:
+    the noise of one release at ``(epsilon, delta)`` is ``sigma = sensitivity / mu``. Every
+    ``epsilon > 0`` is reachable (``mu -> 0`` as ``epsilon -> 0``)."""
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    low, high = 0.0, 1.0
+    while gaussian_delta(epsilon, high) <= delta:
+        low, high = high, high * 2
+    for _ in range(200):  # delta(epsilon; mu) increases with mu
+        mid = (low + high) / 2
+        low, high = (mid, high) if gaussian_delta(epsilon, mid) <= delta else (low, mid)
+        if high - low <= 1e-12 * high:
+            break
+    return low

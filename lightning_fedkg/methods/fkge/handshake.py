@@ -45,7 +45,8 @@ class Convergence:
 @dataclass
 class Hosting:
     """The handshake a peer hosts: its partner (the client), the aligned rows ``y`` of the host,
-    its PPAT half (``None`` for the supervised alignment) and what the handshake cost."""
+    its PPAT half (``None`` for the supervised alignment) and the Trainer fitting it, and what
+    the handshake cost."""
 
     partner: str
     number: int  # the host's count of hosted handshakes, this one included
@@ -61,9 +62,13 @@ class Hosting:
     stopped: str = "epochs"  # why PPAT ended: "epochs", "converged" or "budget"
     sigma: float | None = None  # the supervised release's noise scale
     convergence: Convergence | None = None
+    # the Trainer fitting the PPAT half for this handshake (ppat_module.HostTrainer): a live
+    # thread, not state; a resumed host starts a new one from ``ppat``'s saved state
+    trainer: object | None = field(default=None, repr=False, compare=False)
 
     def state_dict(self) -> dict:
-        state = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ppat", "convergence")}
+        state = {f.name: getattr(self, f.name) for f in fields(self)
+                 if f.name not in ("ppat", "convergence", "trainer")}
         state["ppat"] = None if self.ppat is None else self.ppat.state_dict()
         state["convergence"] = None if self.convergence is None else asdict(self.convergence)
         return state
@@ -128,12 +133,14 @@ class PPATClientSide(ClientSide):
 
 @dataclass
 class SupervisedClientSide(ClientSide):
-    """The supervised alignment's client: its rows ``X`` and secret rotation ``W0``; ``W`` once
-    the host's noisy cross-covariance came back."""
+    """The supervised alignment's client: its rows ``X``, secret rotation ``W0`` and whitening
+    ``power``; ``W`` once the host's noisy cross-covariance came back. The random-translation
+    control uses it too, with ``W = W0`` a random rotation from the start."""
 
     w0: Tensor
     rows: Tensor
     w: Tensor | None = None
+    power: float = 0.0
 
     @property
     def x(self) -> Tensor:
@@ -144,7 +151,7 @@ class SupervisedClientSide(ClientSide):
 
     def state_dict(self) -> dict:
         return {"kind": "supervised", "entities": self.entities, "relations": self.relations,
-                "seconds": self.seconds, "w0": self.w0, "x": self.rows}
+                "seconds": self.seconds, "w0": self.w0, "x": self.rows, "power": self.power}
 
 
 #: The held-out alignment scores of an :class:`Exchange`, last in a metrics.json row.

@@ -1,8 +1,12 @@
 """One party's privacy ledger: every mechanism it runs on its data, composed into one epsilon.
 
-Log moments of each accounted mechanism (``pate``: PATE labels as a PPAT host; ``gaussian``:
-the supervised alignment's releases) add order by order into one ``(epsilon, delta)`` under
-one neighbouring relation, with the Gaussian releases' add/remove cost beside it.
+Each accounted mechanism (``pate``: PATE labels as a PPAT host; ``gaussian``: the supervised
+alignment's releases) is composed into one ``(epsilon, delta)`` under one neighbouring
+relation, with the Gaussian releases' add/remove cost beside it. Gaussian releases alone are
+composed exactly (Gaussian DP: :func:`~.gaussian.gaussian_epsilon`); with PATE labels
+their log moments add order by order. PATE is charged at its data-independent bound, the
+private guarantee; its data-dependent epsilon is reported beside, labelled as such (it is
+not itself private).
 :meth:`declare` counts releases no mechanism protects and :meth:`summary` reports them, and
 what the epsilon does not cover (one triple can move every row). The unit is one aligned
 entity's row. See docs/privacy.md.
@@ -16,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .accountant import PateMomentsAccountant
-from .gaussian import epsilon_from_log_moments
+from .gaussian import epsilon_from_log_moments, gaussian_epsilon
 
 __all__ = ["PrivacyLedger", "NEIGHBOURS", "UNIT", "NOT_COVERED"]
 
@@ -46,38 +50,71 @@ class PrivacyLedger:
         self.gaussian = torch.zeros(self.max_order, dtype=torch.float64)
         self.gaussian_add_remove = torch.zeros(self.max_order, dtype=torch.float64)
         self.gaussian_releases = 0
+        # sum of mu^2 of the Gaussian releases (mu = sensitivity / noise std), for exact
+        # composition; None once a release was charged without its mu
+        self.gaussian_mu2: float | None = 0.0
+        self.gaussian_mu2_add_remove: float | None = 0.0
         self.unprotected: dict[str, int] = {}
 
     @property
     def log_moments(self) -> Tensor:
-        return self.pate.log_moments + self.gaussian
+        """The private composition's log moments: PATE at its data-independent charge."""
+        return self.pate.data_independent_log_moments() + self.gaussian
+
+    def _epsilon(self, pate: Tensor, gaussian: Tensor, mu2: float | None, pate_queries: int,
+                 releases: int | None = None) -> float:
+        releases = self.gaussian_releases if releases is None else releases
+        if not (pate_queries or releases):
+            return 0.0
+        if not pate_queries and mu2 is not None:  # Gaussian releases alone: exact
+            return gaussian_epsilon(math.sqrt(mu2), self.delta)
+        return epsilon_from_log_moments(pate + gaussian, self.delta)
+
+    def accountant(self) -> str:
+        """How :meth:`epsilon` composes: ``gaussian_exact``, ``rdp`` or ``none``."""
+        if not (self.pate.queries or self.gaussian_releases):
+            return "none"
+        return "gaussian_exact" if not self.pate.queries and self.gaussian_mu2 is not None else "rdp"
 
     def epsilon(self) -> float:
-        """The party's ``epsilon`` at ``delta`` over every accounted release so far (0 before
-        the first: the tail bound alone would report ``log(1/delta) / max_order``)."""
-        if not (self.pate.queries or self.gaussian_releases):
-            return 0.0
-        return epsilon_from_log_moments(self.log_moments, self.delta)
+        """The party's ``epsilon`` at ``delta`` over every accounted release so far, PATE at
+        its data-independent bound (0 before the first: the tail bound alone would report
+        ``log(1/delta) / max_order``)."""
+        return self._epsilon(self.pate.data_independent_log_moments(), self.gaussian, self.gaussian_mu2,
+                             self.pate.queries)
+
+    def epsilon_data_dependent(self) -> float | None:
+        """``epsilon`` with PATE's data-dependent bound (None without PATE labels): tighter
+        where teachers agree, but a function of their votes, so **not itself private**."""
+        if not self.pate.queries:
+            return None
+        return epsilon_from_log_moments(self.pate.log_moments + self.gaussian, self.delta)
 
     def epsilon_after_pate(self, queries: int) -> float:
-        """``epsilon`` if ``queries`` more PATE labels were charged at the worst per-query cost."""
-        worst = self.pate.per_query(torch.zeros(1)).squeeze(0) * queries
-        return epsilon_from_log_moments(self.log_moments + worst, self.delta)
+        """The private ``epsilon`` if ``queries`` more PATE labels were answered (a count)."""
+        return self._epsilon(self.pate.data_independent_log_moments(queries), self.gaussian, self.gaussian_mu2,
+                             self.pate.queries + queries)
 
-    def epsilon_after_gaussian(self, log_moments: Tensor) -> float:
-        """``epsilon`` if a release with these log moments were added."""
-        return epsilon_from_log_moments(self.log_moments + log_moments, self.delta)
+    def epsilon_after_gaussian(self, log_moments: Tensor, mu: float | None = None) -> float:
+        """``epsilon`` if a release with these log moments (and ``mu``, for the exact
+        composition) were added."""
+        mu2 = None if mu is None or self.gaussian_mu2 is None else self.gaussian_mu2 + mu * mu
+        return self._epsilon(self.pate.data_independent_log_moments(), self.gaussian + log_moments, mu2,
+                             self.pate.queries, self.gaussian_releases + 1)
 
     def epsilon_add_remove(self) -> float:
         """The party's ``epsilon`` with the Gaussian releases counted under add/remove."""
-        if not (self.pate.queries or self.gaussian_releases):
-            return 0.0
-        return epsilon_from_log_moments(self.pate.log_moments + self.gaussian_add_remove, self.delta)
+        return self._epsilon(self.pate.data_independent_log_moments(), self.gaussian_add_remove,
+                             self.gaussian_mu2_add_remove, self.pate.queries)
 
-    def charge_gaussian(self, log_moments: Tensor, releases: int = 1, add_remove: Tensor | None = None) -> None:
+    def charge_gaussian(self, log_moments: Tensor, releases: int = 1, add_remove: Tensor | None = None,
+                        mu: float | None = None, mu_add_remove: float | None = None) -> None:
         """Add a Gaussian release's log moments under ``neighbours`` (``releases`` counts what
         was charged) and, as ``add_remove``, under add/remove (default: the same moments, exact
-        when ``neighbours`` is ``add_remove`` and an upper bound under ``replace``)."""
+        when ``neighbours`` is ``add_remove`` and an upper bound under ``replace``). ``mu``
+        (sensitivity / noise std under ``neighbours``; ``mu_add_remove``: under add/remove,
+        default ``mu``) lets Gaussian releases compose exactly; without it the ledger falls
+        back to the log moments from then on."""
         add_remove = log_moments if add_remove is None else add_remove
         for moments in (log_moments, add_remove):
             if moments.numel() != self.max_order:
@@ -85,21 +122,36 @@ class PrivacyLedger:
         self.gaussian = self.gaussian + log_moments.to(torch.float64)
         self.gaussian_add_remove = self.gaussian_add_remove + add_remove.to(torch.float64)
         self.gaussian_releases += int(releases)
+        if mu is None or self.gaussian_mu2 is None:
+            self.gaussian_mu2 = self.gaussian_mu2_add_remove = None
+        else:
+            mu_ar = mu if mu_add_remove is None else mu_add_remove
+            self.gaussian_mu2 += int(releases) * mu * mu
+            self.gaussian_mu2_add_remove += int(releases) * mu_ar * mu_ar
 
     def declare(self, kind: str, count: int = 1) -> None:
         """Record ``count`` releases of ``kind`` that no mechanism protects."""
         self.unprotected[kind] = self.unprotected.get(kind, 0) + int(count)
 
     def summary(self) -> dict:
-        """``{"epsilon", "delta", "neighbours", "unit", "epsilon_add_remove", "not_covered",
-        "epsilon_pate", "epsilon_gaussian", "pate_queries", "gaussian_releases", "unprotected"}``
-        (per-mechanism epsilons alone, for reading; ``epsilon`` is the composed total, not
-        their sum)."""
+        """``{"epsilon", "delta", "neighbours", "unit", "accountant", "private", "epsilon_add_remove",
+        "not_covered", "epsilon_pate", "epsilon_pate_data_dependent", "epsilon_gaussian",
+        "pate_queries", "gaussian_releases", "unprotected"}`` (per-mechanism epsilons alone,
+        for reading; ``epsilon`` is the composed total, not their sum). ``private`` is False
+        when the party released something exact that a mechanism was meant to cover (an
+        exact cross-covariance: ``unprotected.exact_crosscov``); its ``epsilon`` then covers
+        the accounted releases only. ``epsilon_pate_data_dependent`` is not itself private."""
         eps = epsilon_from_log_moments
+        gaussian = 0.0
+        if self.gaussian_releases:
+            gaussian = (gaussian_epsilon(math.sqrt(self.gaussian_mu2), self.delta)
+                        if self.gaussian_mu2 is not None else eps(self.gaussian, self.delta))
         return {"epsilon": self.epsilon(), "delta": self.delta, "neighbours": self.neighbours, "unit": UNIT,
+                "accountant": self.accountant(), "private": not self.unprotected.get("exact_crosscov"),
                 "epsilon_add_remove": self.epsilon_add_remove(), "not_covered": NOT_COVERED,
-                "epsilon_pate": eps(self.pate.log_moments, self.delta) if self.pate.queries else 0.0,
-                "epsilon_gaussian": eps(self.gaussian, self.delta) if self.gaussian_releases else 0.0,
+                "epsilon_pate": self.pate.epsilon_data_independent(),
+                "epsilon_pate_data_dependent": self.pate.epsilon() if self.pate.queries else None,
+                "epsilon_gaussian": gaussian,
                 "pate_queries": self.pate.queries, "gaussian_releases": self.gaussian_releases,
                 "unprotected": dict(sorted(self.unprotected.items()))}
 
@@ -109,7 +161,8 @@ class PrivacyLedger:
 
         return {"pate": self.pate.state_dict(), "neighbours": self.neighbours, "gaussian": plain(self.gaussian),
                 "gaussian_add_remove": plain(self.gaussian_add_remove),
-                "gaussian_releases": self.gaussian_releases, "unprotected": dict(self.unprotected)}
+                "gaussian_releases": self.gaussian_releases, "gaussian_mu2": self.gaussian_mu2,
+                "gaussian_mu2_add_remove": self.gaussian_mu2_add_remove, "unprotected": dict(self.unprotected)}
 
     def load_state_dict(self, state: dict) -> None:
         def tensor(moments: list) -> Tensor:
@@ -120,4 +173,8 @@ class PrivacyLedger:
         self.pate.load_state_dict(state["pate"])
         self.gaussian, self.gaussian_add_remove = tensor(state["gaussian"]), tensor(state["gaussian_add_remove"])
         self.gaussian_releases = int(state["gaussian_releases"])
+        # a state saved before exact composition has no mu: its releases compose by RDP
+        older = "gaussian_mu2" not in state and self.gaussian_releases  # saved before exact composition: RDP
+        self.gaussian_mu2 = None if older else state.get("gaussian_mu2", 0.0)
+        self.gaussian_mu2_add_remove = None if older else state.get("gaussian_mu2_add_remove", 0.0)
         self.unprotected = dict(state["unprotected"])

@@ -6,9 +6,10 @@ Peng et al., "Differentially Private Federated Knowledge Graphs Embedding", CIKM
 them and a student trained only on noisy teacher votes about the generated rows, and
 returns only the gradient of the generator loss with respect to each generated batch.
 :class:`PPATClient` and :class:`PPATHost` exchange messages only; :func:`run_ppat` moves
-them through a channel. Plain torch with explicit optimizers (the host cannot own a
-training loop). The game, where it differs from the official code and what it was
-measured to learn: docs/methods/fkge.md.
+them through a channel. The halves step explicit optimizers; :mod:`.ppat_module` runs them
+under a ``lightning.Trainer`` (both halves in one process, or the host's half per federated
+handshake). The game, where it differs from the official code and what it was measured to
+learn: docs/methods/fkge.md.
 """
 
 from __future__ import annotations
