@@ -80,6 +80,7 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
         ties=t.ties,
         reset_optimizer=t.reset_optimizer,
         eval_chunk_size=t.eval_chunk_size,
+        optimizer=t.optimizer,
         model_kwargs=m.options(),
         **extra,
     )
