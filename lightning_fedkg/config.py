@@ -201,6 +201,18 @@ class TrainConfig:
     ``trainer.compile: true`` are errors); KGE learners only (FedLU's and FedCQA's refuse
     it); a loss term over whole tables (FedProx's or FedEC's with ``mu > 0``) stops the first
     step with an error.
+
+    ``eval_candidates``: ``null`` (the default, every figure of the docs but the ones below)
+    ranks each validation/test query against every entity, filtered; ``K`` ranks it
+    against ``K`` entities drawn without replacement (one draw per evaluation batch, the same
+    at every evaluation), filtered likewise: the protocol of graphs too large to rank in full
+    (OGB's ``ogbl-wikikg2`` samples 500 per side). Its MRR and Hits@k are higher than the full
+    ranking's and comparable only at the same ``K``; ``(rank - 1) · pool / K`` estimates the
+    full rank minus one without bias
+    (:func:`lightning_fedkg.evaluation.ranking.sampled_ranks`). ``K`` at least the entity
+    count is the full ranking. Link-prediction learners only (FedE's fusion phase and the
+    query-answering task rank in full). Figures that use it: the 10^6-entity evaluation of
+    docs/results/scale.md (``K = 500``).
     """
 
     lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
@@ -229,6 +241,7 @@ class TrainConfig:
     eval_chunk_size: Optional[int] = None
     batches_per_step: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
     optimizer: Literal["adam", "sparse_adam"] = "adam"
+    eval_candidates: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
 
 
 @dataclass

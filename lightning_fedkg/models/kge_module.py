@@ -19,9 +19,11 @@ from lightning_fedkg.config import LOSSES
 from lightning_fedkg.evaluation.ranking import (
     TIE_MODES,
     RankingMetric,
+    draw_candidates,
     empty_metrics,
     filtered_ranks,
     metrics_to_floats,
+    sampled_ranks,
 )
 from lightning_fedkg.models.captured import StepGraphs, make_capturable
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
@@ -157,6 +159,14 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             touches only the batch's rows); see :mod:`lightning_fedkg.models.optimizers`. A
             row-sparse step is never recorded (``trainer.capture``): its shapes follow the
             batch's distinct rows.
+        eval_candidates: None (default) ranks each query's target against every entity (or
+            every entity of ``eval_candidate_mask``); ``K`` ranks it against ``K`` entities
+            drawn without replacement from that pool, one draw shared by each evaluation
+            batch, filtered like the full ranking (:func:`sampled_ranks`, which states the
+            estimator). The draws come from a generator seeded with ``eval_seed`` at the
+            start of every validation and test, so every evaluation of the same batches sees
+            the same candidates. ``K`` at least the pool's size is the full ranking.
+        eval_seed: the seed of those draws.
         model_kwargs: extra keyword arguments of the model (``p_norm``, ``relation_dim``, ...).
 
     Attributes:
@@ -190,6 +200,8 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         reset_optimizer: bool = True,
         eval_chunk_size: int | None = None,
         optimizer: str = "adam",
+        eval_candidates: int | None = None,
+        eval_seed: int = 0,
         model_kwargs: dict | None = None,
     ) -> None:
         super().__init__()
@@ -199,6 +211,8 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             raise ValueError(f"ties must be one of {TIE_MODES}, got {ties!r}")
         if eval_chunk_size is not None and eval_chunk_size < 1:
             raise ValueError(f"eval_chunk_size must be positive or None, got {eval_chunk_size}")
+        if eval_candidates is not None and eval_candidates < 1:
+            raise ValueError(f"eval_candidates must be positive or None, got {eval_candidates}")
         sparse = is_row_sparse(optimizer)  # raises on an unknown name
         self.save_hyperparameters()
         self.automatic_optimization = False  # several optimizer steps per step: training_step
@@ -445,6 +459,9 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         if len(triples) == 0:
             return torch.zeros(0, device=self.device)
         chunk = self.hparams.eval_chunk_size or len(triples)
+        sample = self.draw_eval_candidates()
+        if sample is not None:
+            return self._sampled_rank_batch(triples, mode, targets, filter_row, filter_col, sample, chunk)
         model = self.evaluation_model()
         ranks = []
         # bf16 autocast collapses distinct scores into ties (8 mantissa bits): rank in fp32.
@@ -467,6 +484,74 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
                     )
                 )
         return torch.cat(ranks)
+
+    # ------------------------------------------------------------------ sampled evaluation
+    def _eval_pool(self) -> Tensor | None:
+        """The entity ids evaluation ranks among: ``eval_candidate_mask``'s, or None for all."""
+        mask = self.eval_candidate_mask
+        if mask is None:
+            return None
+        cached = self.__dict__.get("_eval_pool_cache")  # not saved; rebuilt when the mask changes
+        if cached is None or cached[0] is not mask or cached[1] != mask._version:
+            cached = (mask, mask._version, mask.nonzero().flatten())
+            self.__dict__["_eval_pool_cache"] = cached
+        return cached[2]
+
+    def draw_eval_candidates(self) -> Tensor | None:
+        """The next evaluation batch's ``eval_candidates`` sampled entity ids (``[K]``,
+        distinct, from the evaluation pool), or None when evaluation ranks the whole pool
+        (``eval_candidates`` unset or at least the pool's size)."""
+        k = self.hparams.get("eval_candidates")
+        if k is None:
+            return None
+        pool = self._eval_pool()
+        size = self.model.num_entities if pool is None else pool.numel()
+        if k >= size:
+            return None
+        generator = self.__dict__.get("_eval_generator")
+        if generator is None or generator.device != self.device:
+            generator = self.reset_eval_candidates()
+        positions = draw_candidates(size, k, generator)
+        return positions if pool is None else pool[positions]
+
+    def reset_eval_candidates(self) -> torch.Generator:
+        """Restart the candidate draws from ``eval_seed`` (at the start of every validation and
+        test: the same batches then get the same candidates at every evaluation)."""
+        generator = torch.Generator(device=self.device).manual_seed(self.hparams.get("eval_seed", 0))
+        self.__dict__["_eval_generator"] = generator  # not a submodule, not saved
+        return generator
+
+    def _sampled_rank_batch(self, triples: Tensor, mode: str, targets: Tensor, filter_row: Tensor,
+                            filter_col: Tensor, sample: Tensor, chunk: int) -> Tensor:
+        k = sample.numel()
+        model = self.evaluation_model()
+        ranks = []
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            for start in range(0, len(triples), chunk):
+                part = triples[start : start + chunk]
+                part_targets = targets[start : start + len(part)]
+                # The targets are scored as shared candidates next to the sample, by the same
+                # kernel, so a target and a candidate of equal embedding tie exactly as they
+                # would in the full ranking.
+                candidates = torch.cat([sample, part_targets])
+                if mode == "tail":
+                    scores = model.score_tails(part[:, 0], part[:, 1], candidates)
+                else:
+                    scores = model.score_heads(part[:, 1], part[:, 2], candidates)
+                scores = scores.float()
+                rows = torch.arange(len(part), device=scores.device)
+                in_part = (filter_row >= start) & (filter_row < start + len(part))
+                ranks.append(sampled_ranks(
+                    scores[:, :k], scores[rows, k + rows], sample, part_targets,
+                    filter_row[in_part] - start, filter_col[in_part], ties=self.hparams.ties,
+                ))
+        return torch.cat(ranks)
+
+    def on_validation_epoch_start(self) -> None:
+        self.reset_eval_candidates()
+
+    def on_test_epoch_start(self) -> None:
+        self.reset_eval_candidates()
 
     def update_ranking(self, batch: dict, metric: RankingMetric) -> Tensor:
         """Rank an evaluation batch and add the ranks to ``metric``; returns the ranks."""
