@@ -20,6 +20,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ONE_RUN = r"""
@@ -57,8 +58,11 @@ def main() -> int:
     args = parser.parse_args()
     runs = []
     for _ in range(args.repeat):
-        done = subprocess.run([sys.executable, "-c", ONE_RUN, args.folder, str(args.clients), str(args.threads)],
-                              check=True, capture_output=True, text=True)
+        # Run outside the repository: "python -c" puts the working directory first on sys.path,
+        # which would shadow an older checkout named on PYTHONPATH.
+        command = [sys.executable, "-c", ONE_RUN, str(Path(args.folder).resolve()), str(args.clients),
+                   str(args.threads)]
+        done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir())
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         run = runs[-1]
         print(f"load {run['load_s']:7.2f} s  split {run['split_s']:7.2f} s  total {run['total_s']:7.2f} s  "

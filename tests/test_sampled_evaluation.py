@@ -169,3 +169,21 @@ def test_filtered_ranks_are_unchanged_by_the_shared_counting():
     targets = torch.tensor([2, 1])
     assert filtered_ranks(scores, targets, ties="arbitrary").tolist() == [2.0, 2.0]
     assert filtered_ranks(scores, targets, ties="mean").tolist() == [1.5, 2.5]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sampled_evaluation_on_a_gpu(umls):
+    full, sampled = module(umls).cuda(), module(umls, eval_candidates=20).cuda()
+    batch = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in eval_batches(umls)[0].items()}
+    sampled.reset_eval_candidates()
+    sample = sampled.draw_eval_candidates()
+    assert sample.is_cuda and sample.unique().numel() == 20
+    sampled.reset_eval_candidates()
+    ranks = sampled.rank_batch(batch).cpu()
+    triples = batch["triples"]
+    with torch.no_grad():
+        scores = sampled.model.score_tails(triples[:, 0], triples[:, 1]).cpu()
+    answers = [set(batch["filter_col"][batch["filter_row"] == i].tolist()) for i in range(len(triples))]
+    assert ranks.tolist() == oracle_ranks(scores, triples[:, 2].cpu(), sample.cpu(), answers, "mean")
+    big = module(umls, eval_candidates=1000).cuda()
+    assert torch.equal(full.rank_batch(batch), big.rank_batch(batch))

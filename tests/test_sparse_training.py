@@ -58,7 +58,8 @@ def batches(kg, mode: str, count: int, seed: int = 0, num_negatives: int = 8, co
 def touched(batch: dict) -> tuple[set[int], set[int]]:
     """The oracle: entity and relation ids a batch reads (positives' heads, tails, negatives)."""
     positive = batch["positive"]
-    entities = set(positive[:, 0].tolist()) | set(positive[:, 2].tolist()) | set(batch["negatives"].reshape(-1).tolist())
+    entities = set(positive[:, 0].tolist()) | set(positive[:, 2].tolist())
+    entities |= set(batch["negatives"].reshape(-1).tolist())
     return entities, set(positive[:, 1].tolist())
 
 
@@ -326,3 +327,39 @@ def test_bf16_mixed_trains_row_sparse_in_fp32_tables(umls):
     assert module.model.entity_emb.grad is None or module.model.entity_emb.grad.is_sparse
     moved = changed_rows(before, module.model.entity_emb.detach())
     assert 0 < len(moved) < umls.num_entities and math.isfinite(float(t.callback_metrics["train/loss"]))
+
+
+# ---------------------------------------------------------------------- on a GPU
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("model_name", ["transe", "rotate", "transr"])
+def test_a_cuda_sparse_step_matches_the_cpu_step_on_the_touched_rows(umls, model_name):
+    torch.manual_seed(0)
+    cpu = KGEModule(model_name, num_entities=umls.num_entities, num_relations=umls.num_relations, dim=8,
+                    optimizer="sparse_adam")
+    gpu = copy.deepcopy(cpu).cuda()
+    cpu_opt, gpu_opt = cpu.configure_optimizers(), gpu.configure_optimizers()
+    for batch in batches(umls, "shared", 3, num_negatives=4):
+        before = tables(gpu)
+        step(cpu, cpu_opt, batch)
+        step(gpu, gpu_opt, {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+        entities, relations = touched(batch)
+        for name, p in gpu.model.named_parameters():
+            assert changed_rows(before[name].cpu(), p.detach().cpu()) <= (
+                entities if name.startswith("entity_") else relations), name
+            torch.testing.assert_close(p.detach().cpu(), getattr(cpu.model, name).detach(), rtol=0, atol=1e-5)
+
+
+@needs_cuda
+def test_a_cuda_fit_runs_the_row_sparse_step_eagerly_at_bf16_mixed(umls):
+    L.seed_everything(0, verbose=False)
+    module = KGEModule("transe", num_entities=umls.num_entities, num_relations=umls.num_relations, dim=16,
+                       optimizer="sparse_adam")
+    dm = KGDataModule(umls, UniformSampler(8, corruption="both", mode="shared", filtered=True),
+                      LoaderSettings(batch_size=64), seed=0)
+    t = trainer(accelerator="gpu", precision="bf16-mixed", limit_train_batches=6, limit_val_batches=0)
+    t.fit(module, datamodule=dm)
+    assert module.step_graphs() is None and module.__dict__.get("_step_graphs") is None
+    assert module.model.entity_emb.dtype == torch.float32 and math.isfinite(float(t.callback_metrics["train/loss"]))
