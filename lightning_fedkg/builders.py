@@ -80,6 +80,8 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
         ties=t.ties,
         reset_optimizer=t.reset_optimizer,
         eval_chunk_size=t.eval_chunk_size,
+        optimizer=t.optimizer,
+        eval_candidates=t.eval_candidates,
         model_kwargs=m.options(),
         **extra,
     )

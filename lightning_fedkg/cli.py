@@ -4,13 +4,12 @@
     fedkg test -c CONFIG --ckpt PATH [key=value ...]     evaluate a saved checkpoint (--json: as JSON)
     fedkg audit --from RUN_DIR                           attack a run's recorded payloads
     fedkg data stats NAME_OR_PATH | -c CONFIG            dataset or query-set statistics
+    fedkg data synth --entities N ... --out DIR          write a synthetic power-law KG
     fedkg flower up | split | policy | worker            run on Flower across processes
     fedkg --version                                      print the installed version
 
-``fedkg query`` and ``fedkg unlearn`` are the methods' (FedCQA's, FedLU's): commands found
-through the ``lightning_fedkg.commands`` entry points (:func:`add_method_commands`).
-Overrides are omegaconf dotlist entries (``model.dim=64 federated.rounds=10``), before,
-between or after the options; a misspelled key is an error listing the valid keys.
+``fedkg query`` / ``unlearn`` are the methods' commands (``lightning_fedkg.commands`` entry
+points). Overrides (``model.dim=64``) may come anywhere; a bad key lists the valid ones.
 Reference: docs/usage.md.
 """
 
@@ -440,6 +439,20 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    """``fedkg data synth``: write a synthetic power-law KG folder
+    (:func:`lightning_fedkg.data.synthetic.write_synthetic`) and print its split sizes."""
+    from lightning_fedkg.data.synthetic import write_synthetic
+
+    try:
+        sizes = write_synthetic(args.out, args.entities, args.relations, args.triples, args.exponent, args.seed,
+                                args.valid, args.test)
+    except ValueError as err:
+        raise ConfigError(f"data synth: {err}") from None
+    print(f"{args.out}: " + ", ".join(f"{split} {count}" for split, count in sizes.items()))
+    return 0
+
+
 def package_version() -> str:
     """The installed ``lightning-fedkg`` distribution's version, else the package's own
     ``__version__`` (a source checkout on ``PYTHONPATH``, not installed)."""
@@ -613,6 +626,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with -c: sample the query sets missing from the cache in this many processes "
                             "(default 1)")
     stats.set_defaults(func=cmd_data_stats)
+    synth = data_sub.add_parser("synth", help="write a synthetic KG with power-law entity degrees")
+    synth.add_argument("--entities", type=int, required=True, help="entities (each one occurs in train)")
+    synth.add_argument("--relations", type=int, required=True, help="relations (each one occurs in train)")
+    synth.add_argument("--triples", type=int, required=True, help="distinct triples over all three splits")
+    synth.add_argument("--exponent", type=float, default=0.75,
+                       help="Zipf exponent of the entities' popularity (default 0.75: degree tail ~ k^-2.3)")
+    synth.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default 0)")
+    synth.add_argument("--valid", type=float, default=0.05, help="fraction of the triples in valid (default 0.05)")
+    synth.add_argument("--test", type=float, default=0.05, help="fraction of the triples in test (default 0.05)")
+    synth.add_argument("--out", required=True, help="folder for {train,valid,test}.txt")
+    synth.set_defaults(func=cmd_data_synth)
 
     flower = sub.add_parser("flower", help="run on Flower across processes (the flower extra)")
     flower_sub = flower.add_subparsers(dest="flower_command", required=True)

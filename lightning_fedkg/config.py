@@ -151,6 +151,8 @@ def too_many_clients(name: str, relations: int, num_clients: int, partition: str
 
 #: The ``train.loss`` values (:func:`lightning_fedkg.models.kge_module.kge_loss`).
 LOSSES = ("self_adversarial", "uniform", "margin")
+#: The ``train.optimizer`` values (:mod:`lightning_fedkg.models.optimizers`).
+OPTIMIZERS = ("adam", "sparse_adam")
 
 #: ModelConfig fields that are keyword options of particular models (None = model default).
 MODEL_OPTION_KEYS = ("p_norm", "relation_dim", "orthogonality_margin")
@@ -201,6 +203,30 @@ class TrainConfig:
     ``batches_per_step`` hands the module that many batches per Lightning step, each its
     own optimizer step: the same updates in the same order, with Lightning's per-step
     work (hooks, batch transfer, loop bookkeeping) paid once per group.
+
+    ``optimizer``: ``adam`` (the default, the official codes' dense ``torch.optim.Adam``: a
+    step reads and writes every row of every table) or ``sparse_adam`` (the tables hand out
+    row-sparse gradients and ``torch.optim.SparseAdam`` updates only the rows a batch
+    touched, so a batch costs what it touches: PyTorch-BigGraph's and DGL-KE's approach, with
+    lazy Adam instead of their row-wise Adagrad; :mod:`lightning_fedkg.models.optimizers`).
+    A name rather than a ``sparse`` flag because the choice changes the update rule (lazy
+    moments), not only its cost. With ``sparse_adam``: ``regularization`` covers the rows of
+    the batch's positive triples; the step is never recorded (``trainer.capture: true`` and
+    ``trainer.compile: true`` are errors); KGE learners only (FedLU's and FedCQA's refuse
+    it); a loss term over whole tables (FedProx's or FedEC's with ``mu > 0``) stops the first
+    step with an error.
+
+    ``eval_candidates``: ``null`` (the default, every figure of the docs but the ones below)
+    ranks each validation/test query against every entity, filtered; ``K`` ranks it
+    against ``K`` entities drawn without replacement (one draw per evaluation batch, the same
+    at every evaluation), filtered likewise: the protocol of graphs too large to rank in full
+    (OGB's ``ogbl-wikikg2`` samples 500 per side). Its MRR and Hits@k are higher than the full
+    ranking's and comparable only at the same ``K``; ``(rank - 1) · pool / K`` estimates the
+    full rank minus one without bias
+    (:func:`lightning_fedkg.evaluation.ranking.sampled_ranks`). ``K`` at least the entity
+    count is the full ranking. Link-prediction learners only (FedE's fusion phase and the
+    query-answering task rank in full). Figures that use it: the 10^6-entity evaluation of
+    docs/results/scale.md (``K = 500``).
     """
 
     lr: float = field(default=1e-3, metadata={"range": Range(min=0, min_exclusive=True)})
@@ -228,6 +254,8 @@ class TrainConfig:
     ties: Literal["mean", "optimistic", "pessimistic", "arbitrary"] = "mean"
     eval_chunk_size: Optional[int] = None
     batches_per_step: int = field(default=1, metadata={"range": Range(min=1), "resume": "free"})
+    optimizer: Literal["adam", "sparse_adam"] = "adam"
+    eval_candidates: Optional[int] = field(default=None, metadata={"range": Range(min=1)})
 
 
 @dataclass
@@ -966,6 +994,14 @@ def validate_model_and_train(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.trainer.compile and cfg.trainer.capture:
         raise ConfigError("trainer.capture: a recorded step and a compiled loss exclude each other; "
                           "set trainer.compile=false or trainer.capture=null")
+    if cfg.train.optimizer == "sparse_adam":
+        # Sparse gradients' shapes follow each batch's distinct rows: nothing to record once
+        # and replay, and dynamo does not trace sparse embedding backward.
+        for key in ("capture", "compile"):
+            if getattr(cfg.trainer, key):
+                raise ConfigError(f"trainer.{key}=true cannot run train.optimizer=sparse_adam, whose row-sparse "
+                                  f"steps change shape with every batch; set trainer.{key}=null (the row-sparse "
+                                  f"step runs eagerly) or train.optimizer=adam")
     accepted = model_cls.option_names()
     for key in cfg.model.options():
         if accepted is not None and key not in accepted:

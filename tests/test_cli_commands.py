@@ -21,14 +21,14 @@ FKGE_METRICS = {"strategy": "fkge", "handshakes": [1, 2, 3], "bytes_sent": 12345
                                                                           "hits@10": 0.7},
                          "after": {"accuracy": 0.83, "mrr": 0.45, "hits@10": 0.72}, "epsilon": 11.234, "accepted": 2,
                          "hosted": 3},
-                        {"name": "umls_1", "model": "rotate", "before": None, "after": None, "epsilon": 0.0,
+                        {"name": "umls_1", "model": "rotate", "before": None, "after": None, "epsilon": None,
                          "accepted": 0, "hosted": 0}]}
 FKGE_TABLE = """\
 strategy=fkge  handshakes=3  bytes_sent=123456
-KG              model    acc before acc after MRR before MRR after H@10 before H@10 after  epsilon  accepted
-------------------------------------------------------------------------------------------------------------
-umls_0          transe       0.8123    0.8300     0.4120    0.4500      0.7000     0.7200    11.23     2/3  
-umls_1          rotate       0.0000    0.0000     0.0000    0.0000      0.0000     0.0000     0.00     0/0  """
+KG              model    acc before acc after MRR before MRR after H@10 before H@10 after     epsilon  accepted
+---------------------------------------------------------------------------------------------------------------
+umls_0          transe       0.8123    0.8300     0.4120    0.4500      0.7000     0.7200       11.23     2/3  
+umls_1          rotate       0.0000    0.0000     0.0000    0.0000      0.0000     0.0000 not private     0/0  """
 
 
 def _stage(x: float) -> dict:

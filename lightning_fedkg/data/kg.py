@@ -10,6 +10,7 @@ are in docs/datasets.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -171,14 +172,20 @@ class KnowledgeGraph:
                 raise ValueError(f"{len(names)} {label} names for {size} ids")
         self.entity_names = list(entity_names) if entity_names is not None else None
         self.relation_names = list(relation_names) if relation_names is not None else None
-        self.entity_to_id: dict[str, int] = (
-            {n: i for i, n in enumerate(self.entity_names)} if self.entity_names else {}
-        )
-        self.relation_to_id: dict[str, int] = (
-            {n: i for i, n in enumerate(self.relation_names)} if self.relation_names else {}
-        )
         #: what the loader's input policy removed: ``{split: {"duplicates", "unseen"}}``
         self.removed: dict[str, dict[str, int]] = {}
+
+    # Built on first use: a federation makes a KnowledgeGraph per client, and training never
+    # looks a name up (a 300k-entity vocabulary is a 0.2 s dict per graph).
+    @functools.cached_property
+    def entity_to_id(self) -> dict[str, int]:
+        """Entity name -> id (empty without names)."""
+        return {n: i for i, n in enumerate(self.entity_names)} if self.entity_names else {}
+
+    @functools.cached_property
+    def relation_to_id(self) -> dict[str, int]:
+        """Relation name -> id (empty without names)."""
+        return {n: i for i, n in enumerate(self.relation_names)} if self.relation_names else {}
 
     @property
     def split_names(self) -> list[str]:
@@ -293,10 +300,12 @@ def _first_appearance_vocab(named: Iterable[tuple[list[str], list[str], list[str
 
 def _to_ids(heads: list[str], rels: list[str], tails: list[str],
             e2id: dict[str, int], r2id: dict[str, int]) -> Tensor:
-    h = list(map(e2id.__getitem__, heads))
-    r = list(map(r2id.__getitem__, rels))
-    t = list(map(e2id.__getitem__, tails))
-    return torch.tensor([h, r, t], dtype=torch.long).reshape(3, -1).t().contiguous()
+    # Ids go straight into an int64 array: no list of Python ints per column, and no
+    # torch.tensor over nested lists (2 s of a 3M-triple load).
+    out = np.empty((len(heads), 3), dtype=np.int64)
+    for column, (names, vocab) in enumerate(((heads, e2id), (rels, r2id), (tails, e2id))):
+        out[:, column] = np.fromiter(map(vocab.__getitem__, names), dtype=np.int64, count=len(names))
+    return torch.from_numpy(out)
 
 
 def _split_file(folder: Path, split: str) -> Path:

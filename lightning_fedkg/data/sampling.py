@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lightning_fedkg.keys import pack_keys
 
-from .index import FilterIndex, sorted_contains
+from .index import FilterIndex, searchsorted, sorted_contains
 from .kg import KnowledgeGraph
 
 __all__ = ["NegativeSampler", "UniformSampler", "BernoulliSampler", "bernoulli_head_probability",
@@ -268,18 +268,24 @@ class NegativeSampler:
         # table through each entity's slot among the negatives (slot n: not a negative),
         # instead of testing all B x n pairs. Distinct queries, because a popular one (a
         # head query on a frequent tail, thousands of answers) recurs dozens of times in a
-        # batch. An entity drawn twice gets one slot, which slot[negatives] hands to each
-        # of its positions.
+        # batch. An entity drawn twice gets one slot (its first place in sorted order), which
+        # slot_of(negatives) hands to each of its positions. Slots come from a binary search
+        # in the sorted negatives, not a table over all entities: a batch costs what it
+        # draws and looks up, not the entity count.
         queries, inverse = torch.unique(self.train_index.query_rows(positive, head_mask), return_inverse=True)
         rows, cols = self.train_index.row_answers(queries)
         n = negatives.numel()
-        slot = torch.full((self.num_entities,), n, dtype=torch.long)
-        slot[negatives] = torch.arange(n)
+        ordered, order = torch.sort(negatives, stable=True)
+
+        def slot_of(entities: Tensor) -> Tensor:
+            at = searchsorted(ordered, entities).clamp_(max=n - 1)
+            return torch.where(ordered[at] == entities, order[at], torch.full_like(at, n))
+
         # Built transposed: gathering whole rows of it is several times faster than
         # gathering columns of a [queries, n + 1] table.
         allowed = torch.ones(n + 1, queries.numel(), dtype=torch.bool)
-        allowed[slot[cols], rows] = False
-        return allowed[slot[negatives]].t().contiguous()[inverse]
+        allowed[slot_of(cols), rows] = False
+        return allowed[slot_of(negatives)].t().contiguous()[inverse]
 
 
 class UniformSampler(NegativeSampler):

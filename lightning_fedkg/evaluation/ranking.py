@@ -4,7 +4,8 @@ The four evaluation protocols in the FedKG literature (FedE, FedLU/RotatE, OpenK
 differ in how ties between the target and other candidates are resolved; see the ``ties``
 argument of :func:`filtered_ranks`. Filtered candidates are removed by boolean masks rather
 than by overwriting scores, so a model that legitimately produces ``-inf`` scores still ranks
-correctly.
+correctly. :func:`sampled_ranks` ranks against a sample of ``K`` candidates instead of all
+(``train.eval_candidates``, for graphs too large to rank against every entity).
 """
 
 from __future__ import annotations
@@ -72,19 +73,28 @@ def filtered_ranks(
     # or candidate-mask entry that names it.
     competes[rows, targets] = False
 
-    target_nan = scores[rows, targets].isnan()
+    target_scores = scores[rows, targets]
+    candidate_ids = torch.arange(num_candidates, device=scores.device)
+    return _count_ranks(scores, target_scores, competes, candidate_ids, targets, ties)
+
+
+def _count_ranks(scores: Tensor, target_scores: Tensor, competes: Tensor, candidate_ids: Tensor, targets: Tensor,
+                 ties: str) -> Tensor:
+    """``[B]`` ranks of ``target_scores`` among the ``scores`` ``[B, c]`` of the competitors
+    (``competes``), candidate ``j`` being entity ``candidate_ids[j]`` (for ``"arbitrary"``)."""
+    target_nan = target_scores.isnan()
     # Comparisons with NaN are all False, which would rank a NaN target first (MRR 1.0 for
     # a diverged model). Competitors scoring NaN become -inf; a NaN target is overridden
     # below, after the comparisons.
     scores = scores.masked_fill(scores.isnan(), float("-inf"))
-    target_scores = scores[rows, targets].unsqueeze(1)
+    target_scores = target_scores.unsqueeze(1)
     better = ((scores > target_scores) & competes).sum(dim=1)
     if ties == "optimistic":
         ranks = (1 + better).float()
     else:
         equal = (scores == target_scores) & competes
         if ties == "arbitrary":
-            lower_id = torch.arange(num_candidates, device=scores.device).unsqueeze(0) < targets.unsqueeze(1)
+            lower_id = candidate_ids.unsqueeze(0) < targets.unsqueeze(1)
             ranks = (1 + better + (equal & lower_id).sum(dim=1)).float()
         elif ties == "pessimistic":
             ranks = (1 + better + equal.sum(dim=1)).float()
@@ -92,6 +102,73 @@ def filtered_ranks(
             ranks = 1.0 + better.float() + 0.5 * equal.sum(dim=1).float()
     worst = (1 + competes.sum(dim=1)).float()
     return torch.where(target_nan, worst, ranks)
+
+
+def draw_candidates(pool_size: int, k: int, generator: torch.Generator) -> Tensor:
+    """``k`` distinct positions in ``[0, pool_size)``, a uniformly random ``k``-subset in random
+    order (``k < pool_size``), drawn on ``generator``'s device.
+
+    For ``k`` up to a quarter of the pool: the first ``k`` distinct values of ``2k`` uniform
+    draws (each new value of an i.i.d. uniform sequence is uniform over the values not seen
+    yet), O(k log k); otherwise, or if those draws hold fewer than ``k`` values, the first
+    ``k`` of a random permutation, O(pool_size).
+    """
+    device = generator.device
+    if 4 * k <= pool_size:
+        draws = torch.randint(0, pool_size, (2 * k,), generator=generator, device=device)
+        values, inverse = torch.unique(draws, return_inverse=True)
+        if values.numel() >= k:
+            first = torch.full_like(values, draws.numel()).scatter_reduce_(
+                0, inverse, torch.arange(draws.numel(), device=device), "amin")
+            return draws[first.sort().values[:k]]
+    return torch.randperm(pool_size, generator=generator, device=device)[:k]
+
+
+def sampled_ranks(
+    candidate_scores: Tensor,
+    target_scores: Tensor,
+    candidate_ids: Tensor,
+    targets: Tensor,
+    filter_row: Tensor | None = None,
+    filter_col: Tensor | None = None,
+    ties: str = "mean",
+) -> Tensor:
+    """Filtered ranks of each query's target among a sample of candidates shared by the batch.
+
+    Args:
+        candidate_scores: ``[B, K]`` scores of the sampled entities ``candidate_ids`` (``[K]``,
+            distinct) for each query.
+        target_scores: ``[B]`` score of each query's target.
+        targets: ``[B]`` target entity ids.
+        filter_row, filter_col: the other true answers, as in :func:`filtered_ranks`; a
+            sampled candidate that is one of them does not compete.
+        ties: as in :func:`filtered_ranks` (``"arbitrary"`` orders tied entities by id).
+
+    Returns:
+        ``[B]`` ranks among the target and the sampled candidates that compete (neither the
+        target itself nor a filtered answer), in ``1 .. 1 + K``.
+
+    The estimator: when ``candidate_ids`` is a uniformly random ``K``-subset of a pool of
+    ``M`` entities, each competitor of the full ranking is in the sample with probability
+    ``K / M``, so ``E[rank - 1] = (full rank - 1) · K / M`` in every tie mode (each counts
+    competitors linearly), i.e. ``(rank - 1) · M / K`` estimates the full filtered rank
+    minus one without bias. MRR and Hits@k of sampled ranks are not estimates of the full
+    ones (both are non-linear in the rank and higher than the full-ranking values); they are
+    comparable between runs at the same ``K`` (OGB's ``ogbl-wikikg2`` reports such an MRR
+    with 500 negatives per side).
+    """
+    if ties not in TIE_MODES:
+        raise ValueError(f"ties must be one of {TIE_MODES}, got {ties!r}")
+    targets = targets.to(device=candidate_scores.device, dtype=torch.long)
+    competes = candidate_ids.unsqueeze(0) != targets.unsqueeze(1)
+    if filter_row is not None and filter_col is not None and filter_row.numel() > 0:
+        # Filtered answers among the candidates: a binary search in the sorted sample, O(F log K).
+        ordered, order = candidate_ids.sort()
+        col = filter_col.to(candidate_scores.device)
+        pos = torch.searchsorted(ordered, col).clamp_(max=ordered.numel() - 1)
+        hit = ordered[pos] == col
+        competes[filter_row.to(candidate_scores.device)[hit], order[pos[hit]]] = False
+    return _count_ranks(candidate_scores, target_scores, competes, candidate_ids, targets, ties)
 
 
 class RankingMetric(Metric):

@@ -19,13 +19,16 @@ from lightning_fedkg.config import LOSSES
 from lightning_fedkg.evaluation.ranking import (
     TIE_MODES,
     RankingMetric,
+    draw_candidates,
     empty_metrics,
     filtered_ranks,
     metrics_to_floats,
+    sampled_ranks,
 )
 from lightning_fedkg.models.captured import StepGraphs, make_capturable
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.kge import KGEModel, build_model
+from lightning_fedkg.models.optimizers import build_optimizer, is_row_sparse
 
 log = logging.getLogger("lightning_fedkg")
 
@@ -136,11 +139,13 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
     Args:
         model: a key of :data:`lightning_fedkg.models.kge.MODELS` (``"transe"``, ``"rotate"``, ...).
         num_entities, num_relations, dim, gamma, epsilon: passed to :func:`build_model`.
-        lr: Adam learning rate.
+        lr: the optimizer's learning rate.
         loss: ``"self_adversarial"``, ``"uniform"`` or ``"margin"`` (see :func:`kge_loss`).
         adversarial_temperature: ``α`` of the self-adversarial weights.
         margin: margin of the ``"margin"`` loss.
-        regularization: weight of ``model.regularization_loss()`` (0 disables it).
+        regularization: weight of ``model.regularization_loss()`` (0 disables it); with
+            ``optimizer="sparse_adam"`` of ``model.regularization_loss(triples)`` over the
+            batch's positive triples (a whole-table term would touch every row each step).
         ties: tie handling of the filtered ranks (see :func:`filtered_ranks`).
         reset_optimizer: True builds a fresh Adam at every ``fit()`` (FedE re-creates the
             optimizer each round); False builds it once and returns the same instance on every
@@ -149,6 +154,19 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             :meth:`load_optimizer_state_dict`.
         eval_chunk_size: score at most this many evaluation queries at once (bounds the
             ``[B, N]`` score matrix); None scores a whole batch at once.
+        optimizer: ``"adam"`` (dense ``torch.optim.Adam``, the official codes') or
+            ``"sparse_adam"`` (row-sparse gradients and ``torch.optim.SparseAdam``: a step
+            touches only the batch's rows); see :mod:`lightning_fedkg.models.optimizers`. A
+            row-sparse step is never recorded (``trainer.capture``): its shapes follow the
+            batch's distinct rows.
+        eval_candidates: None (default) ranks each query's target against every entity (or
+            every entity of ``eval_candidate_mask``); ``K`` ranks it against ``K`` entities
+            drawn without replacement from that pool, one draw shared by each evaluation
+            batch, filtered like the full ranking (:func:`sampled_ranks`, which states the
+            estimator). The draws come from a generator seeded with ``eval_seed`` at the
+            start of every validation and test, so every evaluation of the same batches sees
+            the same candidates. ``K`` at least the pool's size is the full ranking.
+        eval_seed: the seed of those draws.
         model_kwargs: extra keyword arguments of the model (``p_norm``, ``relation_dim``, ...).
 
     Attributes:
@@ -181,6 +199,9 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         ties: str = "mean",
         reset_optimizer: bool = True,
         eval_chunk_size: int | None = None,
+        optimizer: str = "adam",
+        eval_candidates: int | None = None,
+        eval_seed: int = 0,
         model_kwargs: dict | None = None,
     ) -> None:
         super().__init__()
@@ -190,11 +211,15 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             raise ValueError(f"ties must be one of {TIE_MODES}, got {ties!r}")
         if eval_chunk_size is not None and eval_chunk_size < 1:
             raise ValueError(f"eval_chunk_size must be positive or None, got {eval_chunk_size}")
+        if eval_candidates is not None and eval_candidates < 1:
+            raise ValueError(f"eval_candidates must be positive or None, got {eval_candidates}")
+        sparse = is_row_sparse(optimizer)  # raises on an unknown name
         self.save_hyperparameters()
         self.automatic_optimization = False  # several optimizer steps per step: training_step
         self.model: KGEModel = build_model(
             model, num_entities, num_relations, dim, gamma=gamma, epsilon=epsilon, **(model_kwargs or {})
         )
+        self.model.sparse_gradients = sparse
         self.val_metric = RankingMetric()
         self.test_metric = RankingMetric()
         self.register_buffer("eval_candidate_mask", None, persistent=False)
@@ -253,7 +278,10 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             negative_mask=batch.get("negative_mask"), weight=batch.get("weight"),
         )
         if hp.regularization > 0:
-            loss = loss + hp.regularization * self.model.regularization_loss()
+            # A row-sparse step regularises the batch's rows only: the whole tables' term
+            # would give every row a gradient (see lightning_fedkg.models.optimizers).
+            rows = positive if self.row_sparse else None
+            loss = loss + hp.regularization * self.model.regularization_loss(rows)
         for term in self.regularizers:
             loss = loss + term()
         return loss
@@ -316,8 +344,9 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
     def captures(self) -> bool:
         """Whether this step is recorded (see :attr:`capture_steps`). A regularizer a client
         half installs (FedProx's term) reads tensors that change every fit, so such fits run
-        eagerly."""
-        if self.capture_steps is False or self.compile_training or self.regularizers:
+        eagerly; so does a row-sparse step (``optimizer="sparse_adam"``), whose gradients'
+        shapes follow each batch's distinct rows."""
+        if self.capture_steps is False or self.compile_training or self.regularizers or self.row_sparse:
             return False
         if self.step_recorder is not None:
             return True
@@ -374,31 +403,41 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
 
     def _ready_to_record(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """``optimizer``, made capturable when this fit may record its step (CUDA)."""
-        if self.capture_steps is not False and self.device.type == "cuda":
+        if self.capture_steps is not False and self.device.type == "cuda" and not self.row_sparse:
             make_capturable(optimizer)
         return optimizer
 
     # ------------------------------------------------------------------ optimizer
+    @property
+    def row_sparse(self) -> bool:
+        """Whether training takes row-sparse steps (``optimizer="sparse_adam"``)."""
+        return is_row_sparse(self.hparams.get("optimizer", "adam"))
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh optimizer of ``optimizer`` (Adam or the row-sparse SparseAdam) over every
+        parameter (:func:`~lightning_fedkg.models.optimizers.build_optimizer`)."""
+        return build_optimizer(self.hparams.get("optimizer", "adam"), self, self.hparams.lr)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.hparams.reset_optimizer or self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+            self._optimizer = self.build_optimizer()
         return self._ready_to_record(self._optimizer)
 
     def optimizer_state_dict(self) -> dict | None:
-        """State of the Adam that outlives a ``fit()``; None when each ``fit()`` builds a
+        """State of the optimizer that outlives a ``fit()``; None when each ``fit()`` builds a
         fresh one (``reset_optimizer``: nothing worth saving) or before one exists."""
         if self.hparams.reset_optimizer or self._optimizer is None:
             return None
         return self._optimizer.state_dict()
 
     def load_optimizer_state_dict(self, state: dict | None) -> None:
-        """Restore Adam state; builds the optimizer if needed so the next ``fit()`` reuses it
+        """Restore the optimizer's state; builds the optimizer if needed so the next ``fit()`` reuses it
         (with ``reset_optimizer=True`` the next ``fit()`` replaces it anyway). None clears it."""
         if state is None:
             self._optimizer = None
             return
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+            self._optimizer = self.build_optimizer()
         self._optimizer.load_state_dict(state)
 
     # ------------------------------------------------------------------ evaluation
@@ -420,6 +459,9 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         if len(triples) == 0:
             return torch.zeros(0, device=self.device)
         chunk = self.hparams.eval_chunk_size or len(triples)
+        sample = self.draw_eval_candidates()
+        if sample is not None:
+            return self._sampled_rank_batch(triples, mode, targets, filter_row, filter_col, sample, chunk)
         model = self.evaluation_model()
         ranks = []
         # bf16 autocast collapses distinct scores into ties (8 mantissa bits): rank in fp32.
@@ -442,6 +484,74 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
                     )
                 )
         return torch.cat(ranks)
+
+    # ------------------------------------------------------------------ sampled evaluation
+    def _eval_pool(self) -> Tensor | None:
+        """The entity ids evaluation ranks among: ``eval_candidate_mask``'s, or None for all."""
+        mask = self.eval_candidate_mask
+        if mask is None:
+            return None
+        cached = self.__dict__.get("_eval_pool_cache")  # not saved; rebuilt when the mask changes
+        if cached is None or cached[0] is not mask or cached[1] != mask._version:
+            cached = (mask, mask._version, mask.nonzero().flatten())
+            self.__dict__["_eval_pool_cache"] = cached
+        return cached[2]
+
+    def draw_eval_candidates(self) -> Tensor | None:
+        """The next evaluation batch's ``eval_candidates`` sampled entity ids (``[K]``,
+        distinct, from the evaluation pool), or None when evaluation ranks the whole pool
+        (``eval_candidates`` unset or at least the pool's size)."""
+        k = self.hparams.get("eval_candidates")
+        if k is None:
+            return None
+        pool = self._eval_pool()
+        size = self.model.num_entities if pool is None else pool.numel()
+        if k >= size:
+            return None
+        generator = self.__dict__.get("_eval_generator")
+        if generator is None or generator.device != self.device:
+            generator = self.reset_eval_candidates()
+        positions = draw_candidates(size, k, generator)
+        return positions if pool is None else pool[positions]
+
+    def reset_eval_candidates(self) -> torch.Generator:
+        """Restart the candidate draws from ``eval_seed`` (at the start of every validation and
+        test: the same batches then get the same candidates at every evaluation)."""
+        generator = torch.Generator(device=self.device).manual_seed(self.hparams.get("eval_seed", 0))
+        self.__dict__["_eval_generator"] = generator  # not a submodule, not saved
+        return generator
+
+    def _sampled_rank_batch(self, triples: Tensor, mode: str, targets: Tensor, filter_row: Tensor,
+                            filter_col: Tensor, sample: Tensor, chunk: int) -> Tensor:
+        k = sample.numel()
+        model = self.evaluation_model()
+        ranks = []
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            for start in range(0, len(triples), chunk):
+                part = triples[start : start + chunk]
+                part_targets = targets[start : start + len(part)]
+                # The targets are scored as shared candidates next to the sample, by the same
+                # kernel, so a target and a candidate of equal embedding tie exactly as they
+                # would in the full ranking.
+                candidates = torch.cat([sample, part_targets])
+                if mode == "tail":
+                    scores = model.score_tails(part[:, 0], part[:, 1], candidates)
+                else:
+                    scores = model.score_heads(part[:, 1], part[:, 2], candidates)
+                scores = scores.float()
+                rows = torch.arange(len(part), device=scores.device)
+                in_part = (filter_row >= start) & (filter_row < start + len(part))
+                ranks.append(sampled_ranks(
+                    scores[:, :k], scores[rows, k + rows], sample, part_targets,
+                    filter_row[in_part] - start, filter_col[in_part], ties=self.hparams.ties,
+                ))
+        return torch.cat(ranks)
+
+    def on_validation_epoch_start(self) -> None:
+        self.reset_eval_candidates()
+
+    def on_test_epoch_start(self) -> None:
+        self.reset_eval_candidates()
 
     def update_ranking(self, batch: dict, metric: RankingMetric) -> Tensor:
         """Rank an evaluation batch and add the ranks to ``metric``; returns the ranks."""

@@ -71,6 +71,10 @@ class QueryAnswering(Task):
             raise ConfigError("trainer.compile=true compiles the link-prediction (KGE) training losses whole; a "
                               "query encoder is not (GQE's L1 distances are compiled where trainer.compile is unset): "
                               "leave trainer.compile unset or false for task query_answering")
+        if cfg.train.optimizer != "adam" or cfg.train.eval_candidates is not None:
+            raise ConfigError("train.optimizer and train.eval_candidates configure the link-prediction (KGE) "
+                              "learner; a query encoder trains with Adam and ranks every entity: leave them at "
+                              "adam and null for task query_answering")
         tc = cfg.task
         options = {"gqe": {"gamma": tc.gamma}, "q2p": {"particles": tc.particles, "heads": tc.heads,
                                                         "dropout": tc.dropout}, "tree_lstm": {}, "gqe_fedngdb": {}}[tc.encoder]

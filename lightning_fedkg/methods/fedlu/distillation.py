@@ -75,6 +75,10 @@ class DistillationModule(KGEModule):
     def __init__(self, model: str = "transe", *, distill_mu: float = 2.0, distill_local: bool = True,
                  distill_global: bool = True, **kwargs) -> None:
         kwargs["reset_optimizer"] = False
+        if kwargs.get("optimizer", "adam") != "adam":
+            # Its two optimizers and distillation terms are FedLU's dense Adam steps.
+            raise ValueError(f"FedLU's learner trains with Adam (its code's); train.optimizer="
+                             f"{kwargs['optimizer']} is for KGE learners (fede, fedr, fedprox, fedec, single, entire)")
         super().__init__(model, **kwargs)
         if distill_mu < 0:
             raise ValueError(f"distill_mu must be >= 0, got {distill_mu}")

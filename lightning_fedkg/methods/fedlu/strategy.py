@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .config import FedLUConfig
+from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.federated.stances import harmless
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
@@ -222,6 +223,10 @@ class FedLU(Strategy):
     def learner(cls, cfg):
         from lightning_fedkg.methods.fedlu.distillation import DistillationModule
 
+        if cfg.train.optimizer != "adam":
+            raise ConfigError(f"train.optimizer={cfg.train.optimizer}: FedLU's learner trains its two sides with "
+                              f"Adam (its code's); the row-sparse optimizer is for KGE learners (fede, fedr, "
+                              f"fedprox, fedec, single, entire)")
         settings = cls.section(cfg)
         gated = settings.schedule == "gated"
         return DistillationModule, {"distill_mu": settings.mu,

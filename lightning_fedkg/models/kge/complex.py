@@ -26,19 +26,19 @@ class ComplEx(BilinearModel):
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
-        h_re, h_im = self.entity_emb[h].chunk(2, dim=-1)
-        r_re, r_im = self.relation_emb[r].chunk(2, dim=-1)
-        t_re, t_im = self.entity_emb[t].chunk(2, dim=-1)
+        h_re, h_im = self.lookup(self.entity_emb, h).chunk(2, dim=-1)
+        r_re, r_im = self.lookup(self.relation_emb, r).chunk(2, dim=-1)
+        t_re, t_im = self.lookup(self.entity_emb, t).chunk(2, dim=-1)
         return ((h_re * r_re - h_im * r_im) * t_re + (h_re * r_im + h_im * r_re) * t_im).sum(-1)
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
         # h * r, so that s = <(Re, Im) of h r, (t_re, t_im)>
-        h_re, h_im = self.entity_emb[h].chunk(2, dim=-1)
-        r_re, r_im = self.relation_emb[r].chunk(2, dim=-1)
+        h_re, h_im = self.lookup(self.entity_emb, h).chunk(2, dim=-1)
+        r_re, r_im = self.lookup(self.relation_emb, r).chunk(2, dim=-1)
         return torch.cat([h_re * r_re - h_im * r_im, h_re * r_im + h_im * r_re], dim=-1)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
         # s = Re(h a) with a = r conj(t), i.e. <(h_re, h_im), (Re a, -Im a)>
-        r_re, r_im = self.relation_emb[r].chunk(2, dim=-1)
-        t_re, t_im = self.entity_emb[t].chunk(2, dim=-1)
+        r_re, r_im = self.lookup(self.relation_emb, r).chunk(2, dim=-1)
+        t_re, t_im = self.lookup(self.entity_emb, t).chunk(2, dim=-1)
         return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)

@@ -22,10 +22,11 @@ class DistMult(BilinearModel):
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
-        return (self.entity_emb[h] * self.relation_emb[r] * self.entity_emb[t]).sum(-1)
+        return (self.lookup(self.entity_emb, h) * self.lookup(self.relation_emb, r)
+                * self.lookup(self.entity_emb, t)).sum(-1)
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
-        return self.entity_emb[h] * self.relation_emb[r]
+        return self.lookup(self.entity_emb, h) * self.lookup(self.relation_emb, r)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
-        return self.relation_emb[r] * self.entity_emb[t]
+        return self.lookup(self.relation_emb, r) * self.lookup(self.entity_emb, t)

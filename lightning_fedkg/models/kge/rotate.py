@@ -49,7 +49,7 @@ class RotatE(DistanceModel):
 
     def _rotate(self, e: Tensor, r: Tensor, inverse: bool = False) -> Tensor:
         """``e * exp(+-i theta_r)`` for ``e`` ``[B, 2d]``; the inverse rotates by ``-theta``."""
-        theta = self.relation_emb[r] * (math.pi / self.embedding_range)
+        theta = self.lookup(self.relation_emb, r) * (math.pi / self.embedding_range)
         cos, sin = torch.cos(theta), torch.sin(theta)
         if inverse:
             sin = -sin
@@ -62,11 +62,12 @@ class RotatE(DistanceModel):
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
-        return self.gamma - self._distance(self._rotate(self.entity_emb[h], r), self.entity_emb[t])
+        return self.gamma - self._distance(self._rotate(self.lookup(self.entity_emb, h), r),
+                                           self.lookup(self.entity_emb, t))
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
-        return self._rotate(self.entity_emb[h], r)
+        return self._rotate(self.lookup(self.entity_emb, h), r)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
         # |h e^{i theta} - t| = |h - t e^{-i theta}| since |e^{i theta}| = 1
-        return self._rotate(self.entity_emb[t], r, inverse=True)
+        return self._rotate(self.lookup(self.entity_emb, t), r, inverse=True)

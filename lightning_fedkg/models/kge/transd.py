@@ -45,24 +45,25 @@ class TransD(TranslationalModel):
         return resized + (e * e_p).sum(-1, keepdim=True) * r_p
 
     def _project_ids(self, e: Tensor, r: Tensor) -> Tensor:
-        return self._project(self.entity_emb[e], self.entity_proj[e], self.relation_proj[r])
+        return self._project(self.lookup(self.entity_emb, e), self.lookup(self.entity_proj, e),
+                             self.lookup(self.relation_proj, r))
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
-        diff = self._project_ids(h, r) + self.relation_emb[r] - self._project_ids(t, r)
+        diff = self._project_ids(h, r) + self.lookup(self.relation_emb, r) - self._project_ids(t, r)
         return self.gamma - torch.linalg.vector_norm(diff, ord=self.p_norm, dim=-1)
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
-        return self._project_ids(h, r) + self.relation_emb[r]
+        return self._project_ids(h, r) + self.lookup(self.relation_emb, r)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
-        return self._project_ids(t, r) - self.relation_emb[r]
+        return self._project_ids(t, r) - self.lookup(self.relation_emb, r)
 
     def _candidates(self, ids: Tensor, r: Tensor) -> Tensor:
-        e, e_p = self.entity_emb[ids], self.entity_proj[ids]
+        e, e_p = self.lookup(self.entity_emb, ids), self.lookup(self.entity_proj, ids)
         if e.dim() == 2:
             e, e_p = e.unsqueeze(0), e_p.unsqueeze(0)
-        return self._project(e, e_p, self.relation_proj[r].unsqueeze(1))
+        return self._project(e, e_p, self.lookup(self.relation_proj, r).unsqueeze(1))
 
     def regularization_loss(self, triples: Tensor | None = None) -> Tensor:
         """TransD soft norm constraints over the batch's rows (with projections) or all rows."""

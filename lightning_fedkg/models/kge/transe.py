@@ -24,12 +24,12 @@ class TransE(TranslationalModel):
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
-        diff = self.entity_emb[h] + self.relation_emb[r] - self.entity_emb[t]
+        diff = self.lookup(self.entity_emb, h) + self.lookup(self.relation_emb, r) - self.lookup(self.entity_emb, t)
         return self.gamma - torch.linalg.vector_norm(diff, ord=self.p_norm, dim=-1)
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
-        return self.entity_emb[h] + self.relation_emb[r]
+        return self.lookup(self.entity_emb, h) + self.lookup(self.relation_emb, r)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
         # ||h + r - t|| = ||h - (t - r)||
-        return self.entity_emb[t] - self.relation_emb[r]
+        return self.lookup(self.entity_emb, t) - self.lookup(self.relation_emb, r)

@@ -34,7 +34,7 @@ class TransH(TranslationalModel):
         self.orthogonality_margin = float(orthogonality_margin)
 
     def _normal(self, r: Tensor) -> Tensor:
-        return F.normalize(self.relation_normal[r], p=2.0, dim=-1)
+        return F.normalize(self.lookup(self.relation_normal, r), p=2.0, dim=-1)
 
     @staticmethod
     def _project(e: Tensor, w: Tensor) -> Tensor:
@@ -43,19 +43,19 @@ class TransH(TranslationalModel):
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
         w = self._normal(r)
-        h_perp = self._project(self.entity_emb[h], w)
-        t_perp = self._project(self.entity_emb[t], w)
-        diff = h_perp + self.relation_emb[r] - t_perp
+        h_perp = self._project(self.lookup(self.entity_emb, h), w)
+        t_perp = self._project(self.lookup(self.entity_emb, t), w)
+        diff = h_perp + self.lookup(self.relation_emb, r) - t_perp
         return self.gamma - torch.linalg.vector_norm(diff, ord=self.p_norm, dim=-1)
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
-        return self._project(self.entity_emb[h], self._normal(r)) + self.relation_emb[r]
+        return self._project(self.lookup(self.entity_emb, h), self._normal(r)) + self.lookup(self.relation_emb, r)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
-        return self._project(self.entity_emb[t], self._normal(r)) - self.relation_emb[r]
+        return self._project(self.lookup(self.entity_emb, t), self._normal(r)) - self.lookup(self.relation_emb, r)
 
     def _candidates(self, ids: Tensor, r: Tensor) -> Tensor:
-        e = self.entity_emb[ids]
+        e = self.lookup(self.entity_emb, ids)
         if e.dim() == 2:
             e = e.unsqueeze(0)
         return self._project(e, self._normal(r).unsqueeze(1))
@@ -64,7 +64,7 @@ class TransH(TranslationalModel):
         """TransH soft constraints (scale and orthogonality) over the batch's rows or all rows."""
         ent, _ = self._regularized_rows(triples)
         rel = slice(None) if triples is None else triples[:, 1]
-        d = self.relation_emb[rel]
-        w = F.normalize(self.relation_normal[rel], p=2.0, dim=-1)
+        d = self.lookup(self.relation_emb, rel)
+        w = F.normalize(self.lookup(self.relation_normal, rel), p=2.0, dim=-1)
         cos2 = (w * d).sum(-1).pow(2) / d.pow(2).sum(-1).clamp_min(1e-12)
         return soft_unit_norm(ent) + F.relu(cos2 - self.orthogonality_margin**2).sum()

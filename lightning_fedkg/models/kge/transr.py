@@ -49,7 +49,7 @@ class TransR(TranslationalModel):
         return super().init_spec(name)
 
     def _matrix(self, r: Tensor) -> Tensor:
-        return self.relation_matrix[r].view(-1, self.relation_dim, self.dim)
+        return self.lookup(self.relation_matrix, r).view(-1, self.relation_dim, self.dim)
 
     def _project(self, e: Tensor, r: Tensor) -> Tensor:
         """``M_r e`` for ``e`` ``[B, d]`` -> ``[B, d_r]``."""
@@ -57,18 +57,18 @@ class TransR(TranslationalModel):
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         h, r, t = head_index, rel_type, tail_index
-        diff = (self._project(self.entity_emb[h], r) + self.relation_emb[r]
-                - self._project(self.entity_emb[t], r))
+        diff = (self._project(self.lookup(self.entity_emb, h), r) + self.lookup(self.relation_emb, r)
+                - self._project(self.lookup(self.entity_emb, t), r))
         return self.gamma - torch.linalg.vector_norm(diff, ord=self.p_norm, dim=-1)
 
     def _tail_query(self, h: Tensor, r: Tensor) -> Tensor:
-        return self._project(self.entity_emb[h], r) + self.relation_emb[r]
+        return self._project(self.lookup(self.entity_emb, h), r) + self.lookup(self.relation_emb, r)
 
     def _head_query(self, r: Tensor, t: Tensor) -> Tensor:
-        return self._project(self.entity_emb[t], r) - self.relation_emb[r]
+        return self._project(self.lookup(self.entity_emb, t), r) - self.lookup(self.relation_emb, r)
 
     def _candidates(self, ids: Tensor, r: Tensor) -> Tensor:
-        e = self.entity_emb[ids]
+        e = self.lookup(self.entity_emb, ids)
         pattern = "bij,cj->bci" if e.dim() == 2 else "bij,bcj->bci"
         return torch.einsum(pattern, self._matrix(r), e)
 
@@ -78,6 +78,6 @@ class TransR(TranslationalModel):
         loss = soft_unit_norm(ent) + soft_unit_norm(rel)
         if triples is not None:
             r = triples[:, 1]
-            loss = loss + soft_unit_norm(self._project(self.entity_emb[triples[:, 0]], r))
-            loss = loss + soft_unit_norm(self._project(self.entity_emb[triples[:, 2]], r))
+            loss = loss + soft_unit_norm(self._project(self.lookup(self.entity_emb, triples[:, 0]), r))
+            loss = loss + soft_unit_norm(self._project(self.lookup(self.entity_emb, triples[:, 2]), r))
         return loss
