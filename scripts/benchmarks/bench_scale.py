@@ -13,7 +13,9 @@ measured; ``--repeat`` runs of each, whose medians the table shows. It reports:
 
 * ``s_per_batch``: the median, over every batch of round 2 (clients x E x ``--batches``), of
   the time from one batch's end to the next one's (loader, step and Lightning's per-batch
-  work), and ``step_s``, the median of the step alone (batch start to end);
+  work), and ``step_s``, the median of the step alone (batch start to end); both wall clock.
+  ``cpu_s_per_batch`` is the first in the process's CPU seconds: on a shared machine other
+  jobs' time is in the wall-clock figure (docs/results/scale.md measured how much);
 * ``round_s_extrapolated``: per client, its fits' fixed costs (the measured fit time less
   its batches) plus the median batch time x the batches of a full round (E x batches per
   epoch), summed over the clients, plus the round's time outside the fits (transport,
@@ -96,23 +98,37 @@ def measure(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
     from lightning_fedkg.runtime import seed_process
 
     class BatchClock(L.Callback):
-        """Per batch: the step alone (start to end) and the cycle (previous end to this end)."""
+        """Per batch: the step alone (start to end) and the cycle (previous end to this end),
+        in wall seconds and in the process's CPU seconds (``*_cpu``: what other jobs on a
+        shared machine do not inflate)."""
 
         def __init__(self) -> None:
             self.steps: list[float] = []
             self.cycles: list[float] = []
-            self._start = self._last = 0.0
+            self.steps_cpu: list[float] = []
+            self.cycles_cpu: list[float] = []
+            self._start = self._last = (0.0, 0.0)
+
+        @staticmethod
+        def now() -> tuple[float, float]:
+            return time.perf_counter(), time.process_time()
+
+        def clear(self) -> None:
+            for values in (self.steps, self.cycles, self.steps_cpu, self.cycles_cpu):
+                values.clear()
 
         def on_train_epoch_start(self, trainer, module) -> None:
-            self._last = time.perf_counter()
+            self._last = self.now()
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-            self._start = time.perf_counter()
+            self._start = self.now()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-            now = time.perf_counter()
-            self.steps.append(now - self._start)
-            self.cycles.append(now - self._last)
+            now = self.now()
+            self.steps.append(now[0] - self._start[0])
+            self.cycles.append(now[0] - self._last[0])
+            self.steps_cpu.append(now[1] - self._start[1])
+            self.cycles_cpu.append(now[1] - self._last[1])
             self._last = now
 
     torch.set_num_threads(args.threads)
@@ -146,8 +162,7 @@ def measure(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
         rounds = []
         for r in (1, 2):  # round 1 warms up (first fits, indexes); round 2 is measured
             for clock in clocks.values():
-                clock.steps.clear()
-                clock.cycles.clear()
+                clock.clear()
             fit_s.update({name: 0.0 for name in clocks})
             start = time.perf_counter()
             run.train_round(r)
@@ -168,10 +183,13 @@ def measure(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
         outside = rounds[1]["train_s"] - sum(fit_s.values())
         cycles = [c for clock in clocks.values() for c in clock.cycles]
         steps = [s for clock in clocks.values() for s in clock.steps]
+        cycles_cpu = [c for clock in clocks.values() for c in clock.cycles_cpu]
+        steps_cpu = [c for clock in clocks.values() for c in clock.steps_cpu]
         result = {
             "data": data, "optimizer": optimizer, "entities": run.fkg.num_entities if hasattr(run, "fkg") else None,
             "clients": clients, "build_s": build_s, "align_s": align_s,
             "s_per_batch": statistics.median(cycles), "step_s": statistics.median(steps),
+            "cpu_s_per_batch": statistics.median(cycles_cpu), "step_cpu_s": statistics.median(steps_cpu),
             "batches_measured": len(cycles), "bounded_round_s": rounds[1]["train_s"],
             "warmup_round_s": rounds[0]["train_s"],
             "outside_fit_s": outside, "extrapolated": True,
@@ -226,7 +244,8 @@ def synthetic_folder(args: argparse.Namespace, entities: int) -> tuple[Path, flo
 
 
 #: The figures of a row that are medians over its repeats.
-MEDIANS = ("s_per_batch", "step_s", "round_s_extrapolated", "build_s", "align_s", "peak_rss_mib", "bytes_per_round")
+MEDIANS = ("s_per_batch", "step_s", "cpu_s_per_batch", "step_cpu_s", "round_s_extrapolated", "build_s", "align_s",
+           "peak_rss_mib", "bytes_per_round")
 
 
 def run_repeats(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool) -> dict:
@@ -235,7 +254,7 @@ def run_repeats(args: argparse.Namespace, data: str, optimizer: str, evaluate: b
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return runs[0]
-    row = {key: statistics.median(r[key] for r in ok) for key in MEDIANS}
+    row = {key: statistics.median(r[key] for r in ok) for key in MEDIANS if all(key in r for r in ok)}
     row.update(optimizer=optimizer, data=data, repeats=runs, extrapolated=True)
     row["loadavg"] = [r["loadavg"] for r in ok]
     if "evaluation" in ok[0]:
@@ -268,7 +287,8 @@ def run_one(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
 def report(row: dict) -> str:
     if "error" in row:
         return f"{row['label']:>10} {row['optimizer']:>11}  failed: {row['error']}"
-    line = (f"{row['label']:>10} {row['optimizer']:>11} {row['s_per_batch']:9.4f} {row['step_s']:9.4f} "
+    cpu = f" (CPU {row['cpu_s_per_batch']:.4f})" if "cpu_s_per_batch" in row else ""
+    line = (f"{row['label']:>10} {row['optimizer']:>11} {row['s_per_batch']:9.4f}{cpu} {row['step_s']:9.4f} "
             f"{row['round_s_extrapolated']:10.1f}* {row['build_s']:8.1f} {row['peak_rss_mib']:9,.0f} "
             f"{row['bytes_per_round'] / 2**20:9.1f}  load {'/'.join(f'{a:.1f}-{b:.1f}' for a, b in row['loadavg'])}")
     ev = row.get("evaluation")
