@@ -181,10 +181,11 @@ def pointer(spec: str) -> str:
     """A number of any results JSON: ``PATH#/a/b/0:FORMAT`` (a JSON pointer into the file at
     ``PATH``, relative to the repository, and a format spec: ``.1f``, ``,d``, or ``m`` for a
     metric written ``.7410``); ``A / B`` with two such references renders their ratio
-    (``.1f`` unless the last one gives a format)."""
+    (``.1f`` unless the last one gives a format); ``B`` may be a plain number instead, to
+    change the unit (``... / 1048576:.0f``: bytes as MiB)."""
     if " / " in spec:
         a, b = spec.split(" / ")
-        fmt = b.rsplit(":", 1)[1] if ":" in b.rsplit("#", 1)[1] else ".1f"
+        fmt = b.rsplit(":", 1)[1] if ":" in b.rsplit("#", 1)[-1] else ".1f"
         return format(_value(a) / _value(b), fmt)
     fmt = spec.rsplit(":", 1)[1] if ":" in spec.rsplit("#", 1)[1] else "g"
     value = _value(spec)
@@ -192,6 +193,8 @@ def pointer(spec: str) -> str:
 
 
 def _value(spec: str) -> float:
+    if "#" not in spec:  # a plain number: the divisor of a unit change
+        return float(spec.rsplit(":", 1)[0])
     path, _, ptr = spec.partition("#")
     ptr = ptr.rsplit(":", 1)[0] if ":" in ptr else ptr
     node = json.loads((REPO / path).read_text())
