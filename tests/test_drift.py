@@ -75,5 +75,8 @@ def test_a_page_number_renders_from_a_json_pointer(tmp_path, monkeypatch):
     assert reproduce.render_block("json:r.json#/a/s:.1f") == "419.1"
     assert reproduce.render_block("json:r.json#/m:m") == ".7412"
     assert reproduce.render_block("json:r.json#/a/s / r.json#/a/t/0:.1f") == "6.2"
+    # a plain number as the divisor changes the unit (seconds as milliseconds, bytes as MiB)
+    assert reproduce.render_block("json:r.json#/a/t/0 / 0.001:,.0f") == "67,900"
+    assert reproduce.render_block("json:r.json#/a/s / 2") == "209.6"
     text = "x <!-- reproduce:json:r.json#/a/t/0:.1f -->?<!-- /reproduce:json:r.json#/a/t/0:.1f --> y"
     assert reproduce.render_text(text) == "x <!-- reproduce:json:r.json#/a/t/0:.1f -->67.9<!-- /reproduce:json:r.json#/a/t/0:.1f --> y"
