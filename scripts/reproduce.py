@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 from lightning_fedkg import measure
 
@@ -177,32 +178,97 @@ def table(data: dict) -> str:
     return "\n".join(rows)
 
 
-def pointer(spec: str) -> str:
+#: Reductions a pointer may apply to the numbers a ``*`` gathers (over the innermost list).
+REDUCERS = {
+    "mean": statistics.mean, "min": min, "max": max, "sum": sum, "count": len,
+    "positive": lambda xs: sum(1 for x in xs if x > 0),  # how many are above 0 ("5/5 seeds gain")
+}
+_OPERATOR = re.compile(r" ([/-]) ")
+
+
+def pointer(spec: str, sources: dict[str, str] | None = None) -> str:
     """A number of any results JSON: ``PATH#/a/b/0:FORMAT`` (a JSON pointer into the file at
-    ``PATH``, relative to the repository, and a format spec: ``.1f``, ``,d``, or ``m`` for a
-    metric written ``.7410``); ``A / B`` with two such references renders their ratio
-    (``.1f`` unless the last one gives a format)."""
-    if " / " in spec:
-        a, b = spec.split(" / ")
-        fmt = b.rsplit(":", 1)[1] if ":" in b.rsplit("#", 1)[1] else ".1f"
-        return format(_value(a) / _value(b), fmt)
-    fmt = spec.rsplit(":", 1)[1] if ":" in spec.rsplit("#", 1)[1] else "g"
-    value = _value(spec)
-    return _f(value) if fmt == "m" else format(value, fmt)
+    ``PATH``, relative to the repository; segments percent-encoded where a key holds a space,
+    ``-`` or ``:``). A ``*`` segment gathers every item (of a list or a dict's values);
+    ``mean(...)`` (or ``min``, ``max``, ``sum``, ``count``, ``positive``: how many > 0)
+    reduces the innermost gathered list. ``A / B`` and ``A - B`` (spaces around) combine two
+    such terms, or a term and a number typed from a source that has no JSON, element by
+    element. ``PATH`` may be a name the page defines once, ``<!-- reproduce-source: NAME =
+    PATH -->``, so that a block stays short (``sources``). The format spec follows the last ``:``: a Python spec (``.1f``, ``,d``, ``.1%``),
+    ``m`` / ``m3`` for a metric written ``.7410`` / ``.741``, ``+m`` / ``+m3`` the same signed
+    (``+.061``, ``−.017``); default ``.1f`` for a ratio, ``g`` otherwise. A gathered list
+    renders space-separated."""
+    body, fmt = spec, None
+    if ":" in spec.rsplit("#", 1)[-1]:
+        body, fmt = spec.rsplit(":", 1)
+    parts = _OPERATOR.split(body)
+    value = _term(parts[0], sources or {})
+    for op, term in zip(parts[1::2], parts[2::2]):
+        value = _combine(value, _term(term, sources or {}), (lambda a, b: a / b) if op == "/" else (lambda a, b: a - b))
+    if fmt is None:
+        fmt = ".1f" if " / " in body else "g"
+    return _format(value, fmt)
 
 
-def _value(spec: str) -> float:
+def _term(text: str, sources: dict[str, str]):
+    text = text.strip()
+    reducer = re.fullmatch(r"(\w+)\((.*)\)", text)
+    if reducer:
+        name, inner = reducer.groups()
+        if name not in REDUCERS:
+            raise ValueError(f"unknown reduction {name!r} (known: {', '.join(REDUCERS)})")
+        return _reduce(REDUCERS[name], _value(inner, sources))
+    if "#" not in text:
+        return float(text)  # a number typed beside its source (a page's figure with no JSON)
+    return _value(text, sources)
+
+
+def _reduce(fn, value):
+    if not isinstance(value, list):
+        raise ValueError("a reduction needs a '*' in its pointer")
+    return fn(value) if not any(isinstance(v, list) for v in value) else [_reduce(fn, v) for v in value]
+
+
+def _combine(a, b, op):
+    if isinstance(a, list) or isinstance(b, list):
+        if isinstance(a, list) and isinstance(b, list) and len(a) != len(b):
+            raise ValueError(f"lists of {len(a)} and {len(b)} numbers")
+        a_items = a if isinstance(a, list) else [a] * len(b)
+        b_items = b if isinstance(b, list) else [b] * len(a)
+        return [_combine(x, y, op) for x, y in zip(a_items, b_items)]
+    return op(a, b)
+
+
+def _format(value, fmt: str) -> str:
+    if isinstance(value, list):
+        return " ".join(_format(v, fmt) for v in value)
+    metric = re.fullmatch(r"(\+?)m(\d?)", fmt)
+    if metric:
+        sign, digits = metric.group(1), int(metric.group(2) or 4)
+        text = _f(abs(value), digits)
+        return (("+" if value >= 0 else "\u2212") if sign else ("-" if value < 0 else "")) + text
+    return format(value, fmt)
+
+
+def _value(spec: str, sources: dict[str, str]):
+    """The number (or, under ``*``, the nested list of numbers) at ``PATH#/pointer``."""
     path, _, ptr = spec.partition("#")
-    ptr = ptr.rsplit(":", 1)[0] if ":" in ptr else ptr
-    node = json.loads((REPO / path).read_text())
-    for part in [p for p in ptr.split("/") if p]:
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return float(node)
+    path = sources.get(path.strip(), path.strip())
+    return _walk(json.loads((REPO / path).read_text()), [unquote(p) for p in ptr.split("/") if p])
 
 
-def render_block(name: str) -> str:
+def _walk(node, parts: list[str]):
+    if not parts:  # a list of numbers is gathered as a '*' would
+        return [_walk(item, []) for item in node] if isinstance(node, list) else float(node)
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        return [_walk(item, rest) for item in (node if isinstance(node, list) else node.values())]
+    return _walk(node[int(head)] if isinstance(node, list) else node[head], rest)
+
+
+def render_block(name: str, sources: dict[str, str] | None = None) -> str:
     if name.startswith("json:"):
-        return pointer(name[len("json:"):])
+        return pointer(name[len("json:"):], sources)
     tier, _, rest = name.partition(".")
     data = load(tier)
     if rest == "table":
@@ -220,9 +286,13 @@ def render_block(name: str) -> str:
     return FIELDS[what](data["results"][exp]["summary"])
 
 
+SOURCE = re.compile(r"<!-- reproduce-source: *(?P<name>\S+) *= *(?P<path>\S+) *-->")
+
+
 def render_text(text: str) -> str:
-    return BLOCK.sub(lambda m: f"<!-- reproduce:{m['name']} -->{render_block(m['name'])}<!-- /reproduce:{m['name']} -->",
-                     text)
+    sources = {m["name"]: m["path"] for m in SOURCE.finditer(text)}
+    return BLOCK.sub(lambda m: f"<!-- reproduce:{m['name']} -->{render_block(m['name'], sources)}"
+                               f"<!-- /reproduce:{m['name']} -->", text)
 
 
 def pages() -> list[Path]:
