@@ -191,7 +191,7 @@ def pointer(spec: str, sources: dict[str, str] | None = None) -> str:
     ``PATH``, relative to the repository; segments percent-encoded where a key holds a space,
     ``-`` or ``:``). A ``*`` segment gathers every item (of a list or a dict's values);
     ``mean(...)`` (or ``min``, ``max``, ``sum``, ``count``, ``positive``: how many > 0)
-    reduces the innermost gathered list. ``A / B`` and ``A - B`` (spaces around) combine two
+    reduces the innermost gathered list (of one pointer, or of several with ``, `` between). ``A / B`` and ``A - B`` (spaces around) combine two
     such terms, or a term and a number typed from a source that has no JSON, element by
     element. ``PATH`` may be a name the page defines once, ``<!-- reproduce-source: NAME =
     PATH -->``, so that a block stays short (``sources``). The format spec follows the last ``:``: a Python spec (``.1f``, ``,d``, ``.1%``),
@@ -217,7 +217,10 @@ def _term(text: str, sources: dict[str, str]):
         name, inner = reducer.groups()
         if name not in REDUCERS:
             raise ValueError(f"unknown reduction {name!r} (known: {', '.join(REDUCERS)})")
-        return _reduce(REDUCERS[name], _value(inner, sources))
+        # several pointers, ", " between them, are gathered into one list (seeds kept in two files)
+        gathered = [_value(part, sources) for part in inner.split(", ")]
+        return _reduce(REDUCERS[name], gathered[0] if len(gathered) == 1 else
+                       [x for g in gathered for x in (g if isinstance(g, list) else [g])])
     if "#" not in text:
         return float(text)  # a number typed beside its source (a page's figure with no JSON)
     return _value(text, sources)
