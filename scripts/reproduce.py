@@ -4,7 +4,7 @@
     python scripts/reproduce.py run --tier quick          # the UMLS quick starts, 5 seeds (~30 min, 2 cores)
     python scripts/reproduce.py render                    # rewrite every marked block from the JSONs
     python scripts/reproduce.py render --check            # exit 1 where a page differs (a test runs this)
-    python scripts/reproduce.py tiers                     # what each tier runs and costs
+    python scripts/reproduce.py tiers                     # what each tier runs and costs (larger tiers too)
 
 ``run`` runs each experiment of a tier as a user does (``fedkg fit -c CONFIG seed=S`` in a
 fresh process, the config's own settings), reads its ``metrics.json`` and keeps what it
@@ -54,6 +54,133 @@ TIERS = {
         },
     },
 }
+
+#: The larger tiers: the benchmarks behind the other published figures, hours on 2 cores, so
+#: ``run`` does not start them: ``tiers`` lists each one's commands (run them as written), the
+#: JSONs they rewrite (then ``render``), the configs they read (a test parses each) and the
+#: cost, summed from the wall seconds the JSONs they rewrite recorded (``cost``: pointers,
+#: everything they gather added up; ``None`` where a JSON kept no time).
+BENCH = "python scripts/benchmarks/"
+LARGER_TIERS = {
+    "fb15k237": {
+        "about": "FedE on FB15k-237-Fed3 (FedE's hyperparameters), one round, twice: "
+                 "docs/results/fede.md's first table and README's FedE ratio (the official code's side needs its checkout)",
+        "configs": ["configs/fede/fb15k237_fed3_fede.yaml"],
+        "commands": [f"{BENCH}bench_fede.py --rounds 1 --threads 2 --json-out docs/results/fede/fb15k237_fed3_round_{i}.json"
+                     for i in (1, 2)],
+        "writes": ["docs/results/fede/fb15k237_fed3_round_1.json", "docs/results/fede/fb15k237_fed3_round_2.json"],
+        "cost": [f"docs/results/fede/fb15k237_fed3_round_{i}.json#/rounds/*/{k}" for i in (1, 2)
+                 for k in ("train_s", "eval_s")],
+    },
+    "fkge": {
+        "about": "FKGE's UMLS quick start beside its random-translation and mode: none controls, "
+                 "5 seeds: README's FKGE headline, docs/results/fkge.md's first table",
+        "configs": ["configs/fkge/umls_fkge.yaml", "configs/fkge/umls_fkge_random.yaml"],
+        "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/umls_fkge.yaml --seeds 0,1,2,3,4 "
+                     "--variants fkge,random_fkge,control_fkge --runs-dir runs/bench_fkge_umls_random "
+                     "--json-out docs/results/fkge/bench_fkge_umls_random.json"],
+        "writes": ["docs/results/fkge/bench_fkge_umls_random.json"],
+        "cost": ["docs/results/fkge/bench_fkge_umls_random.json#/runs/*/*/wall_seconds"],
+    },
+    "fkge_fb15k237": {
+        "about": "FKGE on FB15k-237 (reduced: 1 handshake per KG, 5 update epochs), supervised release "
+                 "beside its controls, seeds 0-1, after the pre-training of bench_fkge_fb15k237_controls",
+        "configs": ["configs/fkge/fb15k237_fkge.yaml"],
+        "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrained-from "
+                     "runs/bench_fkge_fb15k237_controls/pretrain --reuse --seeds 0,1 "
+                     "--variants sup4_average,random_sup4_average,control_sup4_average "
+                     "--json-out docs/results/fkge/bench_fkge_fb15k237_controls_u5.json "
+                     "federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"],
+        "writes": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5.json"],
+        "cost": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5.json#/runs/*/*/wall_seconds"],
+    },
+    "fedlu_r3": {
+        "about": "FedLU on UMLS-R3, 26 rounds, seeds 0-4, defaults and parity, beside the official code "
+                 "(3 runs, needs its checkout: docs/results/fedlu.md): README's FedLU headline",
+        "configs": [],  # bench_fedlu.py builds FedLU's config from --data and overrides
+        "commands": [f"python scripts/tools/make_fedlu_split.py --kg umls --clients 3 --seed 12345 --out data/umls-R3"] + [
+            f"{BENCH}bench_fedlu.py --data data/umls-R3 --rounds 26 --threads 1 --strategies fedlu --json-out "
+            f"docs/results/fedlu/umls_r3/ours{tag}_s{seed}.json trainer.accelerator=cpu train.lr=0.001 "
+            f"federated.best=client{extra} seed={seed}"
+            for tag, extra in (("", ""), ("_parity", " train.fixed_negatives=true train.negative_mode=per_triple "
+                                            "train.subsampling=true federated.fedlu.avatar_eval=before_aggregation"))
+            for seed in range(5)] + [
+            f"python scripts/reference/compare_fedlu.py --ours docs/results/fedlu/umls_r3/ours{tag}_s?.json "
+            f"--official docs/results/fedlu/umls_r3/official_h*.json --json-out docs/results/fedlu/umls_r3/compare_{name}.json"
+            for tag, name in (("", "ours"), ("_parity", "parity"))],
+        "writes": ["docs/results/fedlu/umls_r3/compare_ours.json", "docs/results/fedlu/umls_r3/compare_parity.json"],
+        "cost": [f"docs/results/fedlu/umls_r3/ours{tag}_s{seed}.json#/results/*/rounds/*/seconds"
+                 for tag in ("", "_parity") for seed in range(5)],
+    },
+    "unlearn": {
+        "about": "FedLU unlearning of 5% of UMLS from converged sources beside an equal-budget retrain, "
+                 "seeds 0-4: README's unlearning figures, docs/results/fedlu.md",
+        "configs": ["configs/fedlu/umls_unlearn.yaml"],
+        "commands": [f"{BENCH}bench_unlearn_seeds.py -c configs/fedlu/umls_unlearn.yaml --seeds 0 1 2 3 4 "
+                     "--sources runs/unl/sources --out runs/unl/ours --json docs/results/fedlu/unlearn/umls_ours.json "
+                     "trainer.threads=1"],
+        "writes": ["docs/results/fedlu/unlearn/umls_ours.json"],
+        "cost": ["docs/results/fedlu/unlearn/umls_ours.json#/summary/seconds/*/per_seed"],
+    },
+    "privacy": {
+        "about": "the audit's reconstruction attack on UMLS FedE, plain, secure, hidden, DP, seeds 0-4: "
+                 "README's privacy figures, docs/results/privacy.md",
+        "configs": ["configs/fede/umls_fede.yaml"],
+        "commands": [f"{BENCH}bench_privacy.py --seeds 0 1 2 3 4 --threads 1 --out runs/privacy_umls "
+                     "--json-out docs/results/privacy/umls_audit.json"],
+        "writes": ["docs/results/privacy/umls_audit.json"],
+        "cost": None,
+        "cost_note": "its JSON keeps no wall time: 10 variants x 5 seeds of a ~30 s UMLS run, each with its audit",
+    },
+    "flower": {
+        "about": "a FedE round of FB15k-237-Fed3 in process, simulated and deployed under Flower: "
+                 "README's Flower overhead, docs/results/flower.md",
+        "configs": ["configs/fede/fb15k237_fed3_fede.yaml"],
+        "commands": [f"{BENCH}bench_flower.py -c configs/fede/fb15k237_fed3_fede.yaml --rounds 1 --modes {mode}"
+                     for mode in ("local", "simulation", "deployment")] + [
+            f"{BENCH}bench_flower.py -c configs/fede/fb15k237_fed3_fede.yaml --rounds 1 --modes deployment "
+            "--work runs/bench_flower_control federated.flower.client_workers=false"],
+        "writes": ["docs/results/flower/fb15k237_fed3_overhead.json"],
+        "cost": ["docs/results/flower/fb15k237_fed3_overhead.json#/results/*/wall_seconds"],
+    },
+    "fedcqa_fb15k237": {
+        "about": "FedCQA and Local on FB15k-237 in 3 and 5 clients, 4,000 steps per client, width 32, "
+                 "seeds 0-2, retested on the paper's test-set sizes: README's FedCQA figures, docs/results/fedcqa.md",
+        "configs": [f"configs/fedcqa/fb15k237_fed{n}_{v}_gqe.yaml" for n in (3, 5) for v in ("local", "fedcqa")],
+        "commands": ['C="task.cache_dir=runs/qcache task.loss=softmax model.dim=32 train.lr=0.0125 '
+                     'federated.eval_every=5 federated.patience=100 train.reset_optimizer=false"; '
+                     'VARIANTS="local fedcqa" SEEDS="0 1 2" JSON=docs/results/fedcqa/'
+                     'fb15k237_fed3_softmax_dim32_4000steps_persistent_adamw.json EXTRA="$C" '
+                     'scripts/benchmarks/fedcqa_fb15k237_order.sh 80 50 runs/fedcqa_fb_sm32_4000_persist',
+                     f"{BENCH}bench_fedcqa.py retest --variants fb15k237_fed3_local_gqe fb15k237_fed3_fedcqa_gqe "
+                     "--seeds 0 1 2 --out runs/fedcqa_fb_sm32_4000_persist --tag paper_sizes --json-out "
+                     "docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_paper_test_sizes.json "
+                     "task.eval_per_type=5000 task.cross_per_type=5000",
+                     "# 5 clients likewise (CLIENTS=5): docs/results/fedcqa.md lists each JSON"],
+        "writes": ["docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_paper_test_sizes.json",
+                   "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seed0_again_paper_test_sizes.json",
+                   "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seeds1-2_paper_test_sizes.json"],
+        "cost": ["docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_persistent_adamw.json#/variants/*/per_seed/*/seconds",
+                 "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seed0.json#/variants/*/per_seed/*/seconds",
+                 "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seeds1-2.json#/variants/*/per_seed/*/seconds"],
+    },
+}
+
+
+def tier_cost_s(tier: dict) -> float | None:
+    """What a larger tier took when its JSONs were written: every wall second they recorded."""
+    if tier.get("cost") is None:
+        return None
+
+    def total(value):
+        return sum(total(v) for v in value) if isinstance(value, list) else value
+
+    return sum(total(_value(spec, {})) for spec in tier["cost"])
+
+
+def _duration(seconds: float) -> str:
+    return f"~{seconds / 3600:.1f} h" if seconds >= 5400 else f"~{seconds / 60:.0f} min"
+
 
 #: What an inline block of one experiment renders: ``<tier>.<experiment>.<what>``.
 FIELDS = {
@@ -339,7 +466,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "tiers":
         for name, tier in TIERS.items():
-            print(f"{name}: {tier['about']}; {', '.join(tier['experiments'])}")
+            print(f"{name} (run --tier {name}): {tier['about']}; {', '.join(tier['experiments'])}")
+        for name, tier in LARGER_TIERS.items():
+            cost = tier_cost_s(tier)
+            cost = (f"{_duration(cost)} on 2 cores, from its JSONs' wall times" if cost is not None
+                    else tier["cost_note"])
+            print(f"\n{name} ({cost}; run by hand): {tier['about']}")
+            for command in tier["commands"]:
+                print(f"    {command}")
+            print(f"  writes: {', '.join(tier['writes'])}; then python scripts/reproduce.py render")
         return 0
     if args.command == "render":
         return render(args.check)

@@ -99,3 +99,22 @@ def test_a_pointer_gathers_reduces_and_combines(tmp_path, monkeypatch):
     assert reproduce.render_text(text).endswith("-->.6000<!-- /reproduce:json:R#/runs/1/kgs/0/b:m -->")
     with pytest.raises(ValueError, match="needs a"):
         reproduce.pointer("mean(r.json#/runs/0/kgs/0/a)")
+
+
+@pytest.mark.parametrize("name", list(_reproduce().LARGER_TIERS))
+def test_a_larger_tier_names_what_exists(name):
+    """Each larger tier's configs parse, its scripts and the JSONs it rewrites exist, and its
+    cost adds up from those JSONs (so ``tiers`` lists what a user can run as written)."""
+    from lightning_fedkg.config import load_config
+
+    reproduce = _reproduce()
+    tier = reproduce.LARGER_TIERS[name]
+    for config in tier["configs"]:
+        load_config(REPO / config)
+    scripts = {word for command in tier["commands"] for word in command.split()
+               if word.startswith("scripts/") and word.endswith((".py", ".sh"))}
+    assert scripts, f"{name}: no script in its commands"
+    missing = [path for path in [*scripts, *tier["writes"]] if not (REPO / path).is_file()]
+    assert not missing, f"{name}: {missing} missing"
+    cost = reproduce.tier_cost_s(tier)
+    assert (cost is None and tier["cost_note"]) or cost > 60, (name, cost)
