@@ -41,7 +41,7 @@ log = logging.getLogger("lightning_fedkg")
 
 #: Run-level keys of a federated ``metrics.json`` shown above its table, when present.
 SUMMARY_KEYS = ("strategy", "rounds", "best_round", "bytes_sent")
-#: One folder per bundled dataset (``lightning_fedkg.data.kg.BUNDLED_ROOT``, whose module
+#: One folder per bundled dataset (``lightning_fedkg.data.kg_io.BUNDLED_ROOT``, whose module
 #: imports torch, so the folder is found from here instead).
 BUNDLED_ROOT = Path(__file__).resolve().parent / "data" / "bundled"
 
@@ -61,7 +61,7 @@ def check_data_name(cfg: ExperimentConfig) -> None:
     bundled = bundled_datasets()
     if name.lower() in bundled:
         # The bundled files are named triples: another data.format cannot be honoured (the
-        # loader refuses it too; lightning_fedkg.data.kg.bundled_format_error, not imported:
+        # loader refuses it too; lightning_fedkg.data.loading.bundled_format_error, not imported:
         # it loads torch).
         if cfg.data.format not in ("auto", "triples"):
             raise ConfigError(f"data.format={cfg.data.format}: the bundled dataset {name!r} is stored as named "
@@ -96,7 +96,7 @@ def check_num_clients(cfg: ExperimentConfig) -> None:
 def relations_up_to(name: str, fmt: str, limit: int) -> int | None:
     """How many relations the KG ``name`` has, counted up to ``limit``; None where that is not
     cheap to read (see :func:`check_num_clients`). Mirrors the loaders' file lookup
-    (``lightning_fedkg.data.kg.load_kg``, not imported: it loads torch)."""
+    (``lightning_fedkg.data.loading.load_kg``, not imported: it loads torch)."""
     folder = BUNDLED_ROOT / name.lower() if name.lower() in bundled_datasets() else Path(name)
     if not folder.is_dir() or (folder / "client_0").is_dir() or (folder / "0").is_dir():
         return None

@@ -84,7 +84,7 @@ def _split_data(source: Any) -> dict[str, Data]:
     missing = [s for s in SPLITS if s not in out]
     if missing:
         raise KGFormatError(f"a PyG KG needs the splits train, val and test; missing {missing}")
-    return out
+    return {s: out[s] for s in (*SPLITS, *(s for s in out if s not in SPLITS))}  # train, valid, test first
 
 
 def kg_from_pyg(source: Any, name: str = "pyg", num_relations: int | None = None,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_differences, resume_fingerprint
-from lightning_fedkg.data.federated import write_named_splits
+from lightning_fedkg.data.federated_io import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
