@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .federated import FederatedKG, _select, present_ids
 from .kg import SPLITS, KGFormatError, clean_splits, training_triples
-from .kg_io import _to_ids, read_named_triples
+from .kg_io import _to_ids, read_named_triples, write_named_client
 from .loading import load_kg
 from .partition import PARTITIONERS
 
@@ -154,29 +154,6 @@ def write_fedlu_folder(fed: FederatedKG, path: str | Path,
         splits.update({s: per_client[c] for s, per_client in extra.items()})
         write_named_client(out, ent_all[fed.entity_index[c].numpy()], rel_all[fed.relation_index[c].numpy()], splits)
     return root
-
-
-def write_named_client(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:
-    """One client's ``entities.dict`` and ``relations.dict`` (``local id<TAB>name``) and its
-    named splits (:func:`write_named_splits`)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, table in (("entities.dict", entity_names), ("relations.dict", relation_names)):
-        (folder / name).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(table)), encoding="utf-8")
-    write_named_splits(folder, entity_names, relation_names, splits)
-
-
-def write_named_splits(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:
-    """``<folder>/<split>.txt`` of ``head<TAB>relation<TAB>tail`` names for each id-triple
-    tensor of ``splits``; ``entity_names[i]`` / ``relation_names[i]`` name local id ``i``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    ent = np.asarray(entity_names, dtype=object)
-    rel = np.asarray(relation_names, dtype=object)
-    for s, t in splits.items():
-        t = torch.as_tensor(t).reshape(-1, 3).numpy()
-        lines = [f"{h}\t{r}\t{o}\n" for h, r, o in zip(ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]])]
-        (folder / f"{s}.txt").write_text("".join(lines), encoding="utf-8")
 
 
 def load_federated(name_or_path: str | Path, num_clients: int = 3, seed: int = 12345,

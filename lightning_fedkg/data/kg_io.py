@@ -235,3 +235,26 @@ def names_to_ids(kg: KnowledgeGraph, triples: Sequence[tuple[str, str, str]]) ->
         return torch.zeros(0, 3, dtype=torch.long)
     h, r, t = zip(*triples)
     return _to_ids(list(h), list(r), list(t), kg.entity_to_id, kg.relation_to_id)
+
+
+def write_named_client(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:
+    """One client's ``entities.dict`` and ``relations.dict`` (``local id<TAB>name``) and its
+    named splits (:func:`write_named_splits`)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in (("entities.dict", entity_names), ("relations.dict", relation_names)):
+        (folder / name).write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(table)), encoding="utf-8")
+    write_named_splits(folder, entity_names, relation_names, splits)
+
+
+def write_named_splits(folder: str | Path, entity_names, relation_names, splits: dict[str, Tensor]) -> None:
+    """``<folder>/<split>.txt`` of ``head<TAB>relation<TAB>tail`` names for each id-triple
+    tensor of ``splits``; ``entity_names[i]`` / ``relation_names[i]`` name local id ``i``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    ent = np.asarray(entity_names, dtype=object)
+    rel = np.asarray(relation_names, dtype=object)
+    for s, t in splits.items():
+        t = torch.as_tensor(t).reshape(-1, 3).numpy()
+        lines = [f"{h}\t{r}\t{o}\n" for h, r, o in zip(ent[t[:, 0]], rel[t[:, 1]], ent[t[:, 2]])]
+        (folder / f"{s}.txt").write_text("".join(lines), encoding="utf-8")

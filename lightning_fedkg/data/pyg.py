@@ -31,7 +31,7 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from .kg import SPLITS, KGFormatError, KnowledgeGraph, clean_splits, triple_keys
 from .kg_io import (BUNDLED_ROOT, _dataset_name, _first_appearance_vocab, _to_ids, load_triples_folder,
-                    read_named_triples)
+                    read_named_triples, write_named_client)
 
 PYG_DATASETS: tuple[str, ...] = ("FB15k_237", "WordNet18RR")
 #: PyG's split names (``FB15k_237(root, split=...)``, ``val_mask``) -> ours.
@@ -285,8 +285,6 @@ def save_kg_dataset(source: Any, root: str | Path) -> Path:
     takes) as a :class:`KGDataset` root: ``raw/`` with its named splits and its
     ``entities.dict`` / ``relations.dict``, so the dataset keeps its ids. A KG without names
     is named by its ids. Returns ``root``; ``KGDataset(root, split=...)`` then loads it."""
-    from .federated_io import write_named_client
-
     kg = source if isinstance(source, KnowledgeGraph) else kg_from_pyg(source)
     ents = kg.entity_names or [str(i) for i in range(kg.num_entities)]
     rels = kg.relation_names or [str(i) for i in range(kg.num_relations)]

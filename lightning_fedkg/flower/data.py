@@ -28,7 +28,7 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
 
     Reused when complete (a ``COMPLETE`` marker with the data settings it was written for).
     """
-    from lightning_fedkg.data.federated_io import write_named_client
+    from lightning_fedkg.data.kg_io import write_named_client
     from lightning_fedkg.config import ConfigError
     from lightning_fedkg.federated.party import _item_names, load_federated_kg
     from lightning_fedkg.federated.strategy import client_name
