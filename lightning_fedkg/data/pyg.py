@@ -9,10 +9,9 @@ gives (any other ``<name>_mask`` becomes an extra split). :func:`load_pyg_root` 
 a dataset class on a root, offline (``data.name: pyg:<Class>@<root>``), and :func:`load_pyg`
 reads FB15k-237 / WN18RR files through PyG's own classes.
 
-Out: :func:`kg_to_pyg` (per split ``Data``, or one ``Data`` with masks), and
-:class:`KGDataset`, an ``InMemoryDataset`` in FB15k_237's layout (``KGDataset(root,
-split="train")[0]``), whose subclasses :class:`UMLS`, :class:`Nations` and :class:`Kinship`
-are the bundled KGs; :func:`save_kg_dataset` writes any KG as such a root.
+Out: :func:`kg_to_pyg` (per split ``Data``, or one ``Data`` with masks), and :class:`KGDataset`
+(``InMemoryDataset``, FB15k_237's layout), whose subclasses :class:`UMLS`, :class:`Nations`, :class:`Kinship`
+are the bundled KGs; :func:`save_kg_dataset` writes any KG as such a root. docs/datasets.md.
 """
 
 from __future__ import annotations
