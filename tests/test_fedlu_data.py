@@ -3,7 +3,6 @@ filter, which leaves a client's forgetting set out of validation only, and the s
 hook that applies it; other strategies refuse the setting."""
 
 import pytest
-import torch
 
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.data import KGDataModule, KnowledgeGraph, LoaderSettings

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from lightning_fedkg.config import ConfigError, load_config
+from lightning_fedkg.config import ConfigError
 from lightning_fedkg.data import (UMLS, KGDataset, KGFormatError, KnowledgeGraph, kg_from_pyg, kg_to_pyg, load_kg,
                                   partition_by_relation, save_kg_dataset)
 from lightning_fedkg.data.pyg import load_pyg_root
