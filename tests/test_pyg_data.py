@@ -177,3 +177,24 @@ def test_the_python_blocks_of_the_datasets_page_run(tmp_path, monkeypatch):
     for block in blocks:
         exec(compile(block, "docs/datasets.md", "exec"), {})
     assert (tmp_path / "data" / "pyg" / "my_kg" / "raw" / "entities.dict").is_file()
+
+
+def test_wordnet18rrs_one_graph_with_masks_loads_through_pyg_offline(tmp_path):
+    """PyG's WordNet18RR gives one Data with train/val/test masks and its own relation ids:
+    ``pyg:WordNet18RR@root`` cuts it by the masks, with the same triples as PyG's graph."""
+    from torch_geometric.datasets import WordNet18RR
+
+    raw = tmp_path / "wn" / "raw"
+    raw.mkdir(parents=True)
+    files = {"train": "001 _hypernym 002\n003 _also_see 001\n002 _verb_group 003\n",
+             "valid": "001 _also_see 002\n", "test": "003 _hypernym 002\n"}
+    for s, text in files.items():
+        (raw / f"{s}.txt").write_text(text)
+    kg = load_kg(f"pyg:WordNet18RR@{tmp_path / 'wn'}")
+    graph = WordNet18RR(str(tmp_path / "wn"))[0]  # processed by the load above: no download
+    assert (kg.num_entities, kg.num_relations) == (graph.num_nodes, len(WordNet18RR.edge2id))
+    assert kg.relation_names[WordNet18RR.edge2id["_hypernym"]] == "_hypernym"
+    for s, mask in (("train", graph.train_mask), ("valid", graph.val_mask), ("test", graph.test_mask)):
+        expect = torch.stack([graph.edge_index[0], graph.edge_type, graph.edge_index[1]], 1)[mask]
+        assert torch.equal(kg.triples(s), expect)
+    assert kg.triples("train").shape[0] == 3

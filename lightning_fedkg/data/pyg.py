@@ -340,6 +340,10 @@ def load_pyg_root(dataset: str, root: str | Path) -> KnowledgeGraph:
         source = {s: cls(str(root), split=s) for s in PYG_SPLITS}
     else:
         source = cls(str(root))
+    relations = getattr(cls, "edge2id", None)  # WordNet18RR's fixed relation ids, all 11 of them
+    if isinstance(relations, dict):
+        names = sorted(relations, key=relations.__getitem__)
+        return kg_from_pyg(source, name=_dataset_name(root), num_relations=len(names), relation_names=names)
     return kg_from_pyg(source, name=_dataset_name(root))
 
 
