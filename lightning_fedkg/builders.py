@@ -44,7 +44,8 @@ def datamodule_kwargs(cfg: ExperimentConfig) -> dict:
     loader = LoaderSettings(batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, eval_sides=t.eval_sides,
                             subsampling=t.subsampling, fixed_negatives=t.fixed_negatives,
                             batches_per_step=t.batches_per_step)
-    return dict(sampler=negative_sampler(cfg), loader=loader, valid_filter=t.valid_filter)
+    # train.valid_filter is a strategy's rule (Strategy.prepare_datamodule), not the datamodule's
+    return dict(sampler=negative_sampler(cfg), loader=loader)
 
 
 def build_datamodule(kg: KnowledgeGraph, cfg: ExperimentConfig, seed: int,

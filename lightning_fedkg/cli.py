@@ -41,7 +41,7 @@ log = logging.getLogger("lightning_fedkg")
 
 #: Run-level keys of a federated ``metrics.json`` shown above its table, when present.
 SUMMARY_KEYS = ("strategy", "rounds", "best_round", "bytes_sent")
-#: One folder per bundled dataset (``lightning_fedkg.data.kg.BUNDLED_ROOT``, whose module
+#: One folder per bundled dataset (``lightning_fedkg.data.kg_io.BUNDLED_ROOT``, whose module
 #: imports torch, so the folder is found from here instead).
 BUNDLED_ROOT = Path(__file__).resolve().parent / "data" / "bundled"
 
@@ -52,16 +52,20 @@ def bundled_datasets() -> list[str]:
 
 
 def check_data_name(cfg: ExperimentConfig) -> None:
-    """Raise :class:`ConfigError` unless ``data.name`` is a bundled dataset or an existing path.
+    """Raise :class:`ConfigError` unless ``data.name`` is a bundled dataset, an existing path or a
+    PyG dataset ``pyg:<Class>@<root>`` whose root holds files (:func:`check_pyg_name`).
 
     The loaders accept exactly these (the name case-insensitively); checked before the run
     directory is opened, so that a misspelled path leaves no directory behind.
     """
     name = cfg.data.name
+    if name.startswith("pyg:"):
+        check_pyg_name(name, cfg.data.format)
+        return
     bundled = bundled_datasets()
     if name.lower() in bundled:
         # The bundled files are named triples: another data.format cannot be honoured (the
-        # loader refuses it too; lightning_fedkg.data.kg.bundled_format_error, not imported:
+        # loader refuses it too; lightning_fedkg.data.loading.bundled_format_error, not imported:
         # it loads torch).
         if cfg.data.format not in ("auto", "triples"):
             raise ConfigError(f"data.format={cfg.data.format}: the bundled dataset {name!r} is stored as named "
@@ -73,6 +77,30 @@ def check_data_name(cfg: ExperimentConfig) -> None:
     where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
     raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
                       f"nor an existing path{where}")
+
+
+#: The dataset classes of ``lightning_fedkg.data.pyg`` that fill their own root (the bundled KGs).
+SELF_FILLING_PYG = ("UMLS", "Nations", "Kinship")
+
+
+def check_pyg_name(name: str, fmt: str) -> None:
+    """Raise :class:`ConfigError` unless ``data.name`` ``pyg:<Class>@<root>`` names a root
+    that holds files (``raw/`` or ``processed/``; nothing is downloaded), with
+    ``data.format=auto``. Mirrors ``lightning_fedkg.data.pyg.load_pyg_root``, not imported:
+    it loads torch."""
+    cls, sep, root = name[len("pyg:"):].partition("@")
+    if not cls or not sep or not root:
+        raise ConfigError(f"data.name: {name}: name a PyG dataset as pyg:<Class>@<root>, "
+                          "e.g. pyg:FB15k_237@data/FB15k_237")
+    if fmt != "auto":
+        raise ConfigError(f"data.format={fmt}: data.name {name} names a PyG dataset class; use data.format=auto")
+    if cls in SELF_FILLING_PYG:
+        return
+    held = [p for sub in ("raw", "processed") if (Path(root) / sub).is_dir() for p in (Path(root) / sub).iterdir()]
+    if not held:
+        raise ConfigError(f"data.name: {name}: the root {root} holds nothing (no files in {root}/raw or "
+                          f"{root}/processed); lightning_fedkg never downloads: put the dataset's raw files "
+                          "in <root>/raw (or its processed files in <root>/processed)")
 
 
 def check_num_clients(cfg: ExperimentConfig) -> None:
@@ -96,7 +124,7 @@ def check_num_clients(cfg: ExperimentConfig) -> None:
 def relations_up_to(name: str, fmt: str, limit: int) -> int | None:
     """How many relations the KG ``name`` has, counted up to ``limit``; None where that is not
     cheap to read (see :func:`check_num_clients`). Mirrors the loaders' file lookup
-    (``lightning_fedkg.data.kg.load_kg``, not imported: it loads torch)."""
+    (``lightning_fedkg.data.loading.load_kg``, not imported: it loads torch)."""
     folder = BUNDLED_ROOT / name.lower() if name.lower() in bundled_datasets() else Path(name)
     if not folder.is_dir() or (folder / "client_0").is_dir() or (folder / "0").is_dir():
         return None

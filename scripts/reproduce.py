@@ -4,7 +4,7 @@
     python scripts/reproduce.py run --tier quick          # the UMLS quick starts, 5 seeds (~30 min, 2 cores)
     python scripts/reproduce.py render                    # rewrite every marked block from the JSONs
     python scripts/reproduce.py render --check            # exit 1 where a page differs (a test runs this)
-    python scripts/reproduce.py tiers                     # what each tier runs and costs
+    python scripts/reproduce.py tiers                     # what each tier runs and costs (larger tiers too)
 
 ``run`` runs each experiment of a tier as a user does (``fedkg fit -c CONFIG seed=S`` in a
 fresh process, the config's own settings), reads its ``metrics.json`` and keeps what it
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 from lightning_fedkg import measure
 
@@ -53,6 +54,133 @@ TIERS = {
         },
     },
 }
+
+#: The larger tiers: the benchmarks behind the other published figures, hours on 2 cores, so
+#: ``run`` does not start them: ``tiers`` lists each one's commands (run them as written), the
+#: JSONs they rewrite (then ``render``), the configs they read (a test parses each) and the
+#: cost, summed from the wall seconds the JSONs they rewrite recorded (``cost``: pointers,
+#: everything they gather added up; ``None`` where a JSON kept no time).
+BENCH = "python scripts/benchmarks/"
+LARGER_TIERS = {
+    "fb15k237": {
+        "about": "FedE on FB15k-237-Fed3 (FedE's hyperparameters), one round, twice: "
+                 "docs/results/fede.md's first table and README's FedE ratio (the official code's side needs its checkout)",
+        "configs": ["configs/fede/fb15k237_fed3_fede.yaml"],
+        "commands": [f"{BENCH}bench_fede.py --rounds 1 --threads 2 --json-out docs/results/fede/fb15k237_fed3_round_{i}.json"
+                     for i in (1, 2)],
+        "writes": ["docs/results/fede/fb15k237_fed3_round_1.json", "docs/results/fede/fb15k237_fed3_round_2.json"],
+        "cost": [f"docs/results/fede/fb15k237_fed3_round_{i}.json#/rounds/*/{k}" for i in (1, 2)
+                 for k in ("train_s", "eval_s")],
+    },
+    "fkge": {
+        "about": "FKGE's UMLS quick start beside its random-translation and mode: none controls, "
+                 "5 seeds: README's FKGE headline, docs/results/fkge.md's first table",
+        "configs": ["configs/fkge/umls_fkge.yaml", "configs/fkge/umls_fkge_random.yaml"],
+        "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/umls_fkge.yaml --seeds 0,1,2,3,4 "
+                     "--variants fkge,random_fkge,control_fkge --runs-dir runs/bench_fkge_umls_random "
+                     "--json-out docs/results/fkge/bench_fkge_umls_random.json"],
+        "writes": ["docs/results/fkge/bench_fkge_umls_random.json"],
+        "cost": ["docs/results/fkge/bench_fkge_umls_random.json#/runs/*/*/wall_seconds"],
+    },
+    "fkge_fb15k237": {
+        "about": "FKGE on FB15k-237 (reduced: 1 handshake per KG, 5 update epochs), supervised release "
+                 "beside its controls, seeds 0-1, after the pre-training of bench_fkge_fb15k237_controls",
+        "configs": ["configs/fkge/fb15k237_fkge.yaml"],
+        "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrained-from "
+                     "runs/bench_fkge_fb15k237_controls/pretrain --reuse --seeds 0,1 "
+                     "--variants sup4_average,random_sup4_average,control_sup4_average "
+                     "--json-out docs/results/fkge/bench_fkge_fb15k237_controls_u5.json "
+                     "federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"],
+        "writes": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5.json"],
+        "cost": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5.json#/runs/*/*/wall_seconds"],
+    },
+    "fedlu_r3": {
+        "about": "FedLU on UMLS-R3, 26 rounds, seeds 0-4, defaults and parity, beside the official code "
+                 "(3 runs, needs its checkout: docs/results/fedlu.md): README's FedLU headline",
+        "configs": [],  # bench_fedlu.py builds FedLU's config from --data and overrides
+        "commands": [f"python scripts/tools/make_fedlu_split.py --kg umls --clients 3 --seed 12345 --out data/umls-R3"] + [
+            f"{BENCH}bench_fedlu.py --data data/umls-R3 --rounds 26 --threads 1 --strategies fedlu --json-out "
+            f"docs/results/fedlu/umls_r3/ours{tag}_s{seed}.json trainer.accelerator=cpu train.lr=0.001 "
+            f"federated.best=client{extra} seed={seed}"
+            for tag, extra in (("", ""), ("_parity", " train.fixed_negatives=true train.negative_mode=per_triple "
+                                            "train.subsampling=true federated.fedlu.avatar_eval=before_aggregation"))
+            for seed in range(5)] + [
+            f"python scripts/reference/compare_fedlu.py --ours docs/results/fedlu/umls_r3/ours{tag}_s?.json "
+            f"--official docs/results/fedlu/umls_r3/official_h*.json --json-out docs/results/fedlu/umls_r3/compare_{name}.json"
+            for tag, name in (("", "ours"), ("_parity", "parity"))],
+        "writes": ["docs/results/fedlu/umls_r3/compare_ours.json", "docs/results/fedlu/umls_r3/compare_parity.json"],
+        "cost": [f"docs/results/fedlu/umls_r3/ours{tag}_s{seed}.json#/results/*/rounds/*/seconds"
+                 for tag in ("", "_parity") for seed in range(5)],
+    },
+    "unlearn": {
+        "about": "FedLU unlearning of 5% of UMLS from converged sources beside an equal-budget retrain, "
+                 "seeds 0-4: README's unlearning figures, docs/results/fedlu.md",
+        "configs": ["configs/fedlu/umls_unlearn.yaml"],
+        "commands": [f"{BENCH}bench_unlearn_seeds.py -c configs/fedlu/umls_unlearn.yaml --seeds 0 1 2 3 4 "
+                     "--sources runs/unl/sources --out runs/unl/ours --json docs/results/fedlu/unlearn/umls_ours.json "
+                     "trainer.threads=1"],
+        "writes": ["docs/results/fedlu/unlearn/umls_ours.json"],
+        "cost": ["docs/results/fedlu/unlearn/umls_ours.json#/summary/seconds/*/per_seed"],
+    },
+    "privacy": {
+        "about": "the audit's reconstruction attack on UMLS FedE, plain, secure, hidden, DP, seeds 0-4: "
+                 "README's privacy figures, docs/results/privacy.md",
+        "configs": ["configs/fede/umls_fede.yaml"],
+        "commands": [f"{BENCH}bench_privacy.py --seeds 0 1 2 3 4 --threads 1 --out runs/privacy_umls "
+                     "--json-out docs/results/privacy/umls_audit.json"],
+        "writes": ["docs/results/privacy/umls_audit.json"],
+        "cost": None,
+        "cost_note": "its JSON keeps no wall time: 10 variants x 5 seeds of a ~30 s UMLS run, each with its audit",
+    },
+    "flower": {
+        "about": "a FedE round of FB15k-237-Fed3 in process, simulated and deployed under Flower: "
+                 "README's Flower overhead, docs/results/flower.md",
+        "configs": ["configs/fede/fb15k237_fed3_fede.yaml"],
+        "commands": [f"{BENCH}bench_flower.py -c configs/fede/fb15k237_fed3_fede.yaml --rounds 1 --modes {mode}"
+                     for mode in ("local", "simulation", "deployment")] + [
+            f"{BENCH}bench_flower.py -c configs/fede/fb15k237_fed3_fede.yaml --rounds 1 --modes deployment "
+            "--work runs/bench_flower_control federated.flower.client_workers=false"],
+        "writes": ["docs/results/flower/fb15k237_fed3_overhead.json"],
+        "cost": ["docs/results/flower/fb15k237_fed3_overhead.json#/results/*/wall_seconds"],
+    },
+    "fedcqa_fb15k237": {
+        "about": "FedCQA and Local on FB15k-237 in 3 and 5 clients, 4,000 steps per client, width 32, "
+                 "seeds 0-2, retested on the paper's test-set sizes: README's FedCQA figures, docs/results/fedcqa.md",
+        "configs": [f"configs/fedcqa/fb15k237_fed{n}_{v}_gqe.yaml" for n in (3, 5) for v in ("local", "fedcqa")],
+        "commands": ['C="task.cache_dir=runs/qcache task.loss=softmax model.dim=32 train.lr=0.0125 '
+                     'federated.eval_every=5 federated.patience=100 train.reset_optimizer=false"; '
+                     'VARIANTS="local fedcqa" SEEDS="0 1 2" JSON=docs/results/fedcqa/'
+                     'fb15k237_fed3_softmax_dim32_4000steps_persistent_adamw.json EXTRA="$C" '
+                     'scripts/benchmarks/fedcqa_fb15k237_order.sh 80 50 runs/fedcqa_fb_sm32_4000_persist',
+                     f"{BENCH}bench_fedcqa.py retest --variants fb15k237_fed3_local_gqe fb15k237_fed3_fedcqa_gqe "
+                     "--seeds 0 1 2 --out runs/fedcqa_fb_sm32_4000_persist --tag paper_sizes --json-out "
+                     "docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_paper_test_sizes.json "
+                     "task.eval_per_type=5000 task.cross_per_type=5000",
+                     "# 5 clients likewise (CLIENTS=5): docs/results/fedcqa.md lists each JSON"],
+        "writes": ["docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_paper_test_sizes.json",
+                   "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seed0_again_paper_test_sizes.json",
+                   "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seeds1-2_paper_test_sizes.json"],
+        "cost": ["docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_persistent_adamw.json#/variants/*/per_seed/*/seconds",
+                 "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seed0.json#/variants/*/per_seed/*/seconds",
+                 "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seeds1-2.json#/variants/*/per_seed/*/seconds"],
+    },
+}
+
+
+def tier_cost_s(tier: dict) -> float | None:
+    """What a larger tier took when its JSONs were written: every wall second they recorded."""
+    if tier.get("cost") is None:
+        return None
+
+    def total(value):
+        return sum(total(v) for v in value) if isinstance(value, list) else value
+
+    return sum(total(_value(spec, {})) for spec in tier["cost"])
+
+
+def _duration(seconds: float) -> str:
+    return f"~{seconds / 3600:.1f} h" if seconds >= 5400 else f"~{seconds / 60:.0f} min"
+
 
 #: What an inline block of one experiment renders: ``<tier>.<experiment>.<what>``.
 FIELDS = {
@@ -177,35 +305,100 @@ def table(data: dict) -> str:
     return "\n".join(rows)
 
 
-def pointer(spec: str) -> str:
+#: Reductions a pointer may apply to the numbers a ``*`` gathers (over the innermost list).
+REDUCERS = {
+    "mean": statistics.mean, "min": min, "max": max, "sum": sum, "count": len,
+    "positive": lambda xs: sum(1 for x in xs if x > 0),  # how many are above 0 ("5/5 seeds gain")
+}
+_OPERATOR = re.compile(r" ([/-]) ")
+
+
+def pointer(spec: str, sources: dict[str, str] | None = None) -> str:
     """A number of any results JSON: ``PATH#/a/b/0:FORMAT`` (a JSON pointer into the file at
-    ``PATH``, relative to the repository, and a format spec: ``.1f``, ``,d``, or ``m`` for a
-    metric written ``.7410``); ``A / B`` with two such references renders their ratio
-    (``.1f`` unless the last one gives a format); ``B`` may be a plain number instead, to
-    change the unit (``... / 1048576:.0f``: bytes as MiB)."""
-    if " / " in spec:
-        a, b = spec.split(" / ")
-        fmt = b.rsplit(":", 1)[1] if ":" in b.rsplit("#", 1)[-1] else ".1f"
-        return format(_value(a) / _value(b), fmt)
-    fmt = spec.rsplit(":", 1)[1] if ":" in spec.rsplit("#", 1)[1] else "g"
-    value = _value(spec)
-    return _f(value) if fmt == "m" else format(value, fmt)
+    ``PATH``, relative to the repository; segments percent-encoded where a key holds a space,
+    ``-`` or ``:``). A ``*`` segment gathers every item (of a list or a dict's values);
+    ``mean(...)`` (or ``min``, ``max``, ``sum``, ``count``, ``positive``: how many > 0)
+    reduces the innermost gathered list (of one pointer, or of several with ``, `` between). ``A / B`` and ``A - B`` (spaces around) combine two
+    such terms, or a term and a number typed from a source that has no JSON, element by
+    element. ``PATH`` may be a name the page defines once, ``<!-- reproduce-source: NAME =
+    PATH -->``, so that a block stays short (``sources``). The format spec follows the last ``:``: a Python spec (``.1f``, ``,d``, ``.1%``),
+    ``m`` / ``m3`` for a metric written ``.7410`` / ``.741``, ``+m`` / ``+m3`` the same signed
+    (``+.061``, ``−.017``); default ``.1f`` for a ratio, ``g`` otherwise. A gathered list
+    renders space-separated."""
+    body, fmt = spec, None
+    if ":" in spec.rsplit("#", 1)[-1]:
+        body, fmt = spec.rsplit(":", 1)
+    parts = _OPERATOR.split(body)
+    value = _term(parts[0], sources or {})
+    for op, term in zip(parts[1::2], parts[2::2]):
+        value = _combine(value, _term(term, sources or {}), (lambda a, b: a / b) if op == "/" else (lambda a, b: a - b))
+    if fmt is None:
+        fmt = ".1f" if " / " in body else "g"
+    return _format(value, fmt)
 
 
-def _value(spec: str) -> float:
-    if "#" not in spec:  # a plain number: the divisor of a unit change
-        return float(spec.rsplit(":", 1)[0])
+def _term(text: str, sources: dict[str, str]):
+    text = text.strip()
+    reducer = re.fullmatch(r"(\w+)\((.*)\)", text)
+    if reducer:
+        name, inner = reducer.groups()
+        if name not in REDUCERS:
+            raise ValueError(f"unknown reduction {name!r} (known: {', '.join(REDUCERS)})")
+        # several pointers, ", " between them, are gathered into one list (seeds kept in two files)
+        gathered = [_value(part, sources) for part in inner.split(", ")]
+        return _reduce(REDUCERS[name], gathered[0] if len(gathered) == 1 else
+                       [x for g in gathered for x in (g if isinstance(g, list) else [g])])
+    if "#" not in text:
+        return float(text)  # a number typed beside its source (a page's figure with no JSON)
+    return _value(text, sources)
+
+
+def _reduce(fn, value):
+    if not isinstance(value, list):
+        raise ValueError("a reduction needs a '*' in its pointer")
+    return fn(value) if not any(isinstance(v, list) for v in value) else [_reduce(fn, v) for v in value]
+
+
+def _combine(a, b, op):
+    if isinstance(a, list) or isinstance(b, list):
+        if isinstance(a, list) and isinstance(b, list) and len(a) != len(b):
+            raise ValueError(f"lists of {len(a)} and {len(b)} numbers")
+        a_items = a if isinstance(a, list) else [a] * len(b)
+        b_items = b if isinstance(b, list) else [b] * len(a)
+        return [_combine(x, y, op) for x, y in zip(a_items, b_items)]
+    return op(a, b)
+
+
+def _format(value, fmt: str) -> str:
+    if isinstance(value, list):
+        return " ".join(_format(v, fmt) for v in value)
+    metric = re.fullmatch(r"(\+?)m(\d?)", fmt)
+    if metric:
+        sign, digits = metric.group(1), int(metric.group(2) or 4)
+        text = _f(abs(value), digits)
+        return (("+" if value >= 0 else "\u2212") if sign else ("-" if value < 0 else "")) + text
+    return format(value, fmt)
+
+
+def _value(spec: str, sources: dict[str, str]):
+    """The number (or, under ``*``, the nested list of numbers) at ``PATH#/pointer``."""
     path, _, ptr = spec.partition("#")
-    ptr = ptr.rsplit(":", 1)[0] if ":" in ptr else ptr
-    node = json.loads((REPO / path).read_text())
-    for part in [p for p in ptr.split("/") if p]:
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return float(node)
+    path = sources.get(path.strip(), path.strip())
+    return _walk(json.loads((REPO / path).read_text()), [unquote(p) for p in ptr.split("/") if p])
 
 
-def render_block(name: str) -> str:
+def _walk(node, parts: list[str]):
+    if not parts:  # a list of numbers is gathered as a '*' would
+        return [_walk(item, []) for item in node] if isinstance(node, list) else float(node)
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        return [_walk(item, rest) for item in (node if isinstance(node, list) else node.values())]
+    return _walk(node[int(head)] if isinstance(node, list) else node[head], rest)
+
+
+def render_block(name: str, sources: dict[str, str] | None = None) -> str:
     if name.startswith("json:"):
-        return pointer(name[len("json:"):])
+        return pointer(name[len("json:"):], sources)
     tier, _, rest = name.partition(".")
     data = load(tier)
     if rest == "table":
@@ -223,9 +416,13 @@ def render_block(name: str) -> str:
     return FIELDS[what](data["results"][exp]["summary"])
 
 
+SOURCE = re.compile(r"<!-- reproduce-source: *(?P<name>\S+) *= *(?P<path>\S+) *-->")
+
+
 def render_text(text: str) -> str:
-    return BLOCK.sub(lambda m: f"<!-- reproduce:{m['name']} -->{render_block(m['name'])}<!-- /reproduce:{m['name']} -->",
-                     text)
+    sources = {m["name"]: m["path"] for m in SOURCE.finditer(text)}
+    return BLOCK.sub(lambda m: f"<!-- reproduce:{m['name']} -->{render_block(m['name'], sources)}"
+                               f"<!-- /reproduce:{m['name']} -->", text)
 
 
 def pages() -> list[Path]:
@@ -269,7 +466,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "tiers":
         for name, tier in TIERS.items():
-            print(f"{name}: {tier['about']}; {', '.join(tier['experiments'])}")
+            print(f"{name} (run --tier {name}): {tier['about']}; {', '.join(tier['experiments'])}")
+        for name, tier in LARGER_TIERS.items():
+            cost = tier_cost_s(tier)
+            cost = (f"{_duration(cost)} on 2 cores, from its JSONs' wall times" if cost is not None
+                    else tier["cost_note"])
+            print(f"\n{name} ({cost}; run by hand): {tier['about']}")
+            for command in tier["commands"]:
+                print(f"    {command}")
+            print(f"  writes: {', '.join(tier['writes'])}; then python scripts/reproduce.py render")
         return 0
     if args.command == "render":
         return render(args.check)

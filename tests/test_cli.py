@@ -252,7 +252,7 @@ def test_missing_data_path_is_an_error_before_the_run_directory_exists(tmp_path,
 
 
 def test_data_name_check_accepts_what_the_loaders_accept(tmp_path, monkeypatch):
-    from lightning_fedkg.data.kg import BUNDLED_DATASETS
+    from lightning_fedkg.data.kg_io import BUNDLED_DATASETS
 
     assert bundled_datasets() == sorted(BUNDLED_DATASETS)
     for name in ("umls", "UMLS", str(tmp_path)):

@@ -66,7 +66,7 @@ def test_a_config_directory_is_named_as_one_with_its_yaml_files(capsys):
 
 
 def test_openke_format_on_a_bundled_kg_is_refused_not_ignored(tmp_path, capsys):
-    from lightning_fedkg.data.kg import KGFormatError, load_kg
+    from lightning_fedkg.data import KGFormatError, load_kg
 
     run = tmp_path / "run"
     assert main(["fit", "-c", KGE_CONFIG, "--out", str(run), "data.format=openke", *TINY_KGE]) == 2
@@ -321,8 +321,8 @@ def test_a_split_with_too_many_clients_raises_a_config_error_naming_the_key(part
     be split among 1000 clients"; random: "resample: only 0 of 2 eligible valid/test
     triples"), which ``fedkg`` printed as a traceback."""
     from lightning_fedkg.config import ConfigError
-    from lightning_fedkg.data.federated import PARTITIONERS
-    from lightning_fedkg.data.kg import load_kg
+    from lightning_fedkg.data.partition import PARTITIONERS
+    from lightning_fedkg.data import load_kg
 
     if partition == "clustered":
         pytest.importorskip("sklearn")

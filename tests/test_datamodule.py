@@ -117,27 +117,21 @@ def test_explicit_filter_triples_replace_the_default():
         assert pairs(b["filter_row"], b["filter_col"]) == expect
 
 
-def test_the_official_validation_filter_leaves_the_unlearn_triples_out_of_validation_only():
-    kg0 = small_kg(2)
-    train = kg0.triples("train")
-    unlearn = train[:4]
-    kg = KnowledgeGraph({s: kg0.triples(s) for s in ("train", "valid", "test")} | {"unlearn": unlearn},
-                        kg0.num_entities, kg0.num_relations)
+def test_valid_filter_triples_filter_validation_only():
+    """A method's own validation filter (FedLU's rule sets one: tests/test_fedlu_data.py)
+    replaces the filter of validation only, and set_valid_filter(None) gives the test's back."""
+    kg = small_kg(2)
     everything = {tuple(x) for x in kg.all_true_triples().tolist()}
-    without = everything - {tuple(x) for x in unlearn.tolist()}
-    filtered = {}
-    for valid_filter, valid_truth in (("all", everything), ("without_unlearn", without)):
-        dm = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=100), valid_filter=valid_filter)
-        filtered[valid_filter] = sum(len(b["filter_row"]) for b in dm.eval_dataloader("valid"))
+    train_only = {tuple(x) for x in kg.triples("train").tolist()}
+    dm = KGDataModule(kg, loader=LoaderSettings(eval_batch_size=100), valid_filter_triples=kg.triples("train"))
+    for valid_truth in (train_only, everything):
         for split, truth in (("valid", valid_truth), ("test", everything)):
             for b in dm.eval_dataloader(split):
                 target = 2 if b["mode"] == "tail" else 0
                 expect = {(i, e) for i, e in brute_answers(truth, b["triples"], b["mode"])
                           if e != b["triples"][i, target].item()}
-                assert pairs(b["filter_row"], b["filter_col"]) == expect, (valid_filter, split)
-    assert filtered["without_unlearn"] < filtered["all"]  # some validation query had an unlearn answer
-    with pytest.raises(ValueError, match="valid_filter"):
-        KGDataModule(kg, valid_filter="official")
+                assert pairs(b["filter_row"], b["filter_col"]) == expect, split
+        dm.set_valid_filter(None)
 
 
 def test_setup_is_idempotent_and_lazy():
@@ -245,8 +239,8 @@ def test_filtered_shared_negatives_mask_equals_bruteforce(corruption, method):
 
 
 def test_invalid_options():
-    with pytest.raises(ValueError, match="valid_filter"):
-        KGDataModule(small_kg(), valid_filter="none")
+    with pytest.raises(TypeError, match="valid_filter"):
+        KGDataModule(small_kg(), valid_filter="none")  # FedLU's rule, not the datamodule's
 
 
 def test_bernoulli_probability_hand_case():

@@ -75,8 +75,46 @@ def test_a_page_number_renders_from_a_json_pointer(tmp_path, monkeypatch):
     assert reproduce.render_block("json:r.json#/a/s:.1f") == "419.1"
     assert reproduce.render_block("json:r.json#/m:m") == ".7412"
     assert reproduce.render_block("json:r.json#/a/s / r.json#/a/t/0:.1f") == "6.2"
-    # a plain number as the divisor changes the unit (seconds as milliseconds, bytes as MiB)
-    assert reproduce.render_block("json:r.json#/a/t/0 / 0.001:,.0f") == "67,900"
-    assert reproduce.render_block("json:r.json#/a/s / 2") == "209.6"
     text = "x <!-- reproduce:json:r.json#/a/t/0:.1f -->?<!-- /reproduce:json:r.json#/a/t/0:.1f --> y"
     assert reproduce.render_text(text) == "x <!-- reproduce:json:r.json#/a/t/0:.1f -->67.9<!-- /reproduce:json:r.json#/a/t/0:.1f --> y"
+
+
+def test_a_pointer_gathers_reduces_and_combines(tmp_path, monkeypatch):
+    """``*``, the reductions, ``-`` element by element, a typed number, signed metrics and a
+    page's named source (hand-checked values)."""
+    reproduce = _reproduce()
+    monkeypatch.setattr(reproduce, "REPO", tmp_path)
+    runs = {"runs": [{"kgs": [{"a": 0.5, "b": 0.4}, {"a": 0.7, "b": 0.6}]},
+                     {"kgs": [{"a": 0.5, "b": 0.6}, {"a": 0.7, "b": 0.7}]}],
+            "by key": {"x - y": [0.02, -0.01, 0.03]}}
+    (tmp_path / "r.json").write_text(json.dumps(runs))
+    # per run: the mean over its kgs of a, minus that of b
+    assert reproduce.pointer("mean(r.json#/runs/*/kgs/*/a) - mean(r.json#/runs/*/kgs/*/b):+m3") == "+.100 \u2212.050"
+    assert reproduce.pointer("r.json#/runs/*/kgs/0/a:m3") == ".500 .500"
+    assert reproduce.pointer("positive(r.json#/by%20key/x%20-%20y):d") == "2"
+    assert reproduce.pointer("mean(r.json#/by%20key/x%20-%20y):+m") == "+.0133"
+    assert reproduce.pointer("max(r.json#/by%20key/x%20-%20y) - 0.01:.2f") == "0.02"
+    assert reproduce.pointer("7 / r.json#/runs/0/kgs/1/a:.1f") == "10.0"
+    text = "<!-- reproduce-source: R = r.json -->\n<!-- reproduce:json:R#/runs/1/kgs/0/b:m -->?<!-- /reproduce:json:R#/runs/1/kgs/0/b:m -->"
+    assert reproduce.render_text(text).endswith("-->.6000<!-- /reproduce:json:R#/runs/1/kgs/0/b:m -->")
+    with pytest.raises(ValueError, match="needs a"):
+        reproduce.pointer("mean(r.json#/runs/0/kgs/0/a)")
+
+
+@pytest.mark.parametrize("name", list(_reproduce().LARGER_TIERS))
+def test_a_larger_tier_names_what_exists(name):
+    """Each larger tier's configs parse, its scripts and the JSONs it rewrites exist, and its
+    cost adds up from those JSONs (so ``tiers`` lists what a user can run as written)."""
+    from lightning_fedkg.config import load_config
+
+    reproduce = _reproduce()
+    tier = reproduce.LARGER_TIERS[name]
+    for config in tier["configs"]:
+        load_config(REPO / config)
+    scripts = {word for command in tier["commands"] for word in command.split()
+               if word.startswith("scripts/") and word.endswith((".py", ".sh"))}
+    assert scripts, f"{name}: no script in its commands"
+    missing = [path for path in [*scripts, *tier["writes"]] if not (REPO / path).is_file()]
+    assert not missing, f"{name}: {missing} missing"
+    cost = reproduce.tier_cost_s(tier)
+    assert (cost is None and tier["cost_note"]) or cost > 60, (name, cost)

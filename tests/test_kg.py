@@ -17,7 +17,7 @@ from lightning_fedkg.data import (
     load_triples_folder,
     unique_triples,
 )
-from lightning_fedkg.data.kg import names_to_ids, read_named_triples
+from lightning_fedkg.data.kg_io import names_to_ids, read_named_triples
 
 from conftest import SHARED_DATA, needs_shared
 
@@ -270,7 +270,7 @@ def test_pyg_fb15k237_offline_no_triple_lost(tmp_path, no_download):
 
 
 def test_pyg_download_is_refused_not_attempted(tmp_path, no_download):
-    from lightning_fedkg.data.kg import _pyg_class
+    from lightning_fedkg.data.pyg import _pyg_class
 
     cls = _pyg_class("FB15k_237")
     with pytest.raises(RuntimeError, match="never downloads"):

@@ -89,7 +89,7 @@ def test_config_table_elements():
 
 
 def test_bundled_entity_counts_match_the_data():
-    from lightning_fedkg.data.kg import BUNDLED_DATASETS, load_kg
+    from lightning_fedkg.data import BUNDLED_DATASETS, load_kg
 
     assert set(BUNDLED_ENTITIES) == set(BUNDLED_DATASETS)
     for name, entities in BUNDLED_ENTITIES.items():

@@ -462,7 +462,7 @@ def test_the_unlearned_model_is_a_run_that_fedkg_test_reads(source_run, tmp_path
 def test_before_after_and_retrain_rank_the_same_forgotten_triples(tmp_path, one_thread):
     """FedLU's unlearn.txt may hold every triple of an entity: the retrain still ranks it."""
     from lightning_fedkg.data import load_kg
-    from lightning_fedkg.data.federated import partition_by_relation, write_fedlu_folder
+    from lightning_fedkg.data import partition_by_relation, write_fedlu_folder
 
     fed = partition_by_relation(load_kg("umls"), 3, seed=4)
     folder = write_fedlu_folder(fed, tmp_path / "R3", {"unlearn": [kg.triples("train")[:5] for kg in fed.clients]})

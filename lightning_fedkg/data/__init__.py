@@ -1,31 +1,22 @@
-"""Data layer: knowledge graphs, federated splits, negative samplers and the Lightning data module."""
+"""Data layer: knowledge graphs (files and PyG datasets in and out), federated splits,
+negative samplers and the Lightning data module."""
 
 from .datamodule import FilterIndex, KGDataModule, LoaderSettings
 from .sampling import BernoulliSampler, NegativeSampler, UniformSampler, bernoulli_head_probability
-from .federated import (
-    FederatedKG,
-    load_federated,
-    load_federated_folder,
-    load_fedlu_folder,
+from .federated import FederatedKG
+from .federated_io import load_federated, load_federated_folder, load_fedlu_folder, write_fedlu_folder
+from .partition import (
+    PARTITIONERS,
     partition_by_clusters,
     partition_by_relation,
     partition_randomly,
     relation_cooccurrence,
     resample_split,
-    write_fedlu_folder,
 )
-from .kg import (
-    BUNDLED_DATASETS,
-    KGFormatError,
-    KnowledgeGraph,
-    clean_splits,
-    load_kg,
-    load_openke,
-    load_pyg,
-    load_triples_folder,
-    triple_keys,
-    unique_triples,
-)
+from .kg import KGFormatError, KnowledgeGraph, clean_splits, triple_keys, unique_triples
+from .kg_io import BUNDLED_DATASETS, load_openke, load_triples_folder
+from .loading import load_kg
+from .pyg import UMLS, KGDataset, Kinship, Nations, kg_from_pyg, kg_to_pyg, load_pyg, save_kg_dataset
 
 __all__ = [
     "BUNDLED_DATASETS",
@@ -33,13 +24,20 @@ __all__ = [
     "FederatedKG",
     "FilterIndex",
     "KGDataModule",
+    "KGDataset",
     "KGFormatError",
+    "Kinship",
     "KnowledgeGraph",
     "LoaderSettings",
+    "Nations",
     "NegativeSampler",
+    "PARTITIONERS",
+    "UMLS",
     "UniformSampler",
     "bernoulli_head_probability",
     "clean_splits",
+    "kg_from_pyg",
+    "kg_to_pyg",
     "load_federated",
     "load_federated_folder",
     "load_fedlu_folder",
@@ -52,6 +50,7 @@ __all__ = [
     "partition_randomly",
     "relation_cooccurrence",
     "resample_split",
+    "save_kg_dataset",
     "triple_keys",
     "unique_triples",
     "write_fedlu_folder",

@@ -20,14 +20,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from .index import FilterIndex, searchsorted, sorted_contains
-from .kg import KnowledgeGraph, triple_keys
+from .kg import KnowledgeGraph
 from .sampling import NegativeSampler, UniformSampler
 
 __all__ = ["KGDataModule", "LoaderSettings", "FilterIndex", "subsampling_weights", "searchsorted",
            "sorted_contains"]
 
 EVAL_SIDES = ("tail", "both")
-VALID_FILTERS = ("all", "without_unlearn")
 
 
 class _TrainBatches(IterableDataset):
@@ -143,11 +142,9 @@ class KGDataModule(LightningDataModule):
         seed: seed of ``dm.generator`` (and of the replayed epoch of ``fixed_negatives``).
         filter_triples: the true triples used to filter evaluation; default
             ``kg.all_true_triples()`` (train ∪ valid ∪ test).
-        valid_filter: ``"all"`` filters validation like the test (``filter_triples``);
-            ``"without_unlearn"`` leaves the KG's ``unlearn`` triples out of the
-            validation filter, as the official FedLU client does (its validation loaders
-            use train ∪ valid ∪ test minus unlearn; the test keeps the full filter). For
-            parity only: validation then ranks some queries against known true triples.
+        valid_filter_triples: the true triples that filter validation; default None, the
+            test's (``filter_triples``). A method with a rule of its own sets them
+            (:meth:`set_valid_filter`; FedLU's official filter leaves its forgetting sets out).
     """
 
     def __init__(
@@ -157,16 +154,14 @@ class KGDataModule(LightningDataModule):
         loader: LoaderSettings | None = None,
         seed: int = 0,
         filter_triples: Tensor | None = None,
-        valid_filter: str = "all",
+        valid_filter_triples: Tensor | None = None,
     ) -> None:
         super().__init__()
-        if valid_filter not in VALID_FILTERS:
-            raise ValueError(f"valid_filter must be one of {VALID_FILTERS}, got {valid_filter!r}")
         self.kg = kg
         self.sampler = (UniformSampler() if sampler is None else sampler).bind(kg)
         self.loader = LoaderSettings() if loader is None else loader
         self.seed = int(seed)
-        self.valid_filter = valid_filter
+        self._valid_filter_triples = valid_filter_triples
         self._valid_filter_index: FilterIndex | None = None
         # (batches drawn so far, the iterator still drawing the rest of the fixed epoch)
         self._fixed_epoch: tuple[list[dict], Iterator[dict]] | None = None
@@ -199,26 +194,28 @@ class KGDataModule(LightningDataModule):
     def filter_index(self) -> FilterIndex:
         """CSR index of the evaluation filter set (``filter_triples``)."""
         if self._filter_index is None:
-            self._filter_index = FilterIndex(self._evaluation_truth(), self.num_entities, self.num_relations)
+            self._filter_index = FilterIndex(self.evaluation_truth(), self.num_entities, self.num_relations)
         return self._filter_index
 
-    def _evaluation_truth(self) -> Tensor:
+    def evaluation_truth(self) -> Tensor:
         """The triples the evaluation filters: ``filter_triples``, else train ∪ valid ∪ test."""
         if self._filter_triples is None:
             return self.kg.all_true_triples()
         return torch.as_tensor(self._filter_triples).long()
 
+    def set_valid_filter(self, triples: Tensor | None) -> None:
+        """Filter validation by ``triples`` from now on (None: by :attr:`filter_index`, the test's)."""
+        self._valid_filter_triples = triples
+        self._valid_filter_index = None
+
     @property
     def valid_filter_index(self) -> FilterIndex:
-        """The validation filter: :attr:`filter_index`, or with ``valid_filter="without_unlearn"``
-        the same set without the KG's ``unlearn`` triples."""
-        if self.valid_filter == "all" or "unlearn" not in self.kg.split_names:
+        """The validation filter: :attr:`filter_index`, or the index of ``valid_filter_triples``."""
+        if self._valid_filter_triples is None:
             return self.filter_index
         if self._valid_filter_index is None:
-            kg, triples = self.kg, self._evaluation_truth()
-            unlearn = triple_keys(kg.triples("unlearn"), kg.num_entities, kg.num_relations)
-            keep = ~torch.isin(triple_keys(triples, kg.num_entities, kg.num_relations), unlearn)
-            self._valid_filter_index = FilterIndex(triples[keep], self.num_entities, self.num_relations)
+            triples = torch.as_tensor(self._valid_filter_triples).long()
+            self._valid_filter_index = FilterIndex(triples, self.num_entities, self.num_relations)
         return self._valid_filter_index
 
     @property

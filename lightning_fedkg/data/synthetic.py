@@ -3,7 +3,7 @@
 
 :func:`synthetic_splits` draws the triples (vectorized, deterministic by seed) and
 :func:`write_synthetic` writes them as a folder of named triples that
-:func:`~lightning_fedkg.data.kg.load_kg` reads like any other. The model of the graph is in
+:func:`~lightning_fedkg.data.loading.load_kg` reads like any other. The model of the graph is in
 :func:`synthetic_splits`; docs/datasets.md shows the command.
 """
 

@@ -250,7 +250,7 @@ def build_party(cfg, task, name: str, kg, names: dict[str, list[str]], run_dir=N
 def load_federated_kg(cfg):
     """The :class:`~lightning_fedkg.data.federated.FederatedKG` that ``cfg.data`` describes."""
     from lightning_fedkg.data import load_federated, load_kg
-    from lightning_fedkg.data.federated import PARTITIONERS
+    from lightning_fedkg.data.partition import PARTITIONERS
 
     d = cfg.data
     if d.format == "auto":

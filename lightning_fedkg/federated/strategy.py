@@ -411,6 +411,19 @@ class Strategy:
         return None
 
     @classmethod
+    def prepare_datamodule(cls, cfg: "ExperimentConfig", datamodule: Any) -> Any:
+        """The party's datamodule as the method trains and validates on it (default: as the
+        task built it). ``train.valid_filter`` other than ``all`` names a method's own rule
+        (FedLU's ``without_unlearn``), which the method that has it applies here; any other
+        method refuses it rather than ignore it."""
+        if cfg.train.valid_filter != "all":
+            from lightning_fedkg.config import ConfigError
+
+            raise ConfigError(f"train.valid_filter={cfg.train.valid_filter} is a rule of the method that defines "
+                              f"it; {cls.name!r} has none: use train.valid_filter=all")
+        return datamodule
+
+    @classmethod
     def phases(cls, cfg: "ExperimentConfig") -> list[str]:
         """Post-training phases this method runs under ``cfg`` (names in :data:`~..phases.PHASES`)."""
         return []

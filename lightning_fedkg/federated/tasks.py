@@ -119,9 +119,14 @@ class LinkPrediction(Task):
         return build_module(cfg, kg.num_entities, kg.num_relations, module_class, **extra)
 
     def build_datamodule(self, cfg, kg, seed, party=None):
+        """A :class:`~lightning_fedkg.data.KGDataModule` with ``cfg.train``'s settings, as the
+        strategy prepares it (:meth:`~lightning_fedkg.federated.strategy.Strategy.prepare_datamodule`)."""
         from lightning_fedkg.builders import build_datamodule
 
-        return build_datamodule(kg, cfg, seed=seed)
+        datamodule = build_datamodule(kg, cfg, seed=seed)
+        if cfg.federated.strategy == "none":
+            return datamodule
+        return STRATEGIES.get(cfg.federated.strategy).prepare_datamodule(cfg, datamodule)
 
     def evaluate(self, party, split):
         party.run_evaluation(split)

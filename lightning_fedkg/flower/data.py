@@ -28,7 +28,7 @@ def write_client_folders(cfg, root: str | Path) -> list[Path]:
 
     Reused when complete (a ``COMPLETE`` marker with the data settings it was written for).
     """
-    from lightning_fedkg.data.federated import write_named_client
+    from lightning_fedkg.data.kg_io import write_named_client
     from lightning_fedkg.config import ConfigError
     from lightning_fedkg.federated.party import _item_names, load_federated_kg
     from lightning_fedkg.federated.strategy import client_name
@@ -75,7 +75,8 @@ def load_client_folder(folder: str | Path) -> tuple[str, "KnowledgeGraph", dict[
     Ids follow ``entities.dict`` / ``relations.dict``; a triple naming something they lack is
     an error with its file and line.
     """
-    from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph, _to_ids, read_named_triples
+    from lightning_fedkg.data.kg import KGFormatError, KnowledgeGraph
+    from lightning_fedkg.data.kg_io import _to_ids, read_named_triples
 
     folder = Path(folder)
     if not (folder / CLIENT_FILE).is_file():

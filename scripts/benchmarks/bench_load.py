@@ -29,7 +29,7 @@ import torch
 torch.set_num_threads(int(sys.argv[3]))
 logging.disable(logging.WARNING)
 from lightning_fedkg.data import load_kg
-from lightning_fedkg.data.federated import partition_by_relation
+from lightning_fedkg.data.partition import partition_by_relation
 start = time.perf_counter()
 kg = load_kg(sys.argv[1])
 loaded = time.perf_counter()

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError, ExperimentConfig, resume_differences, resume_fingerprint
-from lightning_fedkg.data.federated import write_named_splits
+from lightning_fedkg.data.kg_io import write_named_splits
 from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, triple_keys
+from lightning_fedkg.methods.fedlu.data import apply_valid_filter
 from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR
 from lightning_fedkg.federated.party import Party, RoundWriter, quiet_lightning
 from lightning_fedkg.federated.phases import Phase, PhaseContext, progress_label, run_phases
@@ -156,7 +157,7 @@ def _rank_split(party: Party, kg: KnowledgeGraph, split: str) -> dict:
     """Filtered metrics of ``party``'s module on ``kg``'s ``split`` (filter: train ∪ valid ∪ test of ``kg``)."""
     from lightning_fedkg.builders import build_datamodule
 
-    dm = build_datamodule(kg, party.cfg, seed=0)
+    dm = apply_valid_filter(party.cfg.train.valid_filter, build_datamodule(kg, party.cfg, seed=0))
     with quiet_lightning():
         party.trainer.validate(party.module, dataloaders=dm.eval_dataloader(split), verbose=False)
     return client_entry(party.module.last_metrics["val"], int(kg.triples(split).shape[0]))
@@ -257,7 +258,8 @@ def retain_only(party: Party, forget: Tensor, seed: int) -> None:
 
     kg = party.kg
     party.kg = _view(kg, split_retain(kg.triples("train"), forget, kg.num_entities, kg.num_relations), {})
-    party.datamodule = build_datamodule(party.kg, party.cfg, seed=derive_seed(seed, party.name, "retain"))
+    party.datamodule = apply_valid_filter(party.cfg.train.valid_filter, build_datamodule(
+        party.kg, party.cfg, seed=derive_seed(seed, party.name, "retain")))
 
 
 def propagate(run, rounds: int) -> int:

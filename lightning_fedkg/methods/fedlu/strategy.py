@@ -220,6 +220,14 @@ class FedLU(Strategy):
     config_class = FedLUConfig
 
     @classmethod
+    def prepare_datamodule(cls, cfg, datamodule):
+        """The official validation filter under ``train.valid_filter: without_unlearn``
+        (:func:`~lightning_fedkg.methods.fedlu.data.apply_valid_filter`)."""
+        from lightning_fedkg.methods.fedlu.data import apply_valid_filter
+
+        return apply_valid_filter(cfg.train.valid_filter, datamodule)
+
+    @classmethod
     def learner(cls, cfg):
         from lightning_fedkg.methods.fedlu.distillation import DistillationModule
 

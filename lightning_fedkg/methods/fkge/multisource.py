@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedkg.data.federated import _federate, _pooled_triples
-from lightning_fedkg.data.kg import BUNDLED_DATASETS, SPLITS, KnowledgeGraph, first_occurrence, load_kg, load_openke, load_triples_folder
+from lightning_fedkg.data.partition import _federate, _pooled_triples
+from lightning_fedkg.data.kg import SPLITS, KnowledgeGraph, first_occurrence
+from lightning_fedkg.data.kg_io import BUNDLED_DATASETS, load_openke, load_triples_folder
+from lightning_fedkg.data.loading import load_kg
 
 __all__ = [
     "split_into_sources",
@@ -51,7 +53,7 @@ def split_into_sources(
        contiguous groups of near-equal size and each source gets all triples of its group;
     3. per source, permute its ``n`` triples and take ``round(valid_frac * n)`` valid and
        ``round(test_frac * n)`` test triples with
-       :func:`~lightning_fedkg.data.federated.resample_split` (the FedE/FedLU rejection rule:
+       :func:`~lightning_fedkg.data.partition.resample_split` (the FedE/FedLU rejection rule:
        a triple goes to valid/test only if its head, tail and relation still occur in the
        remaining triples), the rest is train.
 
@@ -69,7 +71,7 @@ def split_into_sources(
 
     Each source is named ``f"{kg.name}-src{k}"``; its local ids number its train entities
     (relations) in order of first appearance in train, head before tail — the ids
-    :func:`~lightning_fedkg.data.kg.load_triples_folder` assigns to the same files, so
+    :func:`~lightning_fedkg.data.kg_io.load_triples_folder` assigns to the same files, so
     :func:`write_multisource_folder` + :func:`load_multisource_folder` round-trip exactly.
 
     Raises:
@@ -173,8 +175,8 @@ def load_multisource_folder(path: str | Path) -> list[KnowledgeGraph]:
         <path>/<kg name>/              or an OpenKE folder: entity2id.txt, relation2id.txt,
                                        {train,valid,test}2id.txt
 
-    Each sub-folder is read by :func:`~lightning_fedkg.data.kg.load_triples_folder` (named
-    triples) or :func:`~lightning_fedkg.data.kg.load_openke` (when it has ``entity2id.txt``),
+    Each sub-folder is read by :func:`~lightning_fedkg.data.kg_io.load_triples_folder` (named
+    triples) or :func:`~lightning_fedkg.data.kg_io.load_openke` (when it has ``entity2id.txt``),
     with the project's input policy (malformed line -> ``KGFormatError`` naming file:line;
     eval triples with entities / relations unseen in that KG's train dropped and counted in
     ``kg.removed``). A KG's name is its folder name. Entities (relations) of two KGs are
