@@ -372,7 +372,7 @@ def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedkg audit``: a server-side reconstruction attack on a finished run's payloads."""
-    from lightning_fedkg.federated.audit import AuditSettings, format_audit_table, run_audit
+    from lightning_fedkg.privacy.audit import AuditSettings, format_audit_table, run_audit
 
     source = Path(args.from_run)
     read_run_config(source)  # a run directory, or an error that says so
@@ -497,7 +497,7 @@ def cmd_flower_up(args: argparse.Namespace) -> int:
                                                 *(["--key-file", args.key_file] if args.key_file else []),
                                                 *(["--tls"] if args.tls else []), *args.overrides]
     cfg = load_config(args.config, [*args.overrides, "federated.backend=flower", "federated.flower.mode=deployment"])
-    from lightning_fedkg.flower.deploy import localhost_certificates, up
+    from lightning_fedkg.backends.flower.deploy import localhost_certificates, up
 
     print(f"run directory: {run_dir} (Flower logs in {run_dir / 'flower' / 'logs'})")
     tls = localhost_certificates(run_dir / "flower" / "tls") if args.tls else None
@@ -511,7 +511,7 @@ def cmd_flower_split(args: argparse.Namespace) -> int:
     """``fedkg flower split``: one data folder per client of the config's federation."""
     cfg = load_config(args.config, args.overrides)
     check_num_clients(cfg)
-    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.data import write_client_folders
 
     for folder in write_client_folders(cfg, args.out):
         print(folder)
@@ -521,7 +521,7 @@ def cmd_flower_split(args: argparse.Namespace) -> int:
 def cmd_flower_policy(args: argparse.Namespace) -> int:
     """``fedkg flower policy``: an organisation's client policy, from the config it agrees to."""
     cfg = load_config(args.config, args.overrides)
-    from lightning_fedkg.federated.policy import write_policy
+    from lightning_fedkg.privacy.policy import write_policy
 
     print(f"client policy written to {write_policy(cfg, args.out)}: put it beside the client's key file")
     return 0
@@ -529,7 +529,7 @@ def cmd_flower_policy(args: argparse.Namespace) -> int:
 
 def cmd_flower_worker(args: argparse.Namespace) -> int:
     """``fedkg flower worker``: one client's long-lived worker beside its SuperNode."""
-    from lightning_fedkg.flower.worker import serve
+    from lightning_fedkg.backends.flower.worker import serve
 
     serve({"data-path": args.data_path, "key-file": args.key_file, "work-dir": args.work_dir}, args.socket)
     return 0

@@ -239,7 +239,7 @@ def module_map_paths(design: Path) -> list[str]:
 
 def test_every_module_in_designs_map_exists():
     paths = module_map_paths(DOCS / "DESIGN.md")
-    assert {"federated/runner.py", "federated/peer_ray.py", "methods/fedr/", "methods/fkge/pate.py"} <= set(paths)
+    assert {"federated/runner.py", "backends/ray/peer.py", "methods/fedr/", "privacy/mechanisms/pate.py"} <= set(paths)
     missing = [p for p in paths if not (ROOT / "lightning_fedkg" / p).exists()]
     assert not missing, f"docs/DESIGN.md's module map names modules that do not exist: {missing}"
 

@@ -63,8 +63,8 @@ def local_identities(cfg: ExperimentConfig, run_dir: Path | None, parties: list[
     evaluation) the keys go to a private temporary folder that the halves read as they are
     built and that is deleted after. The server half reads none of it.
     """
-    from lightning_fedkg.federated.identities import IDENTITIES
-    from lightning_fedkg.federated.secure import provision_identities as provision
+    from lightning_fedkg.privacy.identities import IDENTITIES
+    from lightning_fedkg.privacy.secure import provision_identities as provision
 
     sa = cfg.federated.secure_aggregation
     if not (sa.enabled and sa.active):
@@ -110,7 +110,7 @@ class FederatedRun:
             raise ConfigError(f"federated.clients={fc.clients} places the clients of backend=local; "
                               f"this run's clients are placed by its backend")
         if clients is None and fc.clients == "ray":
-            from lightning_fedkg.federated.clients_ray import RayClients
+            from lightning_fedkg.backends.ray.clients import RayClients
 
             clients = RayClients
         elif clients is not None and in_process:

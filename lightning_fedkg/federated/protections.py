@@ -1,6 +1,6 @@
 """The protections a config turns on, composed onto a strategy's halves.
 
-``federated.dp`` (:mod:`.dp`) and ``federated.secure_aggregation`` (:mod:`.secure`) are
+``federated.dp`` (:mod:`.dp`) and ``federated.secure_aggregation`` (:mod:`~lightning_fedkg.privacy.secure`) are
 mixins placed before a holder-mean strategy's own halves, so every such method gets them
 without a line of its own. On a client, secure aggregation is outermost: it masks what
 differential privacy noised. On the server, DP is outermost: it annotates the downloads
@@ -18,16 +18,16 @@ def protected_halves(strategy, cfg) -> tuple[type, type]:
     fc = cfg.federated
     servers, clients = [], []
     if fc.dp.enabled:
-        from lightning_fedkg.federated.dp import DPClient, DPServer, check_dp_config
-        from lightning_fedkg.privacy import dp
+        from lightning_fedkg.privacy.dp_uploads import DPClient, DPServer, check_dp_config
+        from lightning_fedkg.privacy.mechanisms import accounting as dp
 
         dp.require()
         check_dp_config(cfg, strategy)
         servers.append(DPServer)
         clients.append(DPClient)
     if fc.secure_aggregation.enabled:
-        from lightning_fedkg.federated.secure import SecureClient, SecureServer, check_secure_config
-        from lightning_fedkg.privacy import secagg
+        from lightning_fedkg.privacy.secure import SecureClient, SecureServer, check_secure_config
+        from lightning_fedkg.privacy.mechanisms import secagg
 
         secagg.require()
         check_secure_config(cfg, strategy)  # the server checks again with the federation's real size

@@ -26,7 +26,7 @@ def main() -> None:
     from lightning_fedkg.config import load_config
     from lightning_fedkg.federated import clients_ray
     from lightning_fedkg.federated.federation import FederatedRun
-    from lightning_fedkg.federated.peer_ray import ray_session
+    from lightning_fedkg.backends.ray.peer import ray_session
     from lightning_fedkg.run import fit
 
     exchanges, rounds = [], []

@@ -134,7 +134,7 @@ class RayClients(ClientPool):
         import contextlib
 
         from lightning_fedkg.federated.party import load_federated_kg
-        from lightning_fedkg.federated.peer_ray import actor_options, import_ray, ray_session
+        from lightning_fedkg.backends.ray.peer import actor_options, import_ray, ray_session
         from lightning_fedkg.runtime import config_table_elements, machine_core_ids, worker_threads
 
         cfg, fc = run.cfg, run.cfg.federated
@@ -154,8 +154,8 @@ class RayClients(ClientPool):
             if run.run_dir is None:
                 raise ConfigError("secure aggregation's active mode with federated.clients=ray needs a run "
                                   "folder for the clients' identities")
-            from lightning_fedkg.federated.identities import IDENTITIES
-            from lightning_fedkg.federated.secure import provision_identities
+            from lightning_fedkg.privacy.identities import IDENTITIES
+            from lightning_fedkg.privacy.secure import provision_identities
 
             provision_identities(run.run_dir / IDENTITIES, cfg, self.names)
         self.threads, self.why = worker_threads(cfg.trainer, len(self.names), config_table_elements(cfg))

@@ -18,12 +18,12 @@ import torch
 from torch import Tensor
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated import identities
+from lightning_fedkg.privacy import identities
 from lightning_fedkg.federated.holder_mean import ONE_ROW, HolderMeanServer
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.stances import checked, harmless, pinned
+from lightning_fedkg.privacy.stances import checked, harmless, pinned
 from lightning_fedkg.federated.strategy import STRATEGIES, RetryRound, num_selected
-from lightning_fedkg.privacy import secagg
+from lightning_fedkg.privacy.mechanisms import secagg
 
 __all__ = ["SecureServer", "SecureClient", "check_secure_config", "default_threshold", "provision_identities"]
 
@@ -606,7 +606,7 @@ class SecureClient:
         if self.roster is None:
             raise ConfigError(f"federated.secure_aggregation.active: {party.name} has no identity roster in "
                               f"{party.identities}; active mode needs each client's own private key and the "
-                              "roster of its peers' public keys (lightning_fedkg.federated.identities)")
+                              "roster of its peers' public keys (lightning_fedkg.privacy.identities)")
         private = identities.read_private_key(party.identities, party.name)
         try:
             listed = self.roster.public_key(party.name)
@@ -649,7 +649,7 @@ class SecureClient:
 
     def round_secrets(self) -> dict | None:
         """The secrets of the round in progress, or ``None`` once unmasked (or before any).
-        :class:`~lightning_fedkg.flower.client.ClientRuntime` keeps them in one file of its
+        :class:`~lightning_fedkg.backends.flower.client.ClientRuntime` keeps them in one file of its
         own, never in a numbered state, and deletes it when this returns ``None``."""
         return None if self._round is None else asdict(self._round)
 
