@@ -20,10 +20,11 @@ from torch import Tensor
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import Message
+from lightning_fedkg.federated.protections import Protection
 from lightning_fedkg.privacy.mechanisms import accounting as dplib
 from lightning_fedkg.privacy.mechanisms import noise as noiselib
 
-__all__ = ["DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms",
+__all__ = ["DPUploads", "DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms",
            "UNPROTECTED", "DROPPED"]
 
 PREFIX = "dp."
@@ -382,3 +383,23 @@ class DPClient:
             self.events = [(int(r), float(s), float(sl), float(o)) for r, s, sl, o in saved]
         elif len(saved) == len(self.events):
             self.events = [(r, min(s, float(saved[i][1])), sl, o) for i, (r, s, sl, o) in enumerate(self.events)]
+
+
+class DPUploads(Protection):
+    """``federated.dp`` as a protection: outermost on the server (it annotates the downloads
+    secure aggregation builds and reads the clients' ε from their replies), inside secure
+    aggregation on a client (whose masks cover what it noised)."""
+
+    name = "dp"
+    prefix = "DP"
+    server_order = 0
+    client_order = 1
+
+    @classmethod
+    def check(cls, cfg, strategy) -> None:
+        dplib.require()
+        check_dp_config(cfg, strategy)
+
+    @classmethod
+    def halves(cls) -> tuple[type, type]:
+        return DPServer, DPClient

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.protections import IDENTITIES
 from lightning_fedkg.private_files import check_private_file, check_private_folder, make_private_folder
 
 __all__ = ["IDENTITIES", "ROSTER", "Roster", "write_identities", "provision", "read_roster", "read_private_key",
            "has_roster"]
 
-#: The folder's name beside a run's or a key file's other files.
-IDENTITIES = "identities"
 #: The public file of the folder.
 ROSTER = "roster.json"
 _KEY_BYTES = 32
