@@ -73,7 +73,7 @@ _SURVIVORS = checked("at least t of the sharers, with this client; under active 
 
 
 class SecureClient(ClientKeys, ClientMasking, ClientUnmask, ClientHidden):
-    """Mixin before a :class:`~.strategy.ClientHalf` (see the module doc)."""
+    """Mixin before a :class:`~lightning_fedkg.federated.strategy.ClientHalf` (see the module doc)."""
 
     RECEIVES = {
         SA_KEYS: {**_ROUND, "config.sa.threshold": pinned("must equal t of the client's roster (in process, of "
@@ -105,7 +105,7 @@ class SecureClient(ClientKeys, ClientMasking, ClientUnmask, ClientHidden):
     def __init__(self, party, strategy) -> None:
         super().__init__(party, strategy)
         self.sa = party.cfg.federated.secure_aggregation
-        #: the policy provisioned beside this client (:mod:`.identities`), or None
+        #: the policy provisioned beside this client (:mod:`~lightning_fedkg.privacy.identities`), or None
         self.roster = identities.read_roster(party.identities) if identities.has_roster(party.identities) else None
         # t from what this client holds itself, never from the server: the roster where there
         # is one (a Flower client's config came from the server at registration), else this

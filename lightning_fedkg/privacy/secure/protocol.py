@@ -143,7 +143,7 @@ def check_secure_config(cfg, strategy, num_clients: int | None = None) -> int:
 
 
 def provision_identities(folder, cfg, names: list[str]) -> identities.Roster:
-    """:func:`~.identities.provision` for the clients ``names`` of ``cfg``, with the t that
+    """:func:`~lightning_fedkg.privacy.identities.provision` for the clients ``names`` of ``cfg``, with the t that
     :func:`check_secure_config` gives for them."""
     t = check_secure_config(cfg, STRATEGIES.get(cfg.federated.strategy), len(names))
     return identities.provision(folder, names, t)

@@ -21,7 +21,7 @@ from lightning_fedkg.privacy.secure.unmask import ServerUnmask
 
 
 class SecureServer(ServerKeys, ServerMasking, ServerUnmask, ServerHidden):
-    """Mixin before a :class:`~.holder_mean.HolderMeanServer` (see the module doc)."""
+    """Mixin before a :class:`~lightning_fedkg.federated.holder_mean.HolderMeanServer` (see the module doc)."""
 
     def __init__(self, ctx, strategy) -> None:
         super().__init__(ctx, strategy)
