@@ -1,4 +1,4 @@
-"""The DP noise sampler (lightning_fedkg/privacy/noise.py) against the review's finding on its
+"""The DP noise sampler (lightning_fedkg/privacy/mechanisms/noise.py) against the review's finding on its
 tail: Box-Muller's radius ``√(-2 ln U)`` of a 53-bit uniform ``U`` never exceeded
 ``√(2·53·ln 2) ≈ 8.57``, so an output beyond it had probability zero under one neighbour
 and not under the other, a δ floor of about ``Q(8.57 - Δ/σ)`` per coordinate that no

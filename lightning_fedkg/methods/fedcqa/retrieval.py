@@ -554,7 +554,7 @@ def _mean_by_type(per_client: list[dict]) -> dict:
             for name, t in totals.items()}
 
 
-#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.federated.stances`).
+#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.privacy.stances`).
 _PRIVATE = "task.retrieval=private"
 _SEALED = checked("sealed states: each opens only for its structure, query and node (ChaCha20-Poly1305), "
                   "or the step is refused", when=_PRIVATE)

@@ -1,27 +1,13 @@
 """Secure aggregation for every holder-mean strategy (``federated.secure_aggregation``).
 
-After Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine
-Learning" (CCS 2017). A training round becomes the stages ``sa_keys``, ``sa_shares``,
-``train`` (masked fixed-point uploads), ``sa_check`` (``active`` only: signed survivor list)
-and ``sa_unmask``; fewer than t answers retry the round
-(:class:`~lightning_fedkg.federated.strategy.RetryRound`). Modes: ``shared_rows``
-(default), ``dense``, and ``hide_aggregate`` (the server learns neither an upload nor the
-mean). t comes from the client's own roster or config, never from the server, and no
-restorable state holds a round's secrets. The protocol, what the server learns per mode,
-collusion and the ``active`` threat model: docs/privacy.md.
-
-One module per step, each with the server's and the client's part as mixins:
-
-* :mod:`.protocol` -- stage names, key derivations and signed statements, the config check;
-* :mod:`.keys` -- ``sa_keys`` and ``sa_shares``: fresh keys advertised, secrets shared;
-* :mod:`.masking` -- the masked ``train``/``upload`` stage;
-* :mod:`.unmask` -- ``sa_check`` (``active``) and ``sa_unmask``: the survivors' shares, the sum;
-* :mod:`.hidden` -- ``hide_aggregate``: sums only the clients can read;
-* :mod:`.server`, :mod:`.client` -- :class:`SecureServer` and :class:`SecureClient`, the
-  steps composed, with their state and the client's checks of what it receives.
-
-:class:`SecureAggregation` is the protection the registry names
-(:data:`~lightning_fedkg.registry.PROTECTIONS`).
+After Bonawitz et al. (CCS 2017): a round becomes ``sa_keys``, ``sa_shares``, the masked
+``train``, ``sa_check`` (``active`` only) and ``sa_unmask``; fewer than t answers retry it.
+Modes ``shared_rows``, ``dense`` and ``hide_aggregate``; t comes from the client's own
+roster or config, and no restorable state holds a round's secrets. One module per step,
+each with the server's and the client's mixin: :mod:`.protocol` (names, derivations, the
+config check), :mod:`.keys`, :mod:`.masking`, :mod:`.unmask`, :mod:`.hidden`; composed in
+:mod:`.server` and :mod:`.client`. :class:`SecureAggregation` is its entry in
+:data:`~lightning_fedkg.registry.PROTECTIONS`. Protocol and threat model: docs/privacy.md.
 """
 
 from __future__ import annotations
