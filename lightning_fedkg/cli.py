@@ -8,8 +8,9 @@
     fedkg flower up | split | policy | worker            run on Flower across processes
     fedkg --version                                      print the installed version
 
-``fedkg query`` / ``unlearn`` are the methods' commands (``lightning_fedkg.commands`` entry
-points). Overrides (``model.dim=64``) may come anywhere; a bad key lists the valid ones.
+``fedkg query`` / ``unlearn`` are the methods' commands and ``fedkg flower`` the Flower
+backend's (:data:`~lightning_fedkg.registry.COMMANDS`: built-ins and ``lightning_fedkg.commands``
+entry points). Overrides (``model.dim=64``) may come anywhere; a bad key lists the valid ones.
 Reference: docs/usage.md.
 """
 
@@ -26,210 +27,13 @@ from typing import Sequence
 
 # Only light modules at import time: ``fedkg --help`` and argument errors must not pay for
 # torch, Lightning and PyG (seconds); the commands import them when they run.
-from lightning_fedkg.config import (
-    RELATION_PARTITIONS,
-    ConfigError,
-    ExperimentConfig,
-    load_config,
-    resolve_auto_settings,
-    too_many_clients,
-)
+from lightning_fedkg.config import ConfigError, ExperimentConfig, load_config, resolve_auto_settings
+from lightning_fedkg.preflight import check_data_name, check_num_clients, resolve_run_dir
+from lightning_fedkg.reports import format_metrics_table
 from lightning_fedkg.rundir import check_unlocked, read_run_config
 from lightning_fedkg.runtime import EXPECTED_WARNINGS
 
 log = logging.getLogger("lightning_fedkg")
-
-#: Run-level keys of a federated ``metrics.json`` shown above its table, when present.
-SUMMARY_KEYS = ("strategy", "rounds", "best_round", "bytes_sent")
-#: One folder per bundled dataset (``lightning_fedkg.data.kg_io.BUNDLED_ROOT``, whose module
-#: imports torch, so the folder is found from here instead).
-BUNDLED_ROOT = Path(__file__).resolve().parent / "data" / "bundled"
-
-
-def bundled_datasets() -> list[str]:
-    """The names of the bundled datasets (``umls``, ...), read from their folders."""
-    return sorted(p.name for p in BUNDLED_ROOT.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
-
-
-def check_data_name(cfg: ExperimentConfig) -> None:
-    """Raise :class:`ConfigError` unless ``data.name`` is a bundled dataset, an existing path or a
-    PyG dataset ``pyg:<Class>@<root>`` whose root holds files (:func:`check_pyg_name`).
-
-    The loaders accept exactly these (the name case-insensitively); checked before the run
-    directory is opened, so that a misspelled path leaves no directory behind.
-    """
-    name = cfg.data.name
-    if name.startswith("pyg:"):
-        check_pyg_name(name, cfg.data.format)
-        return
-    bundled = bundled_datasets()
-    if name.lower() in bundled:
-        # The bundled files are named triples: another data.format cannot be honoured (the
-        # loader refuses it too; lightning_fedkg.data.loading.bundled_format_error, not imported:
-        # it loads torch).
-        if cfg.data.format not in ("auto", "triples"):
-            raise ConfigError(f"data.format={cfg.data.format}: the bundled dataset {name!r} is stored as named "
-                              f"triples; use data.format=auto or triples with it, or set data.name to a folder "
-                              f"in the {cfg.data.format} format")
-        return
-    if Path(name).exists():
-        return
-    where = "" if Path(name).is_absolute() else f" (looked in {Path.cwd()})"
-    raise ConfigError(f"data.name: {name} is neither a bundled dataset ({', '.join(bundled)}) "
-                      f"nor an existing path{where}")
-
-
-#: The dataset classes of ``lightning_fedkg.data.pyg`` that fill their own root (the bundled KGs).
-SELF_FILLING_PYG = ("UMLS", "Nations", "Kinship")
-
-
-def check_pyg_name(name: str, fmt: str) -> None:
-    """Raise :class:`ConfigError` unless ``data.name`` ``pyg:<Class>@<root>`` names a root
-    that holds files (``raw/`` or ``processed/``; nothing is downloaded), with
-    ``data.format=auto``. Mirrors ``lightning_fedkg.data.pyg.load_pyg_root``, not imported:
-    it loads torch."""
-    cls, sep, root = name[len("pyg:"):].partition("@")
-    if not cls or not sep or not root:
-        raise ConfigError(f"data.name: {name}: name a PyG dataset as pyg:<Class>@<root>, "
-                          "e.g. pyg:FB15k_237@data/FB15k_237")
-    if fmt != "auto":
-        raise ConfigError(f"data.format={fmt}: data.name {name} names a PyG dataset class; use data.format=auto")
-    if cls in SELF_FILLING_PYG:
-        return
-    held = [p for sub in ("raw", "processed") if (Path(root) / sub).is_dir() for p in (Path(root) / sub).iterdir()]
-    if not held:
-        raise ConfigError(f"data.name: {name}: the root {root} holds nothing (no files in {root}/raw or "
-                          f"{root}/processed); lightning_fedkg never downloads: put the dataset's raw files "
-                          "in <root>/raw (or its processed files in <root>/processed)")
-
-
-def check_num_clients(cfg: ExperimentConfig) -> None:
-    """Raise :class:`ConfigError` where ``data.num_clients`` exceeds the relations a split by
-    relation can deal out, if that can be read without loading the KG.
-
-    The partitioners raise the same error, but only once torch is imported and the KG is
-    loaded (tens of seconds on a busy machine); here the relation count is read cheaply:
-    an OpenKE folder's ``relation2id.txt`` header, or the train file of named triples (the
-    bundled KGs), read only until as many relations as clients are seen. Anything else (a
-    PyG format, a folder of pre-split clients, an unreadable file) is left to the loaders.
-    """
-    d = cfg.data
-    if cfg.federated.strategy == "none" or d.partition not in RELATION_PARTITIONS:
-        return
-    relations = relations_up_to(d.name, d.format, d.num_clients)
-    if relations is not None and relations < d.num_clients:
-        raise too_many_clients(d.name, relations, d.num_clients, d.partition)
-
-
-def relations_up_to(name: str, fmt: str, limit: int) -> int | None:
-    """How many relations the KG ``name`` has, counted up to ``limit``; None where that is not
-    cheap to read (see :func:`check_num_clients`). Mirrors the loaders' file lookup
-    (``lightning_fedkg.data.loading.load_kg``, not imported: it loads torch)."""
-    folder = BUNDLED_ROOT / name.lower() if name.lower() in bundled_datasets() else Path(name)
-    if not folder.is_dir() or (folder / "client_0").is_dir() or (folder / "0").is_dir():
-        return None
-    if fmt == "openke" or (fmt == "auto" and (folder / "entity2id.txt").is_file()):
-        # the vocabulary's count: at least the relations that occur, so fewer is conclusive
-        vocabulary = folder / "relation2id.txt"
-        if not vocabulary.is_file():
-            return None
-        with open(vocabulary, encoding="utf-8") as f:
-            header = f.readline().strip()
-        return int(header) if header.isdigit() else None
-    if fmt not in ("auto", "triples"):
-        return None
-    train = next((p for sub in (folder, folder / "raw") for p in (sub / "train.txt", sub / "train.tsv")
-                  if p.is_file()), None)
-    if train is None:
-        return None
-    # Evaluation triples with a relation train lacks are dropped on loading: the train
-    # file's relations are those a split deals out.
-    relations: set[str] = set()
-    with open(train, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            fields = line.strip().split("\t" if "\t" in line else None)
-            if len(fields) != 3:
-                return None  # a malformed line: the loader names it
-            relations.add(fields[1])
-            if len(relations) >= limit:
-                break
-    return len(relations)
-
-
-def method_report(metrics: dict, cfg: ExperimentConfig | None = None) -> str | None:
-    """The table that the run's strategy, task or a phase formats for a ``metrics.json`` of
-    its own layout (their ``format_report``), or None: the generic table then shows it.
-
-    They are asked in that order and the first answer wins; their names are ``cfg``'s, or
-    without ``cfg`` the strategy the metrics record (one that no longer resolves is skipped).
-    """
-    from lightning_fedkg.registry import PHASES, STRATEGIES, TASKS, RegistryError
-
-    strategy = cfg.federated.strategy if cfg is not None else metrics.get("strategy")
-    named = []
-    if isinstance(strategy, str) and strategy != "none":
-        named.append((STRATEGIES, strategy))
-        if cfg is not None:
-            named.append((TASKS, cfg.federated.task))
-    if cfg is not None:
-        # A phase's section is a field of the config that loaded it (fedkg unlearn's "unlearn").
-        phases = set(PHASES.names())
-        named += [(PHASES, f.name) for f in dataclasses.fields(cfg) if f.name in phases]
-    for registry, name in named:
-        try:
-            cls = registry.get(name)
-        except RegistryError:
-            continue
-        report = cls.format_report(metrics)
-        if report is not None:
-            return report
-    return None
-
-
-def format_metrics_table(metrics: dict, cfg: ExperimentConfig | None = None) -> str:
-    """A readable table of a ``metrics.json`` dict (FedE-Table-3 style when federated).
-
-    A method with a layout of its own formats it (:func:`method_report`). Federated results
-    start with a ``key=value`` line of the :data:`SUMMARY_KEYS` they hold (a tested
-    checkpoint has no ``rounds`` or ``bytes_sent``, so none are shown); their columns are
-    those of ``cfg``'s task (:attr:`~lightning_fedkg.federated.tasks.Task.table_columns`).
-    """
-    report = method_report(metrics, cfg)
-    if report is not None:
-        return report
-    if "clients" in metrics:
-        from lightning_fedkg.federated.table import format_table
-        from lightning_fedkg.registry import PHASES
-
-        summary = "  ".join(f"{k}={metrics[k]}" for k in SUMMARY_KEYS if metrics.get(k) is not None)
-        # A phase's block (FedE's fusion) adds the rows its phase shows.
-        sections = [rows for name in PHASES.names() if isinstance(metrics.get(name), dict)
-                    for rows in [PHASES.get(name)().table_rows(metrics[name])] if rows]
-        columns = ()
-        if cfg is not None and cfg.federated.strategy != "none":
-            from lightning_fedkg.registry import TASKS
-
-            task = TASKS.get(cfg.federated.task)
-            columns = task.table_columns
-            # A task's own blocks (query answering's cross-graph test) add rows too.
-            sections += [rows for rows in [task().table_rows(metrics)] if rows]
-        # format_table writes its own summary line, None included, when it sees "strategy".
-        table = format_table({k: v for k, v in metrics.items() if k not in SUMMARY_KEYS}, sections, columns)
-        return f"{summary}\n{table}" if summary else table
-    from lightning_fedkg.evaluation.ranking import METRIC_KEYS
-
-    header = f"{'':<10}" + "".join(f"{k:>10}" for k in METRIC_KEYS)
-    lines = [header, "-" * len(header)]
-
-    def cell(key: str, value) -> str:
-        if value is None:
-            return f"{'-':>10}"
-        return f"{value:>10.1f}" if key == "mr" else f"{value:>10.4f}"
-
-    lines.append(f"{'test':<10}" + "".join(cell(k, metrics["test"].get(k)) for k in METRIC_KEYS))
-    return "\n".join(lines)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -285,11 +89,6 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         if loaded is not None:
             types.append(getattr(loaded, name))
     return tuple(types)
-
-
-def resolve_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
-    """``--out`` if given, else ``<out_dir>/<name>`` of the config."""
-    return Path(out) if out else Path(cfg.out_dir) / cfg.name
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -400,7 +199,7 @@ def unfinished(run_dir: Path, cfg: ExperimentConfig) -> dict | None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedkg audit``: a server-side reconstruction attack on a finished run's payloads."""
-    from lightning_fedkg.federated.audit import AuditSettings, format_audit_table, run_audit
+    from lightning_fedkg.privacy.audit import AuditSettings, format_audit_table, run_audit
 
     source = Path(args.from_run)
     read_run_config(source)  # a run directory, or an error that says so
@@ -514,58 +313,9 @@ def fit_epilog() -> str:
     ])
 
 
-def cmd_flower_up(args: argparse.Namespace) -> int:
-    """``fedkg flower up``: a Flower deployment on this machine (a SuperLink and one SuperNode
-    per client, separate processes) runs the config; prints its table."""
-    core = load_config(args.config, args.overrides, core_only=True)
-    check_data_name(core)
-    check_num_clients(core)
-    run_dir = resolve_run_dir(core, args.out)  # up() waits for a previous server to let go of it
-    args.run_dir, args.resume_words = run_dir, ["fedkg", "flower", "up", "-c", args.config, "--out", str(run_dir),
-                                                *(["--key-file", args.key_file] if args.key_file else []),
-                                                *(["--tls"] if args.tls else []), *args.overrides]
-    cfg = load_config(args.config, [*args.overrides, "federated.backend=flower", "federated.flower.mode=deployment"])
-    from lightning_fedkg.flower.deploy import localhost_certificates, up
-
-    print(f"run directory: {run_dir} (Flower logs in {run_dir / 'flower' / 'logs'})")
-    tls = localhost_certificates(run_dir / "flower" / "tls") if args.tls else None
-    metrics = up(resolve_auto_settings(cfg), run_dir, key_file=args.key_file, port=args.port, tls=tls)
-    print(format_metrics_table(metrics, cfg))
-    print(f"metrics written to {run_dir / 'metrics.json'}")
-    return 0
-
-
-def cmd_flower_split(args: argparse.Namespace) -> int:
-    """``fedkg flower split``: one data folder per client of the config's federation."""
-    cfg = load_config(args.config, args.overrides)
-    check_num_clients(cfg)
-    from lightning_fedkg.flower.data import write_client_folders
-
-    for folder in write_client_folders(cfg, args.out):
-        print(folder)
-    return 0
-
-
-def cmd_flower_policy(args: argparse.Namespace) -> int:
-    """``fedkg flower policy``: an organisation's client policy, from the config it agrees to."""
-    cfg = load_config(args.config, args.overrides)
-    from lightning_fedkg.federated.policy import write_policy
-
-    print(f"client policy written to {write_policy(cfg, args.out)}: put it beside the client's key file")
-    return 0
-
-
-def cmd_flower_worker(args: argparse.Namespace) -> int:
-    """``fedkg flower worker``: one client's long-lived worker beside its SuperNode."""
-    from lightning_fedkg.flower.worker import serve
-
-    serve({"data-path": args.data_path, "key-file": args.key_file, "work-dir": args.work_dir}, args.socket)
-    return 0
-
-
-def add_method_commands(sub) -> None:
-    """Add the commands methods contribute (:data:`~lightning_fedkg.registry.COMMANDS`: FedLU's
-    ``unlearn``, FedCQA's ``query``). One that cannot be loaded is left out with a warning,
+def add_plugin_commands(sub) -> None:
+    """Add the commands methods and backends contribute (:data:`~lightning_fedkg.registry.COMMANDS`:
+    FedLU's ``unlearn``, FedCQA's ``query``, Flower's ``flower``). One that cannot be loaded is left out with a warning,
     so that a broken plugin does not take every other command with it."""
     from lightning_fedkg.registry import COMMANDS, RegistryError
 
@@ -604,8 +354,8 @@ class IntermixedParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fedkg`` argument parser: fit, test, the commands methods add
-    (:func:`add_method_commands`), audit, data stats, flower up/split/policy/worker."""
+    """The ``fedkg`` argument parser: fit, test, the commands methods and backends add
+    (:func:`add_plugin_commands`: query, unlearn, flower), audit, data stats."""
     parser = argparse.ArgumentParser(prog="fedkg", description="Federated knowledge-graph embedding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"fedkg {package_version()}")
@@ -630,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="key=value overrides (with --from: of the run's own config, e.g. task.eval_per_type=5000)")
     test.set_defaults(func=cmd_test)
 
-    add_method_commands(sub)
+    add_plugin_commands(sub)
 
     audit = sub.add_parser("audit", help="attack a finished run's recorded payloads as a curious server would")
     audit.add_argument("--from", dest="from_run", metavar="RUN_DIR", required=True,
@@ -666,38 +416,6 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, help="folder for {train,valid,test}.txt")
     synth.set_defaults(func=cmd_data_synth)
 
-    flower = sub.add_parser("flower", help="run on Flower across processes (the flower extra)")
-    flower_sub = flower.add_subparsers(dest="flower_command", required=True)
-    up = flower_sub.add_parser("up", help="a SuperLink and one SuperNode per client on this machine run the config")
-    up.add_argument("-c", "--config", required=True, help="YAML config file")
-    up.add_argument("--out", help="run directory (default: <out_dir>/<name>); a committed run resumes")
-    up.add_argument("--key-file", help="federation-key file the SuperNodes read (default: <run>/flower/federation.key, "
-                                       "written once with a random secret)")
-    up.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
-    up.add_argument("--tls", action="store_true", help="connect to the SuperLink over TLS, with a throwaway CA and "
-                                                       "certificate for this machine (<run>/flower/tls/)")
-    up.add_argument("overrides", nargs="*", help="key=value overrides")
-    up.set_defaults(func=cmd_flower_up)
-    split = flower_sub.add_parser("split", help="write one data folder per client (what each SuperNode is given)")
-    split.add_argument("-c", "--config", required=True, help="YAML config file (its data section)")
-    split.add_argument("--out", required=True, help="folder for client_<k>/")
-    split.add_argument("overrides", nargs="*", help="key=value overrides")
-    split.set_defaults(func=cmd_flower_split)
-    policy = flower_sub.add_parser("policy", help="write an organisation's client policy (what its client reveals) "
-                                                  "from the config it agrees to")
-    policy.add_argument("-c", "--config", required=True, help="YAML config file")
-    policy.add_argument("--out", required=True, help="the policy file, beside the client's key file "
-                                                     "(e.g. /secrets/policy.yaml)")
-    policy.add_argument("overrides", nargs="*", help="key=value overrides")
-    policy.set_defaults(func=cmd_flower_policy)
-    worker = flower_sub.add_parser("worker", help="one client's long-lived worker beside its SuperNode (keeps the "
-                                                  "party in memory between messages)")
-    worker.add_argument("--data-path", required=True, help="the client's data folder (as its SuperNode's)")
-    worker.add_argument("--key-file", required=True, help="the federation-key file (as its SuperNode's)")
-    worker.add_argument("--work-dir", required=True, help="where the client keeps its states (as its SuperNode's)")
-    worker.add_argument("--socket", required=True, help="Unix socket to listen at; give the SuperNode "
-                                                        "--node-config \"... worker-socket='SOCKET'\"")
-    worker.set_defaults(func=cmd_flower_worker)
     return parser
 
 

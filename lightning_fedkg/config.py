@@ -308,7 +308,7 @@ class TrainerConfig:
 
 @dataclass
 class FlowerConfig:
-    """``federated.flower``: how ``federated.backend=flower`` runs (:mod:`lightning_fedkg.flower`).
+    """``federated.flower``: how ``federated.backend=flower`` runs (:mod:`lightning_fedkg.backends.flower`).
 
     ``mode``: ``simulation`` (every ClientApp on this machine, Flower's simulation engine on
     Ray) or ``deployment`` (the ServerApp of a run submitted to a SuperLink, as ``fedkg
@@ -321,7 +321,7 @@ class FlowerConfig:
     ``keep_states``: how many of its latest states each client keeps on its own disk (what
     the server's checkpoints point to; states of a ``best`` set are kept apart).
     ``client_workers``: a long-lived client worker beside each client
-    (:mod:`lightning_fedkg.flower.worker`) keeps the party in memory, where a deployment
+    (:mod:`lightning_fedkg.backends.flower.worker`) keeps the party in memory, where a deployment
     otherwise starts a fresh ClientApp process per message that imports torch and rebuilds
     it. ``None`` (the default): on for deployments (``fedkg flower up``), off in simulation,
     whose Ray workers live for the whole run anyway.
@@ -340,7 +340,7 @@ class FlowerConfig:
 class SecureAggregationConfig:
     """``federated.secure_aggregation``: masked uploads for every holder-mean strategy
     (FedE, FedR, FedProx, FedEC, FedLU's avatars), after Bonawitz et al. (CCS 2017);
-    :mod:`lightning_fedkg.federated.secure` says what each setting reveals.
+    :mod:`lightning_fedkg.privacy.secure` says what each setting reveals.
 
     ``mode``: ``shared_rows`` (default) masks each row with the peers that hold it too, so a
     client learns which of its rows each peer holds; ``dense`` uploads every client's rows
@@ -354,7 +354,7 @@ class SecureAggregationConfig:
     the uploads nor their aggregate. ``active``: against a server that deviates from the
     protocol, signed key advertisements and a signed survivor list before any share is
     revealed (Bonawitz et al. §6; one more exchange per round), under each client's own
-    identity key checked against a provisioned roster (:mod:`~lightning_fedkg.federated.identities`).
+    identity key checked against a provisioned roster (:mod:`~lightning_fedkg.privacy.identities`).
     ``fractional_bits``: fixed-point precision; a mean is exact to ``2^-(bits+1)``.
     ``min_holders`` (``shared_rows``): a client uploads only the rows that at least this many
     parties of the round hold, counted from the peers it masks each row with, and keeps the
@@ -374,7 +374,7 @@ class SecureAggregationConfig:
 @dataclass
 class DPConfig:
     """``federated.dp``: clipped, Gaussian-noised uploads for every holder-mean strategy,
-    with the privacy spent from dp-accounting (:mod:`lightning_fedkg.federated.dp`).
+    with the privacy spent from dp-accounting (:mod:`lightning_fedkg.privacy.dp_uploads`).
 
     ``unit``: ``row`` clips each uploaded row's update (ε protects one entity's row) or
     ``client`` the whole update (ε protects a client's whole data, DP-FedAvg); ``clip`` is

@@ -2,9 +2,10 @@
 
 A registry maps short names (``"transe"``, ``"fede"``) to classes from entry points of an
 installed distribution (listed without importing, imported on first :meth:`Registry.get`),
-from :meth:`Registry.register`, or from an import path in a config
-(``"my_pkg.my_module:MyStrategy"``). :data:`MODELS`, :data:`STRATEGIES`, :data:`TASKS`,
-:data:`PHASES`, :data:`BACKENDS` and :data:`COMMANDS` live here, at the bottom of the package,
+from built-ins named in code by import path, from :meth:`Registry.register`, or from an
+import path in a config (``"my_pkg.my_module:MyStrategy"``). :data:`MODELS`,
+:data:`STRATEGIES`, :data:`TASKS`, :data:`PHASES`, :data:`BACKENDS`, :data:`CLIENT_POOLS`,
+:data:`PROTECTIONS` and :data:`COMMANDS` live here, at the bottom of the package,
 so the config layer resolves names without importing the layers above it. A misspelled name lists the valid ones.
 See docs/DESIGN.md.
 """
@@ -16,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, TypeVar
 
 __all__ = ["Registry", "RegistryError", "import_path", "MODELS", "STRATEGIES", "TASKS", "PHASES", "BACKENDS",
-           "COMMANDS"]
+           "CLIENT_POOLS", "PROTECTIONS", "COMMANDS"]
 
 T = TypeVar("T")
 
@@ -56,11 +57,15 @@ class Registry(Generic[T]):
         loader: optional callable that imports the modules holding the built-in classes
             (called once, on first lookup, so importing the registry stays cheap).
         group: optional entry-point group whose entries are registered lazily.
+        builtins: optional ``{name: "package.module:Class"}`` of the package's own entries,
+            imported on first use like entry points and taking precedence over one of the
+            same name (so an installed distribution's stale metadata cannot hide them).
     """
 
     def __init__(self, kind: str, base: type | str | None = None, loader: Callable[[], None] | None = None,
-                 group: str | None = None) -> None:
+                 group: str | None = None, builtins: dict[str, str] | None = None) -> None:
         self.kind = kind
+        self._builtins = {k.lower(): v for k, v in (builtins or {}).items()}
         self._base = base
         self._classes: dict[str, type[T]] = {}
         self._loader = loader
@@ -104,10 +109,11 @@ class Registry(Generic[T]):
         self.register(name)(cls)
 
     def names(self) -> list[str]:
-        """Registered short names: entry points (sorted by name), then classes registered in code."""
+        """Registered short names: built-ins and entry points (sorted by name), then classes
+        registered in code."""
         self._ensure_loaded()
-        declared = sorted(self._declared())
-        return declared + [n for n in self._classes if n not in self._declared()]
+        out = sorted({*self._builtins, *self._declared()})
+        return out + [n for n in self._classes if n not in out]
 
     def __contains__(self, name: str) -> bool:
         return self.is_valid(name)
@@ -146,6 +152,8 @@ class Registry(Generic[T]):
         else:
             key = name.lower()
             cls = self._classes.get(key)
+            if cls is None and key in self._builtins:
+                cls = self._classes[key] = import_path(self._builtins[key])
             if cls is None and key in self._declared():
                 cls = self._load_entry_point(key)
             if cls is None:
@@ -181,7 +189,25 @@ PHASES: Registry = Registry("phase", base="lightning_fedkg.federated.phases:Phas
 #: ``federated.backend`` → a backend that runs a federated run other than in this process's
 #: loops (Ray actors, Flower): a class with ``run(cfg, run_dir, resume) -> metrics`` (``local``,
 #: the in-process default, is the core's own and not registered).
-BACKENDS: Registry = Registry("federated backend", group="lightning_fedkg.backends")
+BACKENDS: Registry = Registry("federated backend", group="lightning_fedkg.backends", builtins={
+    "ray": "lightning_fedkg.backends.ray.peer:RayBackend",
+    "flower": "lightning_fedkg.backends.flower:FlowerBackend",
+})
+#: ``federated.clients`` → the client pool of an in-process server: a callable ``(run) ->``
+#: :class:`~lightning_fedkg.federated.clients.ClientPool` (``local``, the default, is the
+#: core's own :class:`~lightning_fedkg.federated.clients.LocalClients` and not registered).
+CLIENT_POOLS: Registry = Registry("client pool", group="lightning_fedkg.client_pools", builtins={
+    "ray": "lightning_fedkg.backends.ray.clients:RayClients",
+})
+#: ``federated.<name>`` → the :class:`~lightning_fedkg.federated.protections.Protection` it
+#: switches on (``enabled: true``) for every holder-mean strategy; a new mechanism is one
+#: module and one entry here (or in the entry-point group).
+PROTECTIONS: Registry = Registry("protection", base="lightning_fedkg.federated.protections:Protection",
+                                 group="lightning_fedkg.protections", builtins={
+    "dp": "lightning_fedkg.privacy.dp_uploads:DPUploads",
+    "secure_aggregation": "lightning_fedkg.privacy.secure:SecureAggregation",
+})
 #: ``fedkg <name>`` → the :class:`~lightning_fedkg.commands.Command` a method adds to the
 #: command line (FedLU's ``unlearn``, FedCQA's ``query``).
-COMMANDS: Registry = Registry("command", base="lightning_fedkg.commands:Command", group="lightning_fedkg.commands")
+COMMANDS: Registry = Registry("command", base="lightning_fedkg.commands:Command", group="lightning_fedkg.commands",
+                              builtins={"flower": "lightning_fedkg.backends.flower.commands:Flower"})

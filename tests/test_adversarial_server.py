@@ -1,7 +1,7 @@
 """Secure aggregation against a server that deviates from the protocol.
 
 Each test plays one attack of an independent security review against the real client
-halves (and, for the rollback, the real Flower :class:`~lightning_fedkg.flower.client.ClientRuntime`).
+halves (and, for the rollback, the real Flower :class:`~lightning_fedkg.backends.flower.client.ClientRuntime`).
 The attacker is the server: it sends whatever messages it likes, restores clients to their
 saved states, and reads what comes back. Each test's docstring says what the attack did
 on the code before its fix (it recovered the victim's exact quantised upload, or the
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated import secure as sa
+from lightning_fedkg.privacy.secure import protocol as sa
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.federation import FederatedRun
-from lightning_fedkg.federated.secure import SecureClient
-from lightning_fedkg.privacy import secagg
+from lightning_fedkg.privacy.secure import SecureClient
+from lightning_fedkg.privacy.mechanisms import secagg
 
 from test_protocol import umls_config
 
@@ -138,9 +138,9 @@ def test_rollback_through_the_flower_restore_request_cannot_unmask_a_round_twice
     worker) or rebuilt from disk for every message (a ClientApp without one). Before the
     fix the restored state brought the round's secrets back and the second unmask revealed
     the victim's s shares."""
-    from lightning_fedkg.flower.client import ClientRuntime
-    from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.backends.flower.client import ClientRuntime
+    from lightning_fedkg.backends.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.backend import client_config_text, provision_beside_key, write_key_file
 
     seen = spy_plaintext(monkeypatch)
     cfg = secure()
@@ -188,9 +188,9 @@ def test_a_flower_restore_does_not_roll_back_what_a_client_spent(tmp_path):
     which only grows, and is merged in after every state load. A ``restore`` to the state
     before round 2, then a fresh process: the ledger still holds both uploads and both
     attempt ids stay spent (without the file, the fresh process knew no attempt id: 0)."""
-    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
-    from lightning_fedkg.flower.client import ClientRuntime
-    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.backend import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.backends.flower.client import ClientRuntime
+    from lightning_fedkg.backends.flower.data import write_client_folders
 
     cfg = secure(federated__dp__enabled=True, federated__dp__noise_multiplier=2.0)
     run = FederatedRun(cfg, run_dir=None)
@@ -272,15 +272,15 @@ def _registered_runtime(tmp_path, registered_cfg, roster_cfg=None):
     """A Flower client registered with ``registered_cfg`` (the config the server sends in
     ``hello``), with the policy and identities of ``roster_cfg`` beside its key file (none:
     a policy that agrees with the registration, and no roster)."""
-    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
-    from lightning_fedkg.flower.client import ClientRuntime
-    from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.backend import client_config_text, write_key_file
+    from lightning_fedkg.privacy.policy import POLICY_FILE, write_policy
+    from lightning_fedkg.backends.flower.client import ClientRuntime
+    from lightning_fedkg.backends.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.backend import client_config_text, write_key_file
 
     folders = write_client_folders(registered_cfg, tmp_path / "data")
     key = write_key_file("secret", tmp_path / "org" / "federation.key")
     if roster_cfg is not None:
-        from lightning_fedkg.flower.backend import provision_beside_key
+        from lightning_fedkg.backends.flower.backend import provision_beside_key
 
         provision_beside_key(roster_cfg, key, folders)
     else:
@@ -717,7 +717,7 @@ def test_identities_are_private_files_with_a_public_roster_and_survive_a_resume(
     import json
     import stat
 
-    from lightning_fedkg.federated import identities
+    from lightning_fedkg.privacy import identities
 
     cfg = secure(**ACTIVE_T2)
     first = FederatedRun(cfg, run_dir=tmp_path / "run")
@@ -739,7 +739,7 @@ def test_identities_are_private_files_with_a_public_roster_and_survive_a_resume(
 
 
 def test_identity_files_errors_name_the_file(tmp_path):
-    from lightning_fedkg.federated import identities
+    from lightning_fedkg.privacy import identities
 
     identities.write_identities(tmp_path, ["a", "b", "c"], threshold=2)
     with pytest.raises(ConfigError, match=r"no identity key for d at .*d\.key"):

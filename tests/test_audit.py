@@ -13,7 +13,7 @@ import torch
 
 from lightning_fedkg.cli import main
 from lightning_fedkg.models.kge import build_model
-from lightning_fedkg.federated.audit import attack_scores, candidate_space, top_candidates
+from lightning_fedkg.privacy.audit import attack_scores, candidate_space, top_candidates
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[1]

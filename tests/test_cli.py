@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fedkg.cli import bundled_datasets, check_data_name, format_metrics_table, main
+from lightning_fedkg.cli import format_metrics_table, main
 from lightning_fedkg.config import ConfigError, DataConfig, ExperimentConfig, TrainerConfig, show_progress_bar
+from lightning_fedkg.preflight import bundled_datasets, check_data_name
 
 REPO = Path(__file__).resolve().parents[1]
 KGE_CONFIG = str(REPO / "configs" / "kge" / "umls_transe.yaml")

@@ -92,17 +92,18 @@ def test_a_strategy_with_its_own_layout_formats_it_and_falls_back_to_the_generic
         .startswith("test")
 
 
-def test_every_declared_command_is_a_light_command_of_a_method():
+def test_every_declared_command_is_a_light_command_of_a_method_or_a_backend():
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][
         "lightning_fedkg.commands"]
     assert declared == {"query": "lightning_fedkg.methods.fedcqa.commands:Query",
-                        "unlearn": "lightning_fedkg.methods.fedlu.commands:Unlearn"}
+                        "unlearn": "lightning_fedkg.methods.fedlu.commands:Unlearn",
+                        "flower": "lightning_fedkg.backends.flower.commands:Flower"}
     for target in declared.values():
         assert issubclass(import_path(target), Command)
     # What the installed package declares is what fedkg offers (after a reinstall).
-    assert {"query", "unlearn"} <= set(COMMANDS.names())
+    assert {"query", "unlearn", "flower"} <= set(COMMANDS.names())
     choices = next(a for a in build_parser()._actions if a.dest == "command").choices
-    assert list(choices)[:4] == ["fit", "test", "query", "unlearn"]
+    assert list(choices)[:5] == ["fit", "test", "flower", "query", "unlearn"]
 
 
 class Hello(Command):

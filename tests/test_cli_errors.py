@@ -197,7 +197,7 @@ def test_flower_logs_have_no_colour_codes_when_stderr_is_not_a_terminal():
     pytest.importorskip("flwr")  # the flower extra (a fresh clone's [test] has none)
     # A process that runs our Flower code (here: building the ClientApp, as every simulation
     # and deployment process does), its stderr a pipe, then one of Flower's deprecation warnings.
-    script = ("from lightning_fedkg.flower.client import make_client_app\n"
+    script = ("from lightning_fedkg.backends.flower.client import make_client_app\n"
               "from flwr.common.logger import warn_deprecated_feature\n"
               "make_client_app()\nwarn_deprecated_feature('the old thing')\n")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

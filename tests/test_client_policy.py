@@ -2,7 +2,7 @@
 
 A Flower client's run config comes from the server at registration; what it reveals is
 decided by its organisation's ``policy.yaml`` beside its key file
-(:mod:`lightning_fedkg.federated.policy`). Each test plays a server that sends a config
+(:mod:`lightning_fedkg.privacy.policy`). Each test plays a server that sends a config
 lowering a guarantee, and says what it did on the code before the policy existed.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated import secure as sa
+from lightning_fedkg.privacy.secure import protocol as sa
 from lightning_fedkg.federated.message import Message, decode, encode
-from lightning_fedkg.federated.policy import POLICY_FILE, ClientPolicy, pinned_keys, read_policy, write_policy
+from lightning_fedkg.privacy.policy import POLICY_FILE, ClientPolicy, pinned_keys, read_policy, write_policy
 
 from test_adversarial_server import secure
 from test_protocol import umls_config
@@ -26,9 +26,9 @@ ACTIVE = {"federated__secure_aggregation__active": True}
 def _registered(tmp_path, registered_cfg, provisioned_cfg):
     """A Flower client whose organisation provisioned ``provisioned_cfg`` (identities and
     policy beside its key file), registered by the server with ``registered_cfg``."""
-    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
-    from lightning_fedkg.flower.client import ClientRuntime
-    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.backend import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.backends.flower.client import ClientRuntime
+    from lightning_fedkg.backends.flower.data import write_client_folders
 
     folders = write_client_folders(provisioned_cfg, tmp_path / "data")
     key = write_key_file("a long federation secret", tmp_path / "org" / "federation.key")

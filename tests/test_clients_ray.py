@@ -143,7 +143,7 @@ def test_each_stage_places_the_clients_it_addresses():
     """A round that samples some clients (fraction < 1) spreads those over the cores: the
     placement is made per exchange, for the addressed clients only."""
     from lightning_fedkg.federated.channel import Channel
-    from lightning_fedkg.federated.clients_ray import RayClients
+    from lightning_fedkg.backends.ray.clients import RayClients
     from lightning_fedkg.federated.message import Message
 
     calls = []
@@ -189,7 +189,7 @@ def test_sequential_clients_are_the_default():
 
 
 def test_ray_clients_without_ray_name_the_extra(monkeypatch):
-    from lightning_fedkg.federated.peer_ray import RayNotInstalledError
+    from lightning_fedkg.backends.ray.peer import RayNotInstalledError
 
     monkeypatch.setitem(sys.modules, "ray", None)  # "import ray" raises ImportError
     with pytest.raises(RayNotInstalledError, match=r'federated.clients=ray needs Ray.*lightning-fedkg\[ray\]'):
@@ -208,7 +208,7 @@ def test_methods_that_need_their_parties_here_refuse_ray_clients():
 def ray_started():
     """Ray once for the module; the runs find it started and leave it running."""
     ray = pytest.importorskip("ray")
-    from lightning_fedkg.federated.peer_ray import ray_session
+    from lightning_fedkg.backends.ray.peer import ray_session
 
     with ray_session(ray, num_cpus=3):
         yield ray

@@ -224,8 +224,8 @@ def test_a_stale_module_name_is_found(tmp_path):
 
 def module_map_paths(design: Path) -> list[str]:
     """The package paths of DESIGN.md's module map: a row's first cell lists paths, the later
-    ones relative to the first one's folder (`federated/peer.py`, `peer_ray.py`); a row of
-    one folder may name that folder's files in its description (`methods/fkge/`: `pate.py`)."""
+    ones relative to the first one's folder (`backends/ray/peer.py`, `clients.py`); a row of
+    one folder may name that folder's files in its description (`privacy/mechanisms/`: `pate.py`)."""
     text = design.read_text().split("## 1. Module map", 1)[1].split("\n## ", 1)[0]
     paths = []
     for row in re.findall(r"^\| (`.+?) \| (.+) \|$", text, flags=re.M):
@@ -239,7 +239,7 @@ def module_map_paths(design: Path) -> list[str]:
 
 def test_every_module_in_designs_map_exists():
     paths = module_map_paths(DOCS / "DESIGN.md")
-    assert {"federated/runner.py", "federated/peer_ray.py", "methods/fedr/", "methods/fkge/pate.py"} <= set(paths)
+    assert {"federated/runner.py", "backends/ray/peer.py", "methods/fedr/", "privacy/mechanisms/pate.py"} <= set(paths)
     missing = [p for p in paths if not (ROOT / "lightning_fedkg" / p).exists()]
     assert not missing, f"docs/DESIGN.md's module map names modules that do not exist: {missing}"
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated.dp import DPClient, clip_update, noise_multiplier
+from lightning_fedkg.privacy.dp_uploads import DPClient, clip_update, noise_multiplier
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.run import fit
-from lightning_fedkg.privacy import dp as dplib
+from lightning_fedkg.privacy.mechanisms import accounting as dplib
 
 from test_protocol import umls_config
 

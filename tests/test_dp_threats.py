@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.federated.dp import DPServer, noise_multiplier
+from lightning_fedkg.privacy.dp_uploads import DPServer, noise_multiplier
 from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
-from lightning_fedkg.privacy import dp as dplib
+from lightning_fedkg.privacy.mechanisms import accounting as dplib
 
 from test_protocol import DIM, umls_config
 
@@ -214,7 +214,7 @@ def test_the_noise_does_not_come_from_torch():
     replaces it (a new module, so this checks the fix, not the old code): seeding torch changes
     nothing, the draw leaves torch's state alone, and it is a standard normal (moments and the
     two-sided 5% tail over 10^6 samples)."""
-    from lightning_fedkg.privacy import noise
+    from lightning_fedkg.privacy.mechanisms import noise
 
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
@@ -235,7 +235,7 @@ def test_the_release_is_snapped_to_the_grid_and_accounted():
     """Mironov's attack reads the update from the low bits of a float sum; every released
     coordinate is an integer multiple of the grid step, and the ledger widens the
     sensitivity by the rounding's slack Λ·√d."""
-    from lightning_fedkg.privacy import noise
+    from lightning_fedkg.privacy.mechanisms import noise
 
     clip = 0.3
     step = noise.grid(clip)

@@ -447,7 +447,7 @@ def test_client_entities_all_gives_every_client_every_row_and_the_same_queries(t
 
 
 def test_client_entities_all_is_refused_where_clients_load_their_own_entities(tmp_path):
-    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.data import write_client_folders
     from lightning_fedkg.methods.fkge.federation import FKGE
 
     with pytest.raises(ConfigError, match="client_entities"):

@@ -16,11 +16,11 @@ from lightning_fedkg.federated.alignment import federation_key
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.federation import FederatedRun
-from lightning_fedkg.federated.secure import _bytes as secagg_bytes, _offset
+from lightning_fedkg.privacy.secure.protocol import _bytes as secagg_bytes, _offset
 from lightning_fedkg.federated.strategy import ClientHalf
 from lightning_fedkg.methods.fedcqa import FedCQA
 from lightning_fedkg.methods.fedcqa.paper_secret import paper_mask
-from lightning_fedkg.privacy import secagg
+from lightning_fedkg.privacy.mechanisms import secagg
 
 from test_fedcqa import KEY, cqa_config
 

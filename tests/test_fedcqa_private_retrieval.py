@@ -437,7 +437,7 @@ def test_the_querier_takes_the_members_from_its_roster_where_it_has_one(runs, tm
     import copy
 
     from lightning_fedkg.federated.entry import load_run_from
-    from lightning_fedkg.federated.identities import write_identities
+    from lightning_fedkg.privacy.identities import write_identities
 
     _, run = load_run_from(runs["private"])
     querier = run.parties["client_0"]

@@ -86,7 +86,7 @@ def test_a_tiny_dp_epsilon_is_reachable_and_costs_what_it_says():
     cannot go under log(1/delta) / 33 = 0.35), raised a ValueError at every handshake, which
     the event loop logged as a warning, and the run exited 0 with 0 handshakes. The exact
     calibration reaches any epsilon > 0."""
-    from lightning_fedkg.methods.fkge.gaussian import gaussian_epsilon
+    from lightning_fedkg.privacy.mechanisms.gaussian import gaussian_epsilon
     from lightning_fedkg.methods.fkge.supervised import release_cost
 
     cost = release_cost(0.01, 1e-5, 32, "replace")

@@ -131,7 +131,7 @@ def test_accepted_updates_improved_and_the_best_only_rises(default_run):
 
 
 def test_epsilon_is_the_hosts_accountant_over_all_its_handshakes(default_run):
-    from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+    from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
 
     metrics, _ = default_run
     for kg in metrics["kgs"]:

@@ -13,7 +13,7 @@ from lightning_fedkg.federated.message import Message
 from lightning_fedkg.run import fit
 from lightning_fedkg.methods.fkge.supervised import (CROSSCOV, ROWS, AlignmentHost, procrustes, release_moments,
                                                      unit_rows)
-from lightning_fedkg.methods.fkge.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
+from lightning_fedkg.privacy.mechanisms.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
                                                    gaussian_epsilon, gaussian_mu, sampled_gaussian_log_moments)
 from lightning_fedkg.methods.fkge.ledger import PrivacyLedger
 

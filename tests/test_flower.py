@@ -23,7 +23,7 @@ import torch
 from lightning_fedkg.config import ConfigError, load_config
 from lightning_fedkg.run import fit
 from lightning_fedkg.federated.party import load_federated_kg
-from lightning_fedkg.flower.data import data_digest, load_client_folder, write_client_folders
+from lightning_fedkg.backends.flower.data import data_digest, load_client_folder, write_client_folders
 from lightning_fedkg.data.kg import KGFormatError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,9 +81,9 @@ def test_data_digest_is_keyed_and_follows_every_file(tmp_path):
 
 # ---------------------------------------------------------------------- the client runtime
 def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
-    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
-    from lightning_fedkg.flower.client import ClientRuntime, DataMismatchError
-    from lightning_fedkg.flower.backend import client_config_text, write_key_file
+    from lightning_fedkg.privacy.policy import POLICY_FILE, write_policy
+    from lightning_fedkg.backends.flower.client import ClientRuntime, DataMismatchError
+    from lightning_fedkg.backends.flower.backend import client_config_text, write_key_file
 
     cfg = umls("federated.rounds=1")
     folder = write_client_folders(cfg, tmp_path / "data")[0]
@@ -105,7 +105,7 @@ def test_client_runtime_refuses_data_other_than_it_registered_with(tmp_path):
 
 
 def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_path):
-    """A ClientApp hands requests to its client worker (:mod:`lightning_fedkg.flower.worker`):
+    """A ClientApp hands requests to its client worker (:mod:`lightning_fedkg.backends.flower.worker`):
     the answers are the worker's runtime's, its errors reach the ClientApp as the same
     exceptions, a process without the federation key is refused, and a ClientApp whose
     worker is not there is told so (``None``: it answers itself)."""
@@ -113,10 +113,10 @@ def test_client_worker_answers_for_the_clientapp_and_only_to_key_holders(tmp_pat
     from multiprocessing import AuthenticationError
     from multiprocessing.connection import Client
 
-    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
-    from lightning_fedkg.flower.client import DataMismatchError, forward, worker_key
-    from lightning_fedkg.flower.backend import client_config_text, write_key_file
-    from lightning_fedkg.flower.worker import serve
+    from lightning_fedkg.privacy.policy import POLICY_FILE, write_policy
+    from lightning_fedkg.backends.flower.client import DataMismatchError, forward, worker_key
+    from lightning_fedkg.backends.flower.backend import client_config_text, write_key_file
+    from lightning_fedkg.backends.flower.worker import serve
 
     cfg = umls("federated.rounds=1")
     folder = write_client_folders(cfg, tmp_path / "data")[1]
@@ -155,7 +155,7 @@ def test_localhost_certificates_give_a_verified_tls_handshake_on_127_0_0_1(tmp_p
     import stat
     import threading
 
-    from lightning_fedkg.flower.deploy import localhost_certificates
+    from lightning_fedkg.backends.flower.deploy import localhost_certificates
 
     tls = localhost_certificates(tmp_path / "tls")
     assert stat.S_IMODE(tls.key.stat().st_mode) == 0o600
@@ -210,7 +210,7 @@ def test_a_restart_waits_for_the_previous_server_to_let_go_of_the_run(tmp_path):
     import subprocess
     import sys
 
-    from lightning_fedkg.flower.deploy import wait_unlocked
+    from lightning_fedkg.backends.flower.deploy import wait_unlocked
     from lightning_fedkg.rundir import LOCK_FILE, RunLockedError
 
     hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
@@ -236,7 +236,7 @@ def test_flower_processes_find_flowers_commands_beside_this_python_and_warn_quie
     ("No such file or directory: 'flower-superexec'"); nor did it quiet any warning."""
     import os
 
-    from lightning_fedkg.flower.deploy import Deployment
+    from lightning_fedkg.backends.flower.deploy import Deployment
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # as from `venv/bin/fedkg`, not activated
     monkeypatch.setenv("PYTHONWARNINGS", "error::UserWarning")
@@ -253,7 +253,7 @@ def test_deployment_logs_hold_no_colour_codes_nor_known_noisy_warnings(tmp_path)
     wrote it as printed: Flower's SuperLink, SuperNode and SuperExec colour their level names
     (``\\x1b[92mINFO \\x1b[0m:``) even into a file, and a process that imports PyG printed
     torch's ``torch.jit.script`` DeprecationWarning."""
-    from lightning_fedkg.flower.deploy import Deployment
+    from lightning_fedkg.backends.flower.deploy import Deployment
 
     script = ("import warnings, sys\n"
               "print('\\x1b[92mINFO \\x1b[0m:      Starting Flower SuperNode')\n"
@@ -270,7 +270,7 @@ def test_a_simulation_sets_its_quiet_environment_only_while_it_runs(monkeypatch)
     import io
     import os
 
-    from lightning_fedkg.flower.logs import simulation_environment
+    from lightning_fedkg.backends.flower.logs import simulation_environment
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
@@ -354,8 +354,8 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
     per client folder) and call ``after_round_1(deployment)`` from a thread once round 1 is committed."""
     import threading
 
-    from lightning_fedkg.flower.deploy import Deployment, key_for, write_app_project
-    from lightning_fedkg.flower.backend import client_config_text
+    from lightning_fedkg.backends.flower.deploy import Deployment, key_for, write_app_project
+    from lightning_fedkg.backends.flower.backend import client_config_text
 
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
@@ -383,7 +383,7 @@ def test_deployment_equals_in_process_across_a_killed_server(tmp_path):
     side (the SuperLink and the ServerApp it started) is SIGKILLed; ``up`` on the same run
     folder starts it again, resumes after round 1, and ends with the in-process numbers."""
     pytest.importorskip("flwr")
-    from lightning_fedkg.flower.deploy import up
+    from lightning_fedkg.backends.flower.deploy import up
 
     settings = ["federated.rounds=3", "federated.federation_key=deployment-test-secret"]
     local = fit(umls(*settings), tmp_path / "local")
@@ -406,7 +406,7 @@ def test_deployment_over_tls_equals_in_process(tmp_path):
     serves HTTPS, the SuperNodes and ``flwr`` verify it against the CA, and the run ends
     with the in-process numbers."""
     pytest.importorskip("flwr")
-    from lightning_fedkg.flower.deploy import localhost_certificates, up
+    from lightning_fedkg.backends.flower.deploy import localhost_certificates, up
 
     settings = ["federated.rounds=2", "federated.federation_key=deployment-test-secret"]
     local = fit(umls(*settings), tmp_path / "local")

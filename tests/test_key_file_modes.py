@@ -13,9 +13,9 @@ import stat
 import pytest
 
 from lightning_fedkg.config import ConfigError
-from lightning_fedkg.federated import identities
-from lightning_fedkg.flower.backend import write_key_file
-from lightning_fedkg.flower.data import read_key_file
+from lightning_fedkg.privacy import identities
+from lightning_fedkg.backends.flower.backend import write_key_file
+from lightning_fedkg.backends.flower.data import read_key_file
 
 NAMES = ["client_0", "client_1", "client_2"]
 

@@ -1,6 +1,6 @@
 """A server that deviates in any field of any message: the harness that covers the class.
 
-Every field a client receives has a declared stance (:mod:`lightning_fedkg.federated.stances`):
+Every field a client receives has a declared stance (:mod:`lightning_fedkg.privacy.stances`):
 pinned by its policy, checked against what it holds, or harmless. Two tests hold that:
 
 * **coverage**: honest runs of the configurations below record every field each client half
@@ -28,14 +28,14 @@ import re
 import pytest
 import torch
 
-from lightning_fedkg.federated import secure as sa
+from lightning_fedkg.privacy.secure import protocol as sa
 from lightning_fedkg.federated.clients import LocalClients
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.secure import SecureClient
-from lightning_fedkg.federated.stances import receives
+from lightning_fedkg.privacy.secure import SecureClient
+from lightning_fedkg.privacy.stances import receives
 from lightning_fedkg.federated.strategy import RetryRound
-from lightning_fedkg.privacy import secagg
+from lightning_fedkg.privacy.mechanisms import secagg
 
 from test_protocol import umls_config
 

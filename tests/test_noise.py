@@ -1,4 +1,4 @@
-"""The DP noise sampler (lightning_fedkg/privacy/noise.py) against the review's finding on its
+"""The DP noise sampler (lightning_fedkg/privacy/mechanisms/noise.py) against the review's finding on its
 tail: Box-Muller's radius ``√(-2 ln U)`` of a 53-bit uniform ``U`` never exceeded
 ``√(2·53·ln 2) ≈ 8.57``, so an output beyond it had probability zero under one neighbour
 and not under the other, a δ floor of about ``Q(8.57 - Δ/σ)`` per coordinate that no
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.privacy import noise
+from lightning_fedkg.privacy.mechanisms import noise
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -168,7 +168,7 @@ def test_the_dp_report_states_the_tail_delta_beside_delta():
     at the least σ a client reported and the sensitivity the ledger accounts (2 + the grid's
     slack, a row of DIM values); None before any upload. Before the fix the report had no
     such figure (and the cut's δ floor, at σ = 1, was 2.5e-11 per coordinate)."""
-    from lightning_fedkg.federated.dp import DPServer
+    from lightning_fedkg.privacy.dp_uploads import DPServer
     from lightning_fedkg.federated.federation import FederatedRun
 
     from test_protocol import DIM, umls_config

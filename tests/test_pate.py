@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
-from lightning_fedkg.methods.fkge.pate import noisy_argmax, split_teacher_partitions, teacher_votes
+from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
+from lightning_fedkg.privacy.mechanisms.pate import noisy_argmax, split_teacher_partitions, teacher_votes
 
 LOG_INV_DELTA = math.log(1e5)
 

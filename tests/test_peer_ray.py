@@ -36,7 +36,7 @@ def overrides(strategy: str, events: int, engine: str) -> list[str]:
 def ray_started():
     """Ray once for the module, on 2 CPUs; the runs find it started and leave it running."""
     ray = pytest.importorskip("ray")
-    from lightning_fedkg.federated.peer_ray import ray_session
+    from lightning_fedkg.backends.ray.peer import ray_session
 
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(ROOT))  # tests.plugin_peer, in the driver and (via PYTHONPATH) the actors
@@ -103,7 +103,7 @@ def test_a_budget_stops_ray_exactly_and_runs_resume_across_backends(ray_started,
 
 
 def test_without_ray_the_error_says_how_to_install_it(tmp_path, monkeypatch):
-    from lightning_fedkg.federated.peer_ray import RayNotInstalledError
+    from lightning_fedkg.backends.ray.peer import RayNotInstalledError
 
     monkeypatch.setitem(__import__("sys").modules, "ray", None)  # import ray -> ImportError
     monkeypatch.syspath_prepend(str(ROOT))

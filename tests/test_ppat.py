@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from lightning_fedkg.federated.channel import Channel
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.methods.fkge import PPATClient, PPATHost, run_ppat
-from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
 
 D, M, HIDDEN = 8, 64, 12
 

@@ -89,7 +89,7 @@ def test_pair_free_fit_ignores_row_order_and_is_zero_only_at_the_same_set():
 
 
 def test_restarts_choose_the_best_fit_and_charge_one_accountant():
-    from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+    from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
     from lightning_fedkg.methods.fkge.restarts import pair_free_fit, run_ppat_restarts
 
     x, y, _ = clusters_task(0, m=64)

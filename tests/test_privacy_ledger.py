@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
-from lightning_fedkg.methods.fkge.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
+from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
+from lightning_fedkg.privacy.mechanisms.gaussian import (calibrate_gaussian_noise, epsilon_from_log_moments,
                                                    sampled_gaussian_log_moments)
 from lightning_fedkg.methods.fkge.ledger import PrivacyLedger
 
@@ -115,7 +115,7 @@ def test_exact_gaussian_composition_is_dp_accountings_pld(sigma, releases):
     from dp_accounting import dp_event
     from dp_accounting.pld import PLDAccountant
 
-    from lightning_fedkg.methods.fkge.gaussian import gaussian_epsilon, gaussian_mu
+    from lightning_fedkg.privacy.mechanisms.gaussian import gaussian_epsilon, gaussian_mu
     from lightning_fedkg.methods.fkge.supervised import release_moments
 
     delta = 1e-5

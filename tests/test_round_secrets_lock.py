@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from lightning_fedkg.federated import secure as sa
+from lightning_fedkg.privacy.secure import protocol as sa
 from lightning_fedkg.federated.alignment import federation_secret
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.message import decode, encode
@@ -33,9 +33,9 @@ def _one_flower_client(tmp_path):
     process, sharing its seed-derived key), keyed and trained up to the unmasking. Returns
     the run, the runtime that served it so far, a factory of that client's runtimes (each one
     a process of its own), its registered digest and the server's round record."""
-    from lightning_fedkg.flower.backend import client_config_text, provision_beside_key, write_key_file
-    from lightning_fedkg.flower.client import ClientRuntime
-    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.backend import client_config_text, provision_beside_key, write_key_file
+    from lightning_fedkg.backends.flower.client import ClientRuntime
+    from lightning_fedkg.backends.flower.data import write_client_folders
 
     cfg = secure()
     run = FederatedRun(cfg, run_dir=None)
@@ -127,7 +127,7 @@ def test_a_request_waits_for_another_process_holding_the_client(tmp_path, monkey
     error naming the lock file (the wait bounded, here 0.3 s); once that process is gone
     the request is answered. On the old code the request was answered while the other
     process held the folder (there was no lock to wait for)."""
-    from lightning_fedkg.flower import client as client_module
+    from lightning_fedkg.backends.flower import client as client_module
 
     run, first, process, digest, st = _one_flower_client(tmp_path)
     everyone = sorted(st.uploads)

@@ -19,8 +19,8 @@ from lightning_fedkg.federated.aggregation import holder_counts, holder_mean
 from lightning_fedkg.federated.message import decode
 from lightning_fedkg.federated.federation import FederatedRun, RoundFailed
 from lightning_fedkg.run import fit
-from lightning_fedkg.federated.secure import SecureClient, default_threshold
-from lightning_fedkg.privacy import secagg
+from lightning_fedkg.privacy.secure import SecureClient, default_threshold
+from lightning_fedkg.privacy.mechanisms import secagg
 
 from test_protocol import umls_config
 
@@ -289,7 +289,7 @@ def test_a_colluding_client_reveals_only_the_rows_it_alone_shares_with_the_victi
     lacks), and on the rows client_0 holds too learns nothing: what is left is masked by
     the client_0-client_1 pair mask, uniform and uncorrelated with the plaintext. That last
     mask, from client_0's key, uncovers the rest."""
-    from lightning_fedkg.federated import secure as sa_module
+    from lightning_fedkg.privacy.secure import protocol as sa_module
 
     calls = {}
     original = SecureClient._mask

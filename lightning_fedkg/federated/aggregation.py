@@ -93,7 +93,7 @@ def holder_mean(table: Tensor, indices: Sequence[Tensor], rows: Sequence[Tensor]
 
 def mean_from_sums(table: Tensor, sums: Tensor, counts: Tensor) -> Tensor:
     """:func:`holder_mean` from per-row sums (float64) and upload counts: what secure
-    aggregation reveals (:mod:`.secure`), which never sees the uploads themselves."""
+    aggregation reveals (:mod:`~lightning_fedkg.privacy.secure`), which never sees the uploads themselves."""
     counts = counts.to(device=sums.device)
     held = counts > 0
     mean = sums / _rows_view(counts.clamp(min=1), sums).to(sums.dtype)

@@ -110,7 +110,7 @@ class Channel:
         bytes) and return the same bytes, to forward unchanged.
 
         The record is built from the decoded bytes exactly as :meth:`send` builds it, so a
-        router between processes (the Ray backend, :mod:`.peer_ray`) writes the same log
+        router between processes (the Ray backend, :mod:`~lightning_fedkg.backends.ray.peer`) writes the same log
         without encoding twice; bytes that are not a valid message raise here, before they
         are forwarded. ``wire_bytes``: what the transport really sent for it, when it wraps
         the bytes in framing of its own (Flower's records); default ``len(data)``.

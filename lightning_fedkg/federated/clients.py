@@ -2,7 +2,7 @@
 
 :class:`~.federation.FederatedRun` talks to its clients only through a pool.
 :class:`LocalClients` (the default) keeps every party and client half in this process;
-another pool (:class:`~.clients_ray.RayClients`, ``federated.clients=ray``; Flower's) keeps
+another pool (:class:`~lightning_fedkg.backends.ray.clients.RayClients`, ``federated.clients=ray``; Flower's) keeps
 them elsewhere and implements the same operations:
 :meth:`exchange`, :meth:`deliver`, :meth:`states` / :meth:`load_states`, :meth:`close` /
 :meth:`mute`. A pool is built by a factory ``pool(run)`` passed as

@@ -32,7 +32,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
     (:class:`~.round_loop.RoundLoop`), both through the one skeleton :func:`~.runner.run_loop`.
     Any other ``federated.backend`` is the entry registered under that name
     (:data:`~lightning_fedkg.registry.BACKENDS`): ``ray`` runs a peer-to-peer strategy on
-    :class:`~.peer_ray.RayEventLoop`, ``flower`` the same round loop with its clients
+    :class:`~lightning_fedkg.backends.ray.peer.RayEventLoop`, ``flower`` the same round loop with its clients
     elsewhere (a :class:`~.clients.ClientPool` of its own).
 
     Writes per-party checkpoints every round (``checkpoints/``), the best validation state,
@@ -55,7 +55,7 @@ def run_federated(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = Tru
 
     fc = cfg.federated
     if fc.backend != "local":
-        # A backend of its own package (Ray: federated/peer_ray.py; Flower: lightning_fedkg.flower),
+        # A backend of its own package (Ray: backends/ray/peer.py; Flower: lightning_fedkg.backends.flower),
         # found by entry point; each refuses the strategies it does not run.
         from lightning_fedkg.registry import BACKENDS
 

@@ -32,7 +32,7 @@ from lightning_fedkg.federated.party import (
     build_party,
     load_federated_kg,
 )
-from lightning_fedkg.federated.protections import protected_halves
+from lightning_fedkg.federated.protections import IDENTITIES, enabled_protections, protected_halves, provision
 from lightning_fedkg.federated.strategy import SERVER, STRATEGIES, RetryRound, ServerContext
 from lightning_fedkg.federated.tasks import TASKS, Task
 
@@ -55,28 +55,25 @@ class RoundFailed(RuntimeError):
 
 @contextlib.contextmanager
 def local_identities(cfg: ExperimentConfig, run_dir: Path | None, parties: list[Party]) -> Iterator[None]:
-    """While the block builds the client halves of ``parties`` (all in this process), the
-    identities of secure aggregation's ``active`` mode are on disk where they read them.
+    """While the block builds the client halves of ``parties`` (all in this process), what the
+    enabled protections provision before a run (secure aggregation's identities in
+    ``active`` mode) is on disk where they read it.
 
     The run is the provisioner here: ``<run_dir>/identities/`` is written at the start and
-    reused on resume (:func:`~.identities.provision`). Without a run folder (tests, an
+    reused on resume (:func:`~.protections.provision`). Without a run folder (tests, an
     evaluation) the keys go to a private temporary folder that the halves read as they are
     built and that is deleted after. The server half reads none of it.
     """
-    from lightning_fedkg.federated.identities import IDENTITIES
-    from lightning_fedkg.federated.secure import provision_identities as provision
-
-    sa = cfg.federated.secure_aggregation
-    if not (sa.enabled and sa.active):
+    if not any(p.provisions(cfg) for p in enabled_protections(cfg)):
         yield
         return
     names = [p.name for p in parties]
     if run_dir is not None:
-        provision(run_dir / IDENTITIES, cfg, names)
+        provision(cfg, run_dir / IDENTITIES, names)
         yield
         return
     with tempfile.TemporaryDirectory(prefix="fedkg-identities-") as folder:
-        provision(folder, cfg, names)
+        provision(cfg, folder, names)
         for p in parties:
             p.identities = Path(folder)
         try:
@@ -109,10 +106,10 @@ class FederatedRun:
         if clients is not None and fc.clients != "local":
             raise ConfigError(f"federated.clients={fc.clients} places the clients of backend=local; "
                               f"this run's clients are placed by its backend")
-        if clients is None and fc.clients == "ray":
-            from lightning_fedkg.federated.clients_ray import RayClients
+        if clients is None and fc.clients != "local":
+            from lightning_fedkg.registry import CLIENT_POOLS
 
-            clients = RayClients
+            clients = CLIENT_POOLS.get(fc.clients)
         elif clients is not None and in_process:
             raise ConfigError(f"{fc.strategy!r} is a centralised reference that runs in one process only "
                               f"(federated.backend=local)")

@@ -195,7 +195,7 @@ class HolderMeanServer(ServerHalf):
         """Replace table ``tensor`` by the holder-mean of per-row upload sums (float64,
         ``[N, ...]``, ``[1, ...]`` for a tensor shared whole) and upload counts (``[N]``):
         the one place the aggregate enters the table, from plain uploads
-        (:meth:`aggregate_train`) or from masked ones (:mod:`.secure`)."""
+        (:meth:`aggregate_train`) or from masked ones (:mod:`~lightning_fedkg.privacy.secure`)."""
         table = self.table[tensor]
         whole = self.alignments[self.group_of[tensor]] is None
         base = table.unsqueeze(0) if whole else table

@@ -161,7 +161,7 @@ class Party:
         run_dir: the run's folder (``None`` for a party built without one); a method may keep
             party-private files under ``run_dir / <its own sub-folder>``.
         identities: the folder of the party's secure-aggregation identity (its own private
-            key and the roster, :mod:`.identities`): ``run_dir / "identities"`` by default;
+            key and the roster, :mod:`~lightning_fedkg.privacy.identities`): ``run_dir / "identities"`` by default;
             a Flower client points it beside its federation-key file.
     """
 

@@ -4,7 +4,7 @@ A :class:`PeerStrategy` has one half, :class:`PeerHalf`, at every party; a peer 
 delivered message by returning the ``(receiver, event, Message)`` triples it sends next.
 :class:`EventRunner` delivers them one at a time, FIFO, through the same
 :class:`~.channel.Channel`, parties and checkpoints as the round loop, so a run is
-reproducible and resumable after any event; ``federated.backend=ray`` (:mod:`.peer_ray`)
+reproducible and resumable after any event; ``federated.backend=ray`` (:mod:`~lightning_fedkg.backends.ray.peer`)
 replaces the scheduler, not the peers. The budget is ``federated.rounds`` deliveries.
 See docs/DESIGN.md.
 """

@@ -1,7 +1,7 @@
 """The one run skeleton: what every loop of a federated run shares.
 
 A :class:`Loop` drives parties: rounds (:class:`~.round_loop.RoundLoop`), events in this
-process (:class:`~.peer.EventLoop`) or on Ray actors (:class:`~.peer_ray.RayEventLoop`).
+process (:class:`~.peer.EventLoop`) or on Ray actors (:class:`~lightning_fedkg.backends.ray.peer.RayEventLoop`).
 :func:`run_loop` does the rest, once for all of them, in a run directory that
 :func:`lightning_fedkg.run.fit` has opened, in a process it has set up and seeded::
 

@@ -45,7 +45,7 @@ class Task:
     #: Dataclass of the task's own ``task:`` config section, or None.
     config_class: type | None = None
     #: Keys of that section that decide what a client reveals (e.g. how query answers are
-    #: retrieved): a client's policy pins them (:mod:`~lightning_fedkg.federated.policy`).
+    #: retrieved): a client's policy pins them (:mod:`~lightning_fedkg.privacy.policy`).
     policy_keys: tuple[str, ...] = ()
     #: Whether the task builds data of its own beyond the graphs (the query task's query
     #: sets), which ``fedkg data stats -c CONFIG`` describes with :meth:`data_stats`.

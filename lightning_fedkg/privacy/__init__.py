@@ -1,9 +1,14 @@
-"""Privacy protections any federated method can switch on (``federated.dp``, ``federated.secure_aggregation``).
+"""Privacy, in one place: the mechanisms and the protocols built on them.
 
-* :mod:`.dp` -- DP of uploads: clipping, the noise multiplier and the privacy spent (dp-accounting);
-* :mod:`.noise` -- Gaussian noise from a cryptographic source, snapped to a grid;
-* :mod:`.secagg` -- the cryptography of secure aggregation (key agreement, masks, secret sharing).
+Below the federated core, which uses them: :mod:`.mechanisms` (DP accounting and noise,
+secure-aggregation cryptography, PATE and its moments accountant, the Gaussian mechanism)
+and :mod:`.stances` (what a client checks in each field a server sends).
 
-FKGE's own mechanisms (PATE voting, its moments accountant, its privacy ledger) live with
-it in :mod:`lightning_fedkg.methods.fkge`.
+Above the core, wrapping its holder-mean halves through the hook in
+:mod:`lightning_fedkg.federated.protections` and the registry
+:data:`~lightning_fedkg.registry.PROTECTIONS`: :mod:`.secure` (secure aggregation, one
+module per step), :mod:`.dp_uploads` (``federated.dp``), :mod:`.identities` and
+:mod:`.policy` (provisioned out of band), :mod:`.audit` (``fedkg audit``). A new protection
+is one module here and one registry entry. FKGE's ledger, which composes PATE and Gaussian
+releases in FKGE's unit (an aligned entity's row), stays in :mod:`lightning_fedkg.methods.fkge`.
 """

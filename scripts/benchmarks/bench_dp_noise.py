@@ -2,9 +2,9 @@
 
 Three sources, float64, for a table of ``rows × dim`` values:
 
-* ``torch.randn``: MT19937 (what federated.dp used before), not a cryptographic source;
-* ``urandom``: :func:`lightning_fedkg.privacy.noise.snapped_release`, Box-Muller on
-  ``os.urandom`` bits and rounding to the release grid (what federated.dp uses);
+* ``torch.randn``: MT19937 (what the DP of uploads used before), not a cryptographic source;
+* ``urandom``: :func:`lightning_fedkg.privacy.mechanisms.noise.snapped_release`, Box-Muller on
+  ``os.urandom`` bits and rounding to the release grid (what the DP of uploads, privacy/dp_uploads.py, uses);
 * ``opendp``: OpenDP's exact discrete Gaussian (``make_gaussian`` on a float vector,
   cryptographic source), timed on ``--opendp-rows`` rows and scaled to the table.
 
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from lightning_fedkg.privacy import noise
+from lightning_fedkg.privacy.mechanisms import noise
 
 
 def best_of(fn, repeats: int) -> float:

@@ -145,7 +145,7 @@ def instrument_secure(run: FederatedRun, timings: dict) -> None:
 def instrument_dp(timings: dict) -> None:
     """Record the seconds the clients spend in DP's clipping and noised release (``dp``)
     under ``federated.dp`` (the ledger's accounting is in the rest of the round)."""
-    from lightning_fedkg.federated import dp as dp_module
+    from lightning_fedkg.privacy import dp_uploads as dp_module
 
     for name in ("clip_update", "update_norms"):
         original = getattr(dp_module, name)

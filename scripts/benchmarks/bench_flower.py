@@ -41,7 +41,7 @@ def run_mode(mode: str, config: str, overrides: list[str], work: Path) -> dict:
     cfg = resolve_auto_settings(load_config(config, [*overrides, *extra]))
     start = time.perf_counter()
     if mode == "deployment":
-        from lightning_fedkg.flower.deploy import up
+        from lightning_fedkg.backends.flower.deploy import up
 
         metrics = up(cfg, run_dir)
     else:

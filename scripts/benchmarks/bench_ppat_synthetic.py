@@ -279,7 +279,7 @@ def run_feedback(seed: int, epochs: int, start: str, epsilon: float | None, teac
 
     from lightning_fedkg.federated.channel import Channel
     from lightning_fedkg.federated.message import Message
-    from lightning_fedkg.methods.fkge.gaussian import calibrate_gaussian_noise
+    from lightning_fedkg.privacy.mechanisms.gaussian import calibrate_gaussian_noise
     from lightning_fedkg.methods.fkge.ppat import FAKE, GRAD, PPATClient, PPATHost, run_ppat
 
     x, y, rot = clusters_task(seed)
@@ -317,7 +317,7 @@ def run_feedback(seed: int, epochs: int, start: str, epsilon: float | None, teac
 
 def run_moments(seed: int, epsilon: float | None, m: int = 512) -> str:
     """``--methods moments``: the pair-free start from the host's noised second and third moments."""
-    from lightning_fedkg.methods.fkge.gaussian import calibrate_gaussian_noise
+    from lightning_fedkg.privacy.mechanisms.gaussian import calibrate_gaussian_noise
 
     x, y, rot = clusters_task(seed, m=m)
     # per release: sum of unit rank-ones (replace-one sensitivity sqrt 2) and the vector of
@@ -381,7 +381,7 @@ def pate_table(labels: int = 512, delta: float = 1e-5) -> None:
     (PATE Thm 3 at gap T; not itself private)."""
     import math
 
-    from lightning_fedkg.methods.fkge.accountant import PateMomentsAccountant
+    from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
 
     print(f"{labels} labels (and 30 epochs of them), delta {delta:g}, unanimous teachers (gap T)")
     print(f"{'T':>5} {'lambda':>7} {'T*lambda':>9} {'agreement':>10} {'epsilon':>10} {'data-dependent':>15} "

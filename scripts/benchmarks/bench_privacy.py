@@ -3,7 +3,7 @@
 
 For every variant and seed this trains a run of ``configs/fede/umls_fede.yaml`` (or the
 variant's own config) with ``federated.record_payloads=true``, then runs ``fedkg audit``'s
-attack (:func:`lightning_fedkg.federated.audit.run_audit`) on it, every client a victim, with
+attack (:func:`lightning_fedkg.privacy.audit.run_audit`) on it, every client a victim, with
 10% of its triples known. It prints one row per variant: test MRR and Hits@10, ε spent
 (DP variants), and the attack's F1 in each view (the victim's uploads, the aggregate sent to
 it, and the baseline that saw nothing) and its leakage in each view (recall on the victim's
@@ -33,7 +33,7 @@ import torch
 
 from lightning_fedkg import measure
 from lightning_fedkg.config import load_config
-from lightning_fedkg.federated.audit import AuditSettings, run_audit
+from lightning_fedkg.privacy.audit import AuditSettings, run_audit
 from lightning_fedkg.run import fit
 
 REPO = measure.repo_root(__file__)

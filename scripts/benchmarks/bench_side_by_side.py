@@ -122,7 +122,7 @@ def timed_runs(config: str, overrides: list[str], mode: str, out: Path, control:
     FederatedRun.train_round, FederatedRun.evaluate, Party.fit = timed_train, timed_evaluate, timed_fit
     if mode == "ray-unpinned":  # the control: the OS schedules the workers, as before placement
         runtime.machine_core_ids = lambda: None
-    from lightning_fedkg.federated.clients_ray import RayClients
+    from lightning_fedkg.backends.ray.clients import RayClients
 
     exchange = RayClients.exchange
     if mode == "ray-queued":  # the trial: no more workers at once than cores, largest first
@@ -166,7 +166,7 @@ def main() -> None:
     import torch
 
     import ray
-    from lightning_fedkg.federated.peer_ray import ray_session
+    from lightning_fedkg.backends.ray.peer import ray_session
     from lightning_fedkg.runtime import machine_load
 
     overrides = [f"federated.rounds={args.rounds}", f"federated.eval_every={args.eval_every}",

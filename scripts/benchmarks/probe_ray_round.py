@@ -23,10 +23,10 @@ def main() -> None:
 
     import ray
 
+    from lightning_fedkg.backends.ray import clients as clients_ray
+    from lightning_fedkg.backends.ray.peer import ray_session
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.federated import clients_ray
     from lightning_fedkg.federated.federation import FederatedRun
-    from lightning_fedkg.federated.peer_ray import ray_session
     from lightning_fedkg.run import fit
 
     exchanges, rounds = [], []

@@ -15,7 +15,7 @@ import json
 import math
 
 from lightning_fedkg.measure import repo_root
-from lightning_fedkg.privacy import dp as dplib
+from lightning_fedkg.privacy.mechanisms import accounting as dplib
 
 DOCS = repo_root(__file__) / "docs" / "results" / "privacy"
 DELTA = 1e-5

@@ -3,7 +3,7 @@
     python scripts/tools/render_stances.py            # rewrite the block between the markers
     python scripts/tools/render_stances.py --check    # exit 1 if the page differs (what the tests check)
 
-The tables are :func:`lightning_fedkg.federated.stances.markdown` of :data:`CLASSES`; the
+The tables are :func:`lightning_fedkg.privacy.stances.markdown` of :data:`CLASSES`; the
 text around the markers is the page's own.
 """
 
@@ -20,7 +20,7 @@ BEGIN, END = "<!-- stances:begin -->", "<!-- stances:end -->"
 
 def classes() -> dict[str, type]:
     """The client halves and mixins whose declarations the page shows, in its order."""
-    from lightning_fedkg.federated.secure import SecureClient
+    from lightning_fedkg.privacy.secure import SecureClient
     from lightning_fedkg.federated.strategy import ClientHalf
     from lightning_fedkg.methods.fedcqa.retrieval import RetrievalClient
     from lightning_fedkg.methods.fedlu.strategy import FedLUClient
@@ -31,7 +31,7 @@ def classes() -> dict[str, type]:
 
 def rendered(text: str) -> str:
     """``text`` (the page) with the block between the markers rendered afresh."""
-    from lightning_fedkg.federated.stances import markdown
+    from lightning_fedkg.privacy.stances import markdown
 
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_fedkg.federated import identities
+from lightning_fedkg.privacy import identities
 from lightning_fedkg.federated.aggregation import holder_mean
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.federated.stances import checked, harmless
+from lightning_fedkg.privacy.stances import checked, harmless
 from lightning_fedkg.federated.strategy import client_name
 
 from .config import cache_dir, query_settings
@@ -554,7 +554,7 @@ def _mean_by_type(per_client: list[dict]) -> dict:
             for name, t in totals.items()}
 
 
-#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.federated.stances`).
+#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.privacy.stances`).
 _PRIVATE = "task.retrieval=private"
 _SEALED = checked("sealed states: each opens only for its structure, query and node (ChaCha20-Poly1305), "
                   "or the step is refused", when=_PRIVATE)

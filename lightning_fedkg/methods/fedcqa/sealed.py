@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedkg.privacy.secagg import decrypt, derive_key, encrypt
+from lightning_fedkg.privacy.mechanisms.secagg import decrypt, derive_key, encrypt
 
 __all__ = ["SCORE_BITS", "SEALED_SEED_BYTES", "RetrievalRefused", "seal_states", "open_states", "mask_scores",
            "add_words", "unmask_mean"]

@@ -19,8 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from .accountant import PateMomentsAccountant
-from .gaussian import epsilon_from_log_moments, gaussian_epsilon
+from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
+from lightning_fedkg.privacy.mechanisms.gaussian import epsilon_from_log_moments, gaussian_epsilon
 
 __all__ = ["PrivacyLedger", "NEIGHBOURS", "UNIT", "NOT_COVERED"]
 

@@ -24,8 +24,8 @@ from torch.nn import functional as F
 
 from lightning_fedkg.federated.message import Message
 
-from .accountant import PateMomentsAccountant
-from .pate import noisy_argmax, split_teacher_partitions, teacher_votes
+from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
+from lightning_fedkg.privacy.mechanisms.pate import noisy_argmax, split_teacher_partitions, teacher_votes
 
 __all__ = ["PPATClient", "PPATHost", "discriminator", "initial_generator", "run_ppat", "FAKE", "GRAD"]
 
@@ -284,7 +284,7 @@ class PPATHost:
 
     def epsilon_after(self, queries: int) -> float:
         """``epsilon`` if ``queries`` more labels were charged at the worst per-query cost
-        (:meth:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant.epsilon_after`)."""
+        (:meth:`~lightning_fedkg.privacy.mechanisms.pate_moments.PateMomentsAccountant.epsilon_after`)."""
         return self.accountant.epsilon_after(queries)
 
     def state_dict(self) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .accountant import PateMomentsAccountant
+from lightning_fedkg.privacy.mechanisms.pate_moments import PateMomentsAccountant
 from .ppat import PPATClient, PPATHost, initial_generator, run_ppat
 
 __all__ = ["pair_free_fit", "restart_start", "run_ppat_restarts"]

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lightning_fedkg.federated.message import Message
 
-from .gaussian import gaussian_mu, sampled_gaussian_log_moments
+from lightning_fedkg.privacy.mechanisms.gaussian import gaussian_mu, sampled_gaussian_log_moments
 
 __all__ = ["ROWS", "CROSSCOV", "SENSITIVITY", "AlignmentHost", "ReleaseCost", "procrustes", "release_cost",
            "release_moments", "unit_rows", "precondition", "whitening_power", "predicted_error", "decode",

@@ -1,10 +1,10 @@
 """Clients side by side: ``federated.clients=ray``, one long-lived Ray actor per client.
 
-:class:`RayClients` is a :class:`~.clients.ClientPool` whose clients each build their party
+:class:`RayClients` is a :class:`~lightning_fedkg.federated.clients.ClientPool` whose clients each build their party
 and client half once, in an actor process of their own with their own torch thread count
 (:func:`~lightning_fedkg.runtime.worker_threads`). An exchange hands every addressed client
 its message at once and reads the replies back in client order, so the wire log, the
-failures and the aggregation are those of :class:`~.clients.LocalClients`, and the results
+failures and the aggregation are those of :class:`~lightning_fedkg.federated.clients.LocalClients`, and the results
 equal its bit for bit when each client computes with the same thread count. Ray is imported
 only when the pool is built (the ``ray`` extra).
 """
@@ -31,10 +31,10 @@ log = logging.getLogger("lightning_fedkg")
 
 
 class ClientActor:
-    """One client in its own process: its :class:`~.party.Party` and client half.
+    """One client in its own process: its :class:`~lightning_fedkg.federated.party.Party` and client half.
 
     Wrapped by ``ray.remote`` in the driver (this module imports no Ray). Messages cross as
-    :func:`~.message.encode`'s bytes, the bytes the driver logged; checkpoint states go to
+    :func:`~lightning_fedkg.federated.message.encode`'s bytes, the bytes the driver logged; checkpoint states go to
     and from the driver as Python objects.
     """
 
@@ -126,7 +126,7 @@ class RayClients(ClientPool):
 
     Starts Ray unless the caller did (and stops it on :meth:`close`), and one
     :class:`ClientActor` per client. A client's time is measured in its actor, as
-    :class:`~.clients.LocalClients` measures it, so ``federated.client_timeout`` discards
+    :class:`~lightning_fedkg.federated.clients.LocalClients` measures it, so ``federated.client_timeout`` discards
     a late answer in the same way.
     """
 
@@ -134,7 +134,7 @@ class RayClients(ClientPool):
         import contextlib
 
         from lightning_fedkg.federated.party import load_federated_kg
-        from lightning_fedkg.federated.peer_ray import actor_options, import_ray, ray_session
+        from lightning_fedkg.backends.ray.peer import actor_options, import_ray, ray_session
         from lightning_fedkg.runtime import config_table_elements, machine_core_ids, worker_threads
 
         cfg, fc = run.cfg, run.cfg.federated
@@ -154,8 +154,8 @@ class RayClients(ClientPool):
             if run.run_dir is None:
                 raise ConfigError("secure aggregation's active mode with federated.clients=ray needs a run "
                                   "folder for the clients' identities")
-            from lightning_fedkg.federated.identities import IDENTITIES
-            from lightning_fedkg.federated.secure import provision_identities
+            from lightning_fedkg.privacy.identities import IDENTITIES
+            from lightning_fedkg.privacy.secure import provision_identities
 
             provision_identities(run.run_dir / IDENTITIES, cfg, self.names)
         self.threads, self.why = worker_threads(cfg.trainer, len(self.names), config_table_elements(cfg))

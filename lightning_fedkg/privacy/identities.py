@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_fedkg.config import ConfigError
+from lightning_fedkg.federated.protections import IDENTITIES
 from lightning_fedkg.private_files import check_private_file, check_private_folder, make_private_folder
 
 __all__ = ["IDENTITIES", "ROSTER", "Roster", "write_identities", "provision", "read_roster", "read_private_key",
            "has_roster"]
 
-#: The folder's name beside a run's or a key file's other files.
-IDENTITIES = "identities"
 #: The public file of the folder.
 ROSTER = "roster.json"
 _KEY_BYTES = 32
@@ -67,7 +66,7 @@ def write_identities(folder: str | Path, names: list[str], threshold: int, num_c
     written atomically, the roster last, so a roster on disk means its keys are all there.
     Overwrites what was there."""
     from lightning_fedkg.atomic import write_atomic
-    from lightning_fedkg.privacy import secagg
+    from lightning_fedkg.privacy.mechanisms import secagg
 
     folder = Path(folder)
     n = len(names) if num_clients is None else int(num_clients)
@@ -91,7 +90,7 @@ def provision(folder: str | Path, names: list[str], t: int) -> Roster:
     ``folder``: written once and reused as they are afterwards (a resumed run keeps its
     keys). A folder written for other clients or another t is refused rather than
     replaced: the clients may already hold its keys. The folder is made 0700 either way.
-    :func:`~lightning_fedkg.federated.secure.provision_identities` takes t from a config."""
+    :func:`~lightning_fedkg.privacy.secure.provision_identities` takes t from a config."""
     folder = Path(folder)
     if not has_roster(folder):
         return write_identities(folder, list(names), t, len(names))
@@ -119,7 +118,7 @@ def read_roster(folder: str | Path) -> Roster:
     path = Path(folder) / ROSTER
     if not path.is_file():
         raise ConfigError(f"no identity roster at {path}: provision the federation's identities "
-                          "(lightning_fedkg.federated.identities.provision) and give every client the roster")
+                          "(lightning_fedkg.privacy.identities.provision) and give every client the roster")
     check_private_folder(folder, "identity keys and the roster")
     try:
         data = json.loads(path.read_text())

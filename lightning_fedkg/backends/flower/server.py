@@ -19,7 +19,7 @@ from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.clients import ClientPool
 from lightning_fedkg.federated.message import Message, decode, encode
 from lightning_fedkg.federated.strategy import SERVER
-from lightning_fedkg.flower.wire import pack, serialized_size, unpack
+from lightning_fedkg.backends.flower.wire import pack, serialized_size, unpack
 
 __all__ = ["FlowerClients", "RegistrationError", "message_type"]
 

@@ -8,7 +8,7 @@ runs in a Flower ``ServerApp`` (:mod:`.backend`, :mod:`.server`), each client ha
 federated.backend=flower``) and a deployment with a SuperLink and one SuperNode per
 organisation (``fedkg flower up``, :mod:`.deploy`).
 
-This package imports Flower only where it uses it, so ``import lightning_fedkg.flower``
+This package imports Flower only where it uses it, so ``import lightning_fedkg.backends.flower``
 works without the extra (and says how to install it when a run needs it). Importing it
 imports nothing heavy either: a ClientApp process that hands its messages to a client
 worker (:mod:`.worker`) needs neither torch nor Lightning.
@@ -19,7 +19,7 @@ __all__ = ["FlowerBackend", "FlowerNotInstalledError", "require"]
 
 def __getattr__(name: str):
     if name in __all__:
-        from lightning_fedkg.flower import backend
+        from lightning_fedkg.backends.flower import backend
 
         return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """The asynchronous backend for peer-to-peer methods: one Ray actor process per party.
 
-``federated.backend=ray`` (the ``ray`` extra) runs the same :class:`~.peer.PeerStrategy` as
-:class:`~.peer.EventRunner` with every party in its own :class:`PartyActor`. The driver is
-the only router: it logs each message on one :class:`~.channel.Channel` and delivers FIFO
+``federated.backend=ray`` (the ``ray`` extra) runs the same :class:`~lightning_fedkg.federated.peer.PeerStrategy` as
+:class:`~lightning_fedkg.federated.peer.EventRunner` with every party in its own :class:`PartyActor`. The driver is
+the only router: it logs each message on one :class:`~lightning_fedkg.federated.channel.Channel` and delivers FIFO
 per receiver. The run ends at quiescence or after ``federated.rounds`` deliveries and is
 committed as the local backend commits, so either backend resumes the other's checkpoints;
 nothing is committed mid-run and a Ray run is not bit-reproducible. Actors, threads, GPUs
@@ -54,10 +54,10 @@ def import_ray(key: str = "federated.backend=ray"):
 
 # ---------------------------------------------------------------------- the actor
 class PartyActor:
-    """One party in its own process: its :class:`~.party.Party` and :class:`~.peer.PeerHalf`.
+    """One party in its own process: its :class:`~lightning_fedkg.federated.party.Party` and :class:`~lightning_fedkg.federated.peer.PeerHalf`.
 
     Wrapped by ``ray.remote`` in the driver (this module imports no Ray). Everything that
-    crosses between parties is :func:`~.message.encode`'s bytes; checkpoint states (the
+    crosses between parties is :func:`~lightning_fedkg.federated.message.encode`'s bytes; checkpoint states (the
     party's own) go to and from the driver as Python objects.
     """
 
@@ -126,7 +126,7 @@ class Router:
 
     Attributes:
         pending: ``(sender, receiver, event, bytes)`` sent (logged) and not yet submitted.
-        events: deliveries handled so far; ``failures`` as in :class:`~.peer.EventRunner`.
+        events: deliveries handled so far; ``failures`` as in :class:`~lightning_fedkg.federated.peer.EventRunner`.
     """
 
     def __init__(self, ray, actors: dict[str, Any], channel: Channel, budget: int) -> None:
@@ -307,7 +307,7 @@ class RayEventLoop(Loop):
 
 
 def run_peer_to_peer_ray(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
-    """:func:`~.peer.run_peer_to_peer` with one Ray actor per party (see the module doc).
+    """:func:`~lightning_fedkg.federated.peer.run_peer_to_peer` with one Ray actor per party (see the module doc).
 
     Returns the ``metrics.json`` dict: the local backend's keys with ``engine: "ray"``, plus
     ``wall_seconds``. Raises :class:`RayNotInstalledError` without Ray.

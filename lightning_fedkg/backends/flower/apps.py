@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flwr.serverapp import ServerApp
 
-from lightning_fedkg.flower.client import client_app
+from lightning_fedkg.backends.flower.client import client_app
 
 __all__ = ["server_app", "client_app"]
 
@@ -23,7 +23,7 @@ def main(grid, context) -> None:
     """Read the run config and serve the run (:func:`~.backend.serve_process`: this process
     opens the run directory itself)."""
     from lightning_fedkg.config import config_from_yaml_text
-    from lightning_fedkg.flower.backend import serve_process
+    from lightning_fedkg.backends.flower.backend import serve_process
 
     rc = context.run_config
     cfg = config_from_yaml_text(str(rc["fedkg-config"]), source="run config 'fedkg-config'")

@@ -7,7 +7,7 @@ noise std ``sigma`` is ``mu``-GDP, ``mu = S / sigma``; releases compose to
 Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2)`` (Dong, Roth & Su, JRSS-B 2022;
 Balle & Wang, ICML 2018). RDP (Mironov, Talwar & Zhang, 2019, §3.3), returned as log moments
 ``alpha(l) = l * RDP(l + 1)``, the form of
-:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant`, so one ledger adds
+:class:`~lightning_fedkg.privacy.mechanisms.pate_moments.PateMomentsAccountant`, so one ledger adds
 PATE's moments and the Gaussian's order by order. ``tests/test_privacy_ledger.py`` checks
 both against ``dp-accounting`` (PLD, RDP). See docs/privacy.md.
 """

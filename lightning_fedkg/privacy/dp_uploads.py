@@ -1,7 +1,7 @@
 """Differentially private uploads for every holder-mean strategy (``federated.dp``).
 
 Each selected client clips its update (trained rows minus downloaded rows, per ``unit``) and
-adds Gaussian noise from ``os.urandom`` on a grid (:mod:`lightning_fedkg.privacy.noise`)
+adds Gaussian noise from ``os.urandom`` on a grid (:mod:`lightning_fedkg.privacy.mechanisms.noise`)
 before it uploads. σ is the client's own, from its own settings; the server sends none.
 ``placement: local`` noises every upload in full; ``distributed`` (with secure aggregation)
 splits the noise among a row's holders, counted from the peers the client itself masks that
@@ -20,10 +20,11 @@ from torch import Tensor
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.privacy import dp as dplib
-from lightning_fedkg.privacy import noise as noiselib
+from lightning_fedkg.federated.protections import Protection
+from lightning_fedkg.privacy.mechanisms import accounting as dplib
+from lightning_fedkg.privacy.mechanisms import noise as noiselib
 
-__all__ = ["DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms",
+__all__ = ["DPUploads", "DPServer", "DPClient", "noise_multiplier", "check_dp_config", "clip_update", "update_norms",
            "UNPROTECTED", "DROPPED"]
 
 PREFIX = "dp."
@@ -166,7 +167,7 @@ class DPServer:
 
     def _tail_delta(self, sigma: float | None, holders: int = 1, epsilon: float | None = None) -> float | None:
         """What the noise sampler's cut adds to δ per release of a clipped unit
-        (:func:`~lightning_fedkg.privacy.noise.tail_delta`), at the sensitivity the ledger
+        (:func:`~lightning_fedkg.privacy.mechanisms.noise.tail_delta`), at the sensitivity the ledger
         accounts (the relation's, widened by the grid's slack), for ``sigma`` the least any
         client reported and the widest unit of the table (every client's is narrower: the
         bound only grows with the width); None before any client reported its σ."""
@@ -245,7 +246,7 @@ class DPClient:
         self._sigma: float | None = None
         #: ``[(round, σ_sum, slack, σ_own)]``: one Gaussian event per upload, charged when it
         #: is sent: the multiplier on the released sum (distributed: lowered at the unmasking
-        #: when holders dropped), the grid's slack (:func:`~lightning_fedkg.privacy.noise.grid_slack`)
+        #: when holders dropped), the grid's slack (:func:`~lightning_fedkg.privacy.mechanisms.noise.grid_slack`)
         #: and the multiplier of this client's own share (``σ/√k`` with the most holders it
         #: divided by; ``σ`` for local noise).
         self.events: list[tuple[int, float, float, float]] = []
@@ -382,3 +383,23 @@ class DPClient:
             self.events = [(int(r), float(s), float(sl), float(o)) for r, s, sl, o in saved]
         elif len(saved) == len(self.events):
             self.events = [(r, min(s, float(saved[i][1])), sl, o) for i, (r, s, sl, o) in enumerate(self.events)]
+
+
+class DPUploads(Protection):
+    """``federated.dp`` as a protection: outermost on the server (it annotates the downloads
+    secure aggregation builds and reads the clients' ε from their replies), inside secure
+    aggregation on a client (whose masks cover what it noised)."""
+
+    name = "dp"
+    prefix = "DP"
+    server_order = 0
+    client_order = 1
+
+    @classmethod
+    def check(cls, cfg, strategy) -> None:
+        dplib.require()
+        check_dp_config(cfg, strategy)
+
+    @classmethod
+    def halves(cls) -> tuple[type, type]:
+        return DPServer, DPClient

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Mapping, NamedTuple
 
 from lightning_fedkg.config import ExperimentConfig
-from lightning_fedkg.flower.logs import copy_plain, quiet_environment
+from lightning_fedkg.backends.flower.logs import copy_plain, quiet_environment
 
 __all__ = ["Deployment", "TLSFiles", "flower_environment", "free_port", "localhost_certificates",
            "write_app_project", "up", "key_for", "wait_unlocked"]
@@ -49,8 +49,8 @@ packages = ["."]
 publisher = "lightning-fedkg"
 
 [tool.flwr.app.components]
-serverapp = "lightning_fedkg.flower.apps:server_app"
-clientapp = "lightning_fedkg.flower.apps:client_app"
+serverapp = "lightning_fedkg.backends.flower.apps:server_app"
+clientapp = "lightning_fedkg.backends.flower.apps:client_app"
 
 [tool.flwr.app.config]
 fedkg-config = ""
@@ -139,7 +139,7 @@ def _flower_command(name: str) -> list[str]:
 def flower_environment(env: Mapping[str, str], home: Path) -> dict[str, str]:
     """The environment of a deployment's processes: ``env`` with this Python's folder first
     on ``PATH``, Flower's settings (``FLWR_HOME=home``, no runtime installs) and the quiet
-    output of :func:`~lightning_fedkg.flower.logs.quiet_environment` (their output goes
+    output of :func:`~lightning_fedkg.backends.flower.logs.quiet_environment` (their output goes
     to files).
 
     Flower's processes start others by name from ``PATH`` (the SuperLink and SuperNode
@@ -214,7 +214,7 @@ class Deployment:
     def start_worker(self, name: str, data_path: str | Path, key_file: str | Path, work_dir: str | Path) -> str:
         """A client worker (:mod:`.worker`) for one client, process ``<name>-worker``; waits
         until it listens and returns its socket (short: a Unix socket path has ~100 bytes)."""
-        from lightning_fedkg.flower.worker import wait_listening, worker_command
+        from lightning_fedkg.backends.flower.worker import wait_listening, worker_command
 
         if self._sockets is None:
             self._sockets = Path(tempfile.mkdtemp(prefix="fedkg-"))
@@ -308,7 +308,7 @@ def _descendants(pid: int) -> list[int]:
 def key_for(cfg: ExperimentConfig, folder: Path, key_file: str | Path | None = None) -> Path:
     """The federation-key file of a deployment: ``key_file`` when given, else
     ``<folder>/federation.key``, written once (``0600``) with the config's secret or a random one."""
-    from lightning_fedkg.flower.backend import write_key_file
+    from lightning_fedkg.backends.flower.backend import write_key_file
 
     if key_file is not None:
         return Path(key_file)
@@ -350,8 +350,8 @@ def up(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True, key_file
     """
     import json
 
-    from lightning_fedkg.flower.data import write_client_folders
-    from lightning_fedkg.flower.backend import check_flower_config, client_config_text, provision_beside_key, require
+    from lightning_fedkg.backends.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.backend import check_flower_config, client_config_text, provision_beside_key, require
 
     require()
     check_flower_config(cfg)

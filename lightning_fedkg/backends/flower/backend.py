@@ -78,7 +78,7 @@ def serve(grid, cfg: ExperimentConfig, run_dir: str | Path, num_clients: int, re
     main). ``run_dir`` is open: by :func:`lightning_fedkg.run.fit` in simulation, by
     :func:`serve_process` in deployment. The ServerApp sets up and seeds its own thread, as in
     deployment its own process, and as the clients do theirs."""
-    from lightning_fedkg.flower.server import FlowerClients
+    from lightning_fedkg.backends.flower.server import FlowerClients
     from lightning_fedkg.runtime import prepare_process
 
     prepare_process(cfg)
@@ -113,17 +113,17 @@ def write_key_file(secret: str, path: str | Path) -> Path:
 
 def provision_beside_key(cfg: ExperimentConfig, key_file: str | Path, data: list[Path]) -> None:
     """Beside ``key_file``, where each :class:`~.client.ClientRuntime` reads them: the
-    clients' policy (``policy.yaml``, :mod:`~lightning_fedkg.federated.policy`: what they
+    clients' policy (``policy.yaml``, :mod:`~lightning_fedkg.privacy.policy`: what they
     reveal, here the run's own settings) and, with secure aggregation, their identities and
-    roster (:mod:`~lightning_fedkg.federated.identities`), written once for the clients of
+    roster (:mod:`~lightning_fedkg.privacy.identities`), written once for the clients of
     the data folders ``data`` and reused afterwards. On one machine this process is the
     provisioner; across organisations each one writes its own policy and receives its own
     key and the roster out of band (docs/deployment.md, "What an organisation runs on its
     own machine")."""
-    from lightning_fedkg.federated.identities import IDENTITIES
-    from lightning_fedkg.federated.policy import POLICY_FILE, write_policy
-    from lightning_fedkg.federated.secure import provision_identities as provision
-    from lightning_fedkg.flower.data import CLIENT_FILE
+    from lightning_fedkg.privacy.identities import IDENTITIES
+    from lightning_fedkg.privacy.policy import POLICY_FILE, write_policy
+    from lightning_fedkg.privacy.secure import provision_identities as provision
+    from lightning_fedkg.backends.flower.data import CLIENT_FILE
 
     write_policy(cfg, Path(key_file).parent / POLICY_FILE)
     if cfg.federated.secure_aggregation.enabled:
@@ -134,7 +134,7 @@ def provision_beside_key(cfg: ExperimentConfig, key_file: str | Path, data: list
 def simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool = True) -> dict:
     """Run ``cfg`` on Flower's simulation engine: a ServerApp in this process and one
     SuperNode per client (Ray workers), each ClientApp reading only its own folder."""
-    from lightning_fedkg.flower.logs import simulation_environment
+    from lightning_fedkg.backends.flower.logs import simulation_environment
 
     with simulation_environment():  # Ray reads it when imported, its workers when started
         return _simulate(cfg, run_dir, resume)
@@ -146,9 +146,9 @@ def _simulate(cfg: ExperimentConfig, run_dir: str | Path, resume: bool) -> dict:
     from flwr.simulation import run_simulation
 
     from lightning_fedkg.federated.alignment import federation_secret
-    from lightning_fedkg.flower.logs import plain_logs_unless_terminal, quiet_noisy_warnings
-    from lightning_fedkg.flower.client import make_client_app
-    from lightning_fedkg.flower.data import write_client_folders
+    from lightning_fedkg.backends.flower.logs import plain_logs_unless_terminal, quiet_noisy_warnings
+    from lightning_fedkg.backends.flower.client import make_client_app
+    from lightning_fedkg.backends.flower.data import write_client_folders
 
     plain_logs_unless_terminal()  # run_simulation logs here, before any ClientApp is built
     quiet_noisy_warnings()  # ray.init's FutureWarning, Flower's notice about run_simulation
@@ -199,8 +199,8 @@ def client_worker(paths: dict[str, str], socket_path: str, logs: Path):
     while the block runs; yields the socket path."""
     import subprocess
 
-    from lightning_fedkg.flower.logs import quiet_environment
-    from lightning_fedkg.flower.worker import wait_listening, worker_command
+    from lightning_fedkg.backends.flower.logs import quiet_environment
+    from lightning_fedkg.backends.flower.worker import wait_listening, worker_command
 
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{Path(paths['data-path']).name}-worker.log"

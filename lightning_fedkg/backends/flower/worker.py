@@ -28,8 +28,8 @@ def serve(paths: dict[str, str], socket_path: str | Path, max_requests: int | No
     ``paths`` at ``socket_path``, one at a time, until stopped (or after ``max_requests``)."""
     from multiprocessing.connection import Listener
 
-    from lightning_fedkg.flower.client import answer_request, worker_key
-    from lightning_fedkg.flower.data import read_key_file
+    from lightning_fedkg.backends.flower.client import answer_request, worker_key
+    from lightning_fedkg.backends.flower.data import read_key_file
 
     socket_path = Path(socket_path)
     if not socket_path.parent.is_dir():  # a folder of its own is the owner's only; a given one is left as it is

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_fedkg.flower.data import data_digest, load_client_folder, read_key_file
-from lightning_fedkg.flower.wire import pack, unpack
+from lightning_fedkg.backends.flower.data import data_digest, load_client_folder, read_key_file
+from lightning_fedkg.backends.flower.wire import pack, unpack
 
 __all__ = ["ClientRuntime", "DataMismatchError", "ClientBusyError", "WorkerError", "answer_request", "forward",
            "worker_key", "handle", "make_client_app", "client_app"]
@@ -130,7 +130,7 @@ class ClientRuntime:
         start = time.perf_counter()
         from lightning_fedkg.config import config_from_yaml_text
         from lightning_fedkg.federated.party import build_party
-        from lightning_fedkg.federated.policy import POLICY_FILE, read_policy
+        from lightning_fedkg.privacy.policy import POLICY_FILE, read_policy
         from lightning_fedkg.federated.protections import protected_halves
         from lightning_fedkg.federated.strategy import STRATEGIES
         from lightning_fedkg.federated.tasks import TASKS
@@ -159,10 +159,10 @@ class ClientRuntime:
 
     def check_roster(self, cfg) -> None:
         """Refuse secure aggregation without a roster beside the key file: t is the roster's
-        (:class:`~lightning_fedkg.federated.secure.SecureClient` uses it), and the peers'
+        (:class:`~lightning_fedkg.privacy.secure.SecureClient` uses it), and the peers'
         identity keys are in it. Whether secure aggregation is on at all is the policy's."""
         from lightning_fedkg.config import ConfigError
-        from lightning_fedkg.federated.identities import ROSTER, has_roster
+        from lightning_fedkg.privacy.identities import ROSTER, has_roster
 
         if cfg.federated.secure_aggregation.enabled and not has_roster(self.identities):
             raise ConfigError(f"{self.name}: the run uses secure aggregation but there is no "
@@ -206,7 +206,7 @@ class ClientRuntime:
 
     def save_round_secrets(self) -> None:
         """Write the round in progress for the next process, or delete the file once the
-        unmasking has spent it (:meth:`~lightning_fedkg.federated.secure.SecureClient.round_secrets`)."""
+        unmasking has spent it (:meth:`~lightning_fedkg.privacy.secure.SecureClient.round_secrets`)."""
         from lightning_fedkg.federated.checkpoint import save_atomic
 
         secrets = self.half.round_secrets() if hasattr(self.half, "round_secrets") else None
@@ -426,10 +426,10 @@ def make_client_app(paths_of=node_paths):
     gives the client's paths (default: the node config; a simulation maps partition ids)."""
     from flwr.clientapp import ClientApp
 
-    from lightning_fedkg.flower.logs import plain_logs_unless_terminal, quiet_noisy_warnings
+    from lightning_fedkg.backends.flower.logs import plain_logs_unless_terminal, quiet_noisy_warnings
 
     # Every process that runs our Flower code builds this app (a simulation, a deployment's
-    # ServerApp and ClientApp processes, which import lightning_fedkg.flower.apps).
+    # ServerApp and ClientApp processes, which import lightning_fedkg.backends.flower.apps).
     plain_logs_unless_terminal()
     app = ClientApp()
 
@@ -453,5 +453,5 @@ def _default_app():
         return None
 
 
-#: The ClientApp of a deployment (``lightning_fedkg.flower.client:client_app``).
+#: The ClientApp of a deployment (``lightning_fedkg.backends.flower.client:client_app``).
 client_app = _default_app()

@@ -193,7 +193,7 @@ def quantisation_error(bits: int) -> float:
 def new_identity() -> tuple[bytes, bytes]:
     """A fresh Ed25519 ``(private, public)`` identity pair, 32 raw bytes each, from the OS's
     randomness. Each client gets its own at provisioning
-    (:mod:`lightning_fedkg.federated.identities`): nothing it is derived from is shared, so
+    (:mod:`lightning_fedkg.privacy.identities`): nothing it is derived from is shared, so
     only its holder can sign for it."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 

@@ -3,7 +3,7 @@
 Papernot et al., "Semi-supervised Knowledge Transfer for Deep Learning from Private
 Training Data", ICLR 2017, §2.1: teachers on disjoint partitions cast hard votes and the
 answer is ``argmax_j (n_j(x) + Lap(1/lambda))``, a ``2 lambda``-DP answer that
-:class:`~lightning_fedkg.methods.fkge.accountant.PateMomentsAccountant` charges from the vote gap
+:class:`~lightning_fedkg.privacy.mechanisms.pate_moments.PateMomentsAccountant` charges from the vote gap
 :func:`noisy_argmax` returns. The official FKGE code sums probabilities with noise of scale
 0.05 instead; the differences are listed in docs/methods/fkge.md.
 """

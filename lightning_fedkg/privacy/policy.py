@@ -10,7 +10,7 @@ anything and refuses one that differs on a pinned setting, naming each.
 Pinned (:func:`pinned_keys`): the strategy and task (which tables cross), the aggregation
 rule, the federation's size, every setting of secure aggregation and of DP, ``federated.rounds``
 when σ is calibrated to a target ε over them, and the keys a task declares
-(:attr:`~.tasks.Task.policy_keys`). Not the federation secret: a Flower client reads it from
+(:attr:`~lightning_fedkg.federated.tasks.Task.policy_keys`). Not the federation secret: a Flower client reads it from
 its own key file only. Threat model: docs/privacy.md.
 """
 
