@@ -15,7 +15,7 @@ from lightning_fedkg.federated.strategy import client_name
 
 from .encoders import run_plan
 from .entries import QUERY_METRICS
-from .queries import STRUCTURES, num_slots
+from .structures import STRUCTURES, num_slots
 from .ranking import filtered_ranks, per_query_metrics
 from .retrieval import digest_keys
 from .sealed import RetrievalRefused, mask_scores, open_states, seal_states, unmask_mean
