@@ -10,10 +10,8 @@ A recording is only valid while nothing it read from Python changes, so each is 
 batch's shapes, dtypes and plain values, and by :meth:`StepGraphs.watch` (the optimizers'
 identity, the parameters' storage, flags a module reads); a changed key records afresh and a
 changed watch drops every recording. The first ``warmup`` batches of a key run eagerly (on a
-side stream on CUDA, which capture needs; they are real training steps). ``recorder`` makes
-the mechanism testable without CUDA: :class:`EagerRecorder` replays by calling the step again.
-:class:`RecordedSteps` is the part of a training module that decides when its step is
-recorded (:class:`~lightning_fedkg.models.kge_module.KGEModule`'s).
+side stream on CUDA, which capture needs; they are real training steps). :class:`EagerRecorder`
+tests it without CUDA; :class:`RecordedSteps` decides when ``KGEModule`` records its step.
 """
 
 from __future__ import annotations

@@ -9,11 +9,9 @@ under ``private`` (default) they cross sealed and padded (:mod:`.sealed`) and a 
 client ranks, so the server sees keys, ciphertext, padded sums and per-query metrics (or a
 typed query's top answers). A query no client
 can route is never sent and counts as unanswered. The mixins run as evaluation stages on
-the ``test`` split. See docs/methods/fedcqa.md.
-
-The server's half is :class:`RetrievalServer`, which schedules the steps and seals; where the
-hops run is :mod:`.routing`, what the answers score :mod:`.tally`; the client's half is
-:mod:`.retrieval_client`.
+the ``test`` split: :class:`RetrievalServer` schedules the steps and seals, :mod:`.routing`
+routes the hops, :mod:`.tally` counts the answers, :mod:`.retrieval_client` is the client's
+half. See docs/methods/fedcqa.md.
 """
 
 from __future__ import annotations
