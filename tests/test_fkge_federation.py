@@ -325,6 +325,28 @@ def test_a_request_from_the_partner_being_hosted_is_queued_not_dropped():
     assert peer.queue == ["client_1"]  # a host out of budget queues no one
 
 
+def test_an_alignments_events_go_to_its_mode_and_no_other():
+    """The peer hands the events of its alignment's own exchange to its mode object
+    (:mod:`lightning_fedkg.methods.fkge.modes`); an event of another mode's exchange is an
+    error (a supervised peer has no PPAT batches to answer)."""
+    from types import SimpleNamespace
+
+    from lightning_fedkg.federated.message import Message
+    from lightning_fedkg.methods.fkge.federation import FKGEPeer
+    from lightning_fedkg.methods.fkge.modes import MODES, SupervisedAlignment
+
+    assert set(MODES) == {"ppat", "supervised", "random"}
+    received = []
+    mode = SupervisedAlignment.__new__(SupervisedAlignment)  # no peer behind it: only its handler runs
+    mode.on_align_rows = lambda message, sender: received.append(sender) or [(sender, "dp_crosscov", message)]
+    peer = SimpleNamespace(mode=mode, fk=SimpleNamespace(alignment="supervised"))
+    message = Message()
+    assert FKGEPeer.handle(peer, "align_rows", message, "client_1") == [("client_1", "dp_crosscov", message)]
+    assert received == ["client_1"]
+    with pytest.raises(NotImplementedError, match="ppat_fake"):
+        FKGEPeer.handle(peer, "ppat_fake", message, "client_1")
+
+
 @pytest.mark.parametrize("reproducible", [False, True])
 @pytest.mark.slow
 def test_the_host_cannot_recompute_the_clients_initial_generator(tmp_path, monkeypatch, reproducible):
