@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_fedkg.config import ConfigError, load_config
-from lightning_fedkg.methods.fkge.federation import random_rotation
+from lightning_fedkg.methods.fkge.modes import random_rotation
 from lightning_fedkg.methods.fkge.ledger import PrivacyLedger
 from lightning_fedkg.methods.fkge.report import format_kgs_table
 from lightning_fedkg.run import fit

@@ -10,7 +10,8 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.run import fit
-from lightning_fedkg.methods.fkge.federation import QUALITY_KEYS, neighbour_edges
+from lightning_fedkg.methods.fkge.federation import QUALITY_KEYS
+from lightning_fedkg.methods.fkge.translation import neighbour_edges
 
 BASE = [
     "data.name=umls", "data.num_clients=3", "model.name=transe", "model.dim=16", "train.batch_size=512",
@@ -229,16 +230,16 @@ def test_mixed_models(tmp_path):
 
 @pytest.mark.slow
 def test_control_mode_uses_nothing_received(tmp_path, monkeypatch):
-    from lightning_fedkg.methods.fkge import federation
+    from lightning_fedkg.methods.fkge import translation
 
     calls = []
-    real = federation.kgemb_update
+    real = translation.kgemb_update
 
     def spy(kg, module, ids, rows, virtual_entities=None, virtual_triples=None, **kw):
         calls.append((ids.numel(), virtual_entities, kw.get("aligned_relation_ids")))
         return real(kg, module, ids, rows, virtual_entities, virtual_triples, **kw)
 
-    monkeypatch.setattr(federation, "kgemb_update", spy)
+    monkeypatch.setattr(translation, "kgemb_update", spy)
     metrics, _ = _run(tmp_path, "control", "federated.fkge.handshakes_per_kg=1", "federated.fkge.mode=none")
     assert len(calls) == len(metrics["handshakes"]) == 3
     assert all(c == (0, None, None) for c in calls)
@@ -261,16 +262,16 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, defa
 
 @pytest.mark.slow
 def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
-    from lightning_fedkg.methods.fkge import federation
+    from lightning_fedkg.methods.fkge import translation
 
     seen = []
-    real = federation.kgemb_update
+    real = translation.kgemb_update
 
     def spy(kg, module, ids, rows, *args, **kw):
         seen.append(rows.clone())
         return real(kg, module, ids, rows, *args, **kw)
 
-    monkeypatch.setattr(federation, "kgemb_update", spy)
+    monkeypatch.setattr(translation, "kgemb_update", spy)
     common = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]  # a budget: a few handshakes
     _run(tmp_path, "plain", *common)
     first = len(seen)
@@ -285,17 +286,17 @@ def test_shuffle_received_permutes_the_translated_rows(tmp_path, monkeypatch):
 def test_pate_noise_comes_from_the_os_unless_reproducible_noise_is_set(tmp_path, monkeypatch):
     """Noise the client could recompute (from the seed, the names and the handshake number it
     is sent) would void the DP guarantee: by default no run draws the same noise twice."""
-    from lightning_fedkg.methods.fkge import federation
+    from lightning_fedkg.methods.fkge.modes import ppat
 
     noise_seeds = []
-    real = federation.PPATHost
+    real = ppat.PPATHost
 
     def spy(*args, **kwargs):
         host = real(*args, **kwargs)
         noise_seeds.append((kwargs.get("noise_seed"), host.noise.get_state().clone()))
         return host
 
-    monkeypatch.setattr(federation, "PPATHost", spy)
+    monkeypatch.setattr(ppat, "PPATHost", spy)
     short = ["federated.fkge.handshakes_per_kg=1", "federated.rounds=40"]
     private = [s for s in BASE if "reproducible_noise" not in s]
     for name, base in (("a", private), ("b", private), ("c", BASE), ("d", BASE)):
@@ -322,6 +323,28 @@ def test_a_request_from_the_partner_being_hosted_is_queued_not_dropped():
     peer.exhausted = "handshakes"
     FKGEPeer.on_fkge_request(peer, Message(), "client_2")
     assert peer.queue == ["client_1"]  # a host out of budget queues no one
+
+
+def test_an_alignments_events_go_to_its_mode_and_no_other():
+    """The peer hands the events of its alignment's own exchange to its mode object
+    (:mod:`lightning_fedkg.methods.fkge.modes`); an event of another mode's exchange is an
+    error (a supervised peer has no PPAT batches to answer)."""
+    from types import SimpleNamespace
+
+    from lightning_fedkg.federated.message import Message
+    from lightning_fedkg.methods.fkge.federation import FKGEPeer
+    from lightning_fedkg.methods.fkge.modes import MODES, SupervisedAlignment
+
+    assert set(MODES) == {"ppat", "supervised", "random"}
+    received = []
+    mode = SupervisedAlignment.__new__(SupervisedAlignment)  # no peer behind it: only its handler runs
+    mode.on_align_rows = lambda message, sender: received.append(sender) or [(sender, "dp_crosscov", message)]
+    peer = SimpleNamespace(mode=mode, fk=SimpleNamespace(alignment="supervised"))
+    message = Message()
+    assert FKGEPeer.handle(peer, "align_rows", message, "client_1") == [("client_1", "dp_crosscov", message)]
+    assert received == ["client_1"]
+    with pytest.raises(NotImplementedError, match="ppat_fake"):
+        FKGEPeer.handle(peer, "ppat_fake", message, "client_1")
 
 
 @pytest.mark.parametrize("reproducible", [False, True])

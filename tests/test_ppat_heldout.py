@@ -13,19 +13,19 @@ import torch
 
 from lightning_fedkg.config import load_config
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.methods.fkge.federation import FKGEPeer
 from lightning_fedkg.methods.fkge.handshake import HandshakeRecord
+from lightning_fedkg.methods.fkge.translation import heldout_alignment
 from lightning_fedkg.run import fit
 
 from test_fkge_federation import BASE
 
 
 def _scores(table: torch.Tensor, ids: torch.Tensor, translated: torch.Tensor) -> dict:
-    """``FKGEPeer._heldout_alignment`` on a stand-in peer whose entity table is ``table``."""
+    """``translation.heldout_alignment`` on a stand-in peer whose entity table is ``table``."""
     peer = SimpleNamespace(heldout_ids=lambda partner: ids,
                            party=SimpleNamespace(model=SimpleNamespace(entity_emb=table)))
     host = SimpleNamespace(partner="p")
-    return FKGEPeer._heldout_alignment(peer, host, Message(arrays={"heldout": translated}))
+    return heldout_alignment(peer, host, Message(arrays={"heldout": translated}))
 
 
 def _brute(table, ids, translated):

@@ -73,7 +73,7 @@ def test_the_federations_ppat_handshake_is_fitted_by_a_trainer(tmp_path, monkeyp
             steps.append(1)
             return original_step(self, message)
 
-    monkeypatch.setattr("lightning_fedkg.methods.fkge.federation.HostTrainer", Counting)
+    monkeypatch.setattr("lightning_fedkg.methods.fkge.modes.ppat.HostTrainer", Counting)
     metrics = fit(load_config(None, [*BASE, "federated.fkge.handshakes_per_kg=1"]), tmp_path / "run")
     exchanged = [h for h in metrics["handshakes"] if h.get("ppat_batches")]
     assert exchanged and len(made) == len(exchanged)

@@ -10,8 +10,8 @@ A recording is only valid while nothing it read from Python changes, so each is 
 batch's shapes, dtypes and plain values, and by :meth:`StepGraphs.watch` (the optimizers'
 identity, the parameters' storage, flags a module reads); a changed key records afresh and a
 changed watch drops every recording. The first ``warmup`` batches of a key run eagerly (on a
-side stream on CUDA, which capture needs; they are real training steps). ``recorder`` makes
-the mechanism testable without CUDA: :class:`EagerRecorder` replays by calling the step again.
+side stream on CUDA, which capture needs; they are real training steps). :class:`EagerRecorder`
+tests it without CUDA; :class:`RecordedSteps` decides when ``KGEModule`` records its step.
 """
 
 from __future__ import annotations
@@ -180,3 +180,80 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
             state = optimizer.state.get(param)
             if state and "step" in state:
                 state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device)
+
+
+def _bare_backward(loss: Tensor, **kwargs) -> None:
+    loss.backward(**kwargs)
+
+
+class RecordedSteps:
+    """The recorded training step of a module with ``optimise_batch(batch, optimizers,
+    backward)``, ``regularizers``, ``compile_training`` and ``row_sparse`` (a mixin of
+    :class:`~lightning_fedkg.models.kge_module.KGEModule`): whether a fit records its step
+    (:meth:`captures`), the :class:`StepGraphs` that replay it, what makes a recording stale
+    (:meth:`capture_key`, the optimizers' tensors), and optimizers made capturable."""
+
+    #: Record each batch's step as a CUDA graph (``trainer.capture``): None records on a CUDA
+    #: device at ``32-true`` or ``bf16-mixed`` without ``compile``, False never, True as None
+    #: (elsewhere the eager step runs: there is nothing to record on a CPU).
+    capture_steps: bool | None = None
+    #: A stand-in recorder (:class:`~lightning_fedkg.models.captured.EagerRecorder`) that
+    #: makes :meth:`step_graphs` active on any device; tests only.
+    step_recorder = None
+
+    def captures(self) -> bool:
+        """Whether this step is recorded (see :attr:`capture_steps`). A regularizer a client
+        half installs (FedProx's term) reads tensors that change every fit, so such fits run
+        eagerly; so does a row-sparse step (``optimizer="sparse_adam"``), whose gradients'
+        shapes follow each batch's distinct rows."""
+        if self.capture_steps is False or self.compile_training or self.regularizers or self.row_sparse:
+            return False
+        if self.step_recorder is not None:
+            return True
+        if self.device.type != "cuda":
+            return False
+        return str(self._trainer.precision) in ("32-true", "bf16-mixed") if self._trainer is not None else False
+
+    def step_graphs(self):
+        """The :class:`~lightning_fedkg.models.captured.StepGraphs` of this module's step, or
+        None when the step runs eagerly (:meth:`captures`)."""
+        if not self.captures():
+            return None
+        graphs = self.__dict__.get("_step_graphs")  # not a submodule, not saved
+        if graphs is None:
+            graphs = StepGraphs(self._bare_step, self._recording_watch, recorder=self.step_recorder)
+            self.__dict__["_step_graphs"] = graphs
+        return graphs
+
+    def _bare_step(self, batch: dict) -> dict[str, Tensor]:
+        return self.optimise_batch(batch, self._optimizer_list(wrapped=False), _bare_backward)
+
+    def capture_key(self) -> tuple:
+        """Plain values besides the batch that :meth:`optimise_batch`'s Python reads and that
+        may change between fits (a subclass's flags); a change records the step afresh."""
+        return ()
+
+    def _recording_watch(self) -> tuple:
+        # Objects compare by identity here, and holding them keeps a dropped optimizer's id
+        # from being reused by the next one while a recording still points at its state.
+        # Run before every batch, so it walks the optimizers (which hold every trained
+        # table) rather than the module tree.
+        watched: list = [self.capture_key()]
+        for optimizer in self._optimizer_list(wrapped=False):
+            watched.append(optimizer)
+            for group in optimizer.param_groups:
+                watched.append(group["lr"])
+                watched.extend(p.data_ptr() for p in group["params"])
+            watched.extend(value.data_ptr() for state in optimizer.state.values()
+                           for value in state.values() if isinstance(value, Tensor))
+        return tuple(watched)
+
+    def _optimizer_list(self, wrapped: bool) -> list:
+        optimizers = self.optimizers(use_pl_optimizer=wrapped)
+        return list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+
+    def _ready_to_record(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """``optimizer``, made capturable when this fit may record its step (CUDA)."""
+        if self.capture_steps is not False and self.device.type == "cuda" and not self.row_sparse:
+            make_capturable(optimizer)
+        return optimizer

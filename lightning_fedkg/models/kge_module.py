@@ -3,12 +3,13 @@
 Training batches and evaluation batches are the dicts produced by
 :class:`lightning_fedkg.data.datamodule.KGDataModule`. The same module is
 used for single-KG runs and as each client's model in a federated run, whose round loop calls
-``fit()`` many times on it; see ``reset_optimizer``.
+``fit()`` many times on it; see ``reset_optimizer``. Its evaluation steps are
+:mod:`.kge_evaluation`'s, its recorded training step :mod:`.captured`'s, its optimizers
+:mod:`.optimizers`'.
 """
 
 from __future__ import annotations
 
-import logging
 
 import lightning as L
 import torch
@@ -16,25 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_fedkg.config import LOSSES
-from lightning_fedkg.evaluation.ranking import (
-    TIE_MODES,
-    RankingMetric,
-    draw_candidates,
-    empty_metrics,
-    filtered_ranks,
-    metrics_to_floats,
-    sampled_ranks,
-)
-from lightning_fedkg.models.captured import StepGraphs, make_capturable
+from lightning_fedkg.evaluation.ranking import TIE_MODES, RankingMetric
+from lightning_fedkg.models.captured import RecordedSteps
 from lightning_fedkg.models.epoch_log import EpochMeanLogging
 from lightning_fedkg.models.kge import KGEModel, build_model
+from lightning_fedkg.models.kge_evaluation import LinkPredictionEvaluation
 from lightning_fedkg.models.optimizers import build_optimizer, is_row_sparse
-
-log = logging.getLogger("lightning_fedkg")
-
-
-#: ``trainer.validate`` / ``trainer.test`` stage names → keys of ``KGEModule.last_metrics``
-_EVAL_STAGES = {"validate": "val", "test": "test"}
 
 
 def kge_loss(
@@ -118,10 +106,6 @@ def negative_loss_term(
     return negative_term
 
 
-def _bare_backward(loss: Tensor, **kwargs) -> None:
-    loss.backward(**kwargs)
-
-
 def mixed_scores_on_device(model: KGEModel, batch: dict) -> Tensor:
     """``[B, n]`` scores of a Bernoulli (``"mixed"``) batch without reading the head mask
     back: every row scored on both sides, each keeping its own side's. Twice the scoring
@@ -133,7 +117,7 @@ def mixed_scores_on_device(model: KGEModel, batch: dict) -> Tensor:
     return torch.where(batch["head_mask"].unsqueeze(1), heads, tails.to(heads.dtype))
 
 
-class KGEModule(EpochMeanLogging, L.LightningModule):
+class KGEModule(LinkPredictionEvaluation, RecordedSteps, EpochMeanLogging, L.LightningModule):
     """Trains ``build_model(model, ...)`` with negative sampling; ranks entities for val/test.
 
     Args:
@@ -332,62 +316,6 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
             for name, value in losses.items():
                 self.log_epoch_mean(name, value, one["positive"].shape[0])
 
-    # ------------------------------------------------------------------ recorded steps
-    #: Record each batch's step as a CUDA graph (``trainer.capture``): None records on a CUDA
-    #: device at ``32-true`` or ``bf16-mixed`` without ``compile``, False never, True as None
-    #: (elsewhere the eager step runs: there is nothing to record on a CPU).
-    capture_steps: bool | None = None
-    #: A stand-in recorder (:class:`~lightning_fedkg.models.captured.EagerRecorder`) that
-    #: makes :meth:`step_graphs` active on any device; tests only.
-    step_recorder = None
-
-    def captures(self) -> bool:
-        """Whether this step is recorded (see :attr:`capture_steps`). A regularizer a client
-        half installs (FedProx's term) reads tensors that change every fit, so such fits run
-        eagerly; so does a row-sparse step (``optimizer="sparse_adam"``), whose gradients'
-        shapes follow each batch's distinct rows."""
-        if self.capture_steps is False or self.compile_training or self.regularizers or self.row_sparse:
-            return False
-        if self.step_recorder is not None:
-            return True
-        if self.device.type != "cuda":
-            return False
-        return str(self._trainer.precision) in ("32-true", "bf16-mixed") if self._trainer is not None else False
-
-    def step_graphs(self):
-        """The :class:`~lightning_fedkg.models.captured.StepGraphs` of this module's step, or
-        None when the step runs eagerly (:meth:`captures`)."""
-        if not self.captures():
-            return None
-        graphs = self.__dict__.get("_step_graphs")  # not a submodule, not saved
-        if graphs is None:
-            graphs = StepGraphs(self._bare_step, self._recording_watch, recorder=self.step_recorder)
-            self.__dict__["_step_graphs"] = graphs
-        return graphs
-
-    def _bare_step(self, batch: dict) -> dict[str, Tensor]:
-        return self.optimise_batch(batch, self._optimizer_list(wrapped=False), _bare_backward)
-
-    def capture_key(self) -> tuple:
-        """Plain values besides the batch that :meth:`optimise_batch`'s Python reads and that
-        may change between fits (a subclass's flags); a change records the step afresh."""
-        return ()
-
-    def _recording_watch(self) -> tuple:
-        # Objects compare by identity here, and holding them keeps a dropped optimizer's id
-        # from being reused by the next one while a recording still points at its state.
-        # Run before every batch, so it walks the optimizers (which hold every trained
-        # table) rather than the module tree.
-        watched: list = [self.capture_key()]
-        for optimizer in self._optimizer_list(wrapped=False):
-            watched.append(optimizer)
-            for group in optimizer.param_groups:
-                watched.append(group["lr"])
-                watched.extend(p.data_ptr() for p in group["params"])
-            watched.extend(value.data_ptr() for state in optimizer.state.values()
-                           for value in state.values() if isinstance(value, Tensor))
-        return tuple(watched)
-
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
         # The data module makes batches on the module's device already; Lightning's default
         # walks every batch to move it anyway, a visible share of a recorded step's host time.
@@ -396,16 +324,6 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
                 value.device == device for one in batches for value in one.values() if isinstance(value, Tensor)):
             return batch
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    def _optimizer_list(self, wrapped: bool) -> list:
-        optimizers = self.optimizers(use_pl_optimizer=wrapped)
-        return list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
-
-    def _ready_to_record(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """``optimizer``, made capturable when this fit may record its step (CUDA)."""
-        if self.capture_steps is not False and self.device.type == "cuda" and not self.row_sparse:
-            make_capturable(optimizer)
-        return optimizer
 
     # ------------------------------------------------------------------ optimizer
     @property
@@ -439,169 +357,3 @@ class KGEModule(EpochMeanLogging, L.LightningModule):
         if self._optimizer is None:
             self._optimizer = self.build_optimizer()
         self._optimizer.load_state_dict(state)
-
-    # ------------------------------------------------------------------ evaluation
-    def evaluation_model(self) -> KGEModel:
-        """The score function validation and test rank with (``self.model``)."""
-        return self.model
-
-    @torch.no_grad()
-    def rank_batch(self, batch: dict) -> Tensor:
-        """Filtered ranks ``[B]`` of an evaluation batch, scored in fp32 against all entities."""
-        triples, mode = batch["triples"], batch["mode"]
-        if mode == "tail":
-            targets = triples[:, 2]
-        elif mode == "head":
-            targets = triples[:, 0]
-        else:
-            raise ValueError(f"evaluation mode must be 'tail' or 'head', got {mode!r}")
-        filter_row, filter_col = batch["filter_row"], batch["filter_col"]
-        if len(triples) == 0:
-            return torch.zeros(0, device=self.device)
-        chunk = self.hparams.eval_chunk_size or len(triples)
-        sample = self.draw_eval_candidates()
-        if sample is not None:
-            return self._sampled_rank_batch(triples, mode, targets, filter_row, filter_col, sample, chunk)
-        model = self.evaluation_model()
-        ranks = []
-        # bf16 autocast collapses distinct scores into ties (8 mantissa bits): rank in fp32.
-        with torch.autocast(device_type=self.device.type, enabled=False):
-            for start in range(0, len(triples), chunk):
-                part = triples[start : start + chunk]
-                if mode == "tail":
-                    scores = model.score_tails(part[:, 0], part[:, 1])
-                else:
-                    scores = model.score_heads(part[:, 1], part[:, 2])
-                in_part = (filter_row >= start) & (filter_row < start + len(part))
-                ranks.append(
-                    filtered_ranks(
-                        scores.float(),
-                        targets[start : start + len(part)],
-                        filter_row[in_part] - start,
-                        filter_col[in_part],
-                        ties=self.hparams.ties,
-                        candidate_mask=self.eval_candidate_mask,
-                    )
-                )
-        return torch.cat(ranks)
-
-    # ------------------------------------------------------------------ sampled evaluation
-    def _eval_pool(self) -> Tensor | None:
-        """The entity ids evaluation ranks among: ``eval_candidate_mask``'s, or None for all."""
-        mask = self.eval_candidate_mask
-        if mask is None:
-            return None
-        cached = self.__dict__.get("_eval_pool_cache")  # not saved; rebuilt when the mask changes
-        if cached is None or cached[0] is not mask or cached[1] != mask._version:
-            cached = (mask, mask._version, mask.nonzero().flatten())
-            self.__dict__["_eval_pool_cache"] = cached
-        return cached[2]
-
-    def draw_eval_candidates(self) -> Tensor | None:
-        """The next evaluation batch's ``eval_candidates`` sampled entity ids (``[K]``,
-        distinct, from the evaluation pool), or None when evaluation ranks the whole pool
-        (``eval_candidates`` unset or at least the pool's size)."""
-        k = self.hparams.get("eval_candidates")
-        if k is None:
-            return None
-        pool = self._eval_pool()
-        size = self.model.num_entities if pool is None else pool.numel()
-        if k >= size:
-            return None
-        generator = self.__dict__.get("_eval_generator")
-        if generator is None or generator.device != self.device:
-            generator = self.reset_eval_candidates()
-        positions = draw_candidates(size, k, generator)
-        return positions if pool is None else pool[positions]
-
-    def reset_eval_candidates(self) -> torch.Generator:
-        """Restart the candidate draws from ``eval_seed`` (at the start of every validation and
-        test: the same batches then get the same candidates at every evaluation)."""
-        generator = torch.Generator(device=self.device).manual_seed(self.hparams.get("eval_seed", 0))
-        self.__dict__["_eval_generator"] = generator  # not a submodule, not saved
-        return generator
-
-    def _sampled_rank_batch(self, triples: Tensor, mode: str, targets: Tensor, filter_row: Tensor,
-                            filter_col: Tensor, sample: Tensor, chunk: int) -> Tensor:
-        k = sample.numel()
-        model = self.evaluation_model()
-        ranks = []
-        with torch.autocast(device_type=self.device.type, enabled=False):
-            for start in range(0, len(triples), chunk):
-                part = triples[start : start + chunk]
-                part_targets = targets[start : start + len(part)]
-                # The targets are scored as shared candidates next to the sample, by the same
-                # kernel, so a target and a candidate of equal embedding tie exactly as they
-                # would in the full ranking.
-                candidates = torch.cat([sample, part_targets])
-                if mode == "tail":
-                    scores = model.score_tails(part[:, 0], part[:, 1], candidates)
-                else:
-                    scores = model.score_heads(part[:, 1], part[:, 2], candidates)
-                scores = scores.float()
-                rows = torch.arange(len(part), device=scores.device)
-                in_part = (filter_row >= start) & (filter_row < start + len(part))
-                ranks.append(sampled_ranks(
-                    scores[:, :k], scores[rows, k + rows], sample, part_targets,
-                    filter_row[in_part] - start, filter_col[in_part], ties=self.hparams.ties,
-                ))
-        return torch.cat(ranks)
-
-    def on_validation_epoch_start(self) -> None:
-        self.reset_eval_candidates()
-
-    def on_test_epoch_start(self) -> None:
-        self.reset_eval_candidates()
-
-    def update_ranking(self, batch: dict, metric: RankingMetric) -> Tensor:
-        """Rank an evaluation batch and add the ranks to ``metric``; returns the ranks."""
-        ranks = self.rank_batch(batch)
-        metric.update(ranks)
-        return ranks
-
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.update_ranking(batch, self.val_metric)
-
-    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.update_ranking(batch, self.test_metric)
-
-    def _finish_evaluation(self, stage: str, metric: RankingMetric) -> None:
-        if not metric.update_called:
-            return  # no queries: teardown() records the empty result
-        computed = metric.compute()
-        metric.reset()
-        self.log_dict({f"{stage}/{k}": v.float() for k, v in computed.items() if k != "count"})
-        if self._trainer is not None and self._trainer.sanity_checking:
-            return
-        self._record(stage, metrics_to_floats(computed))
-
-    def _record(self, stage: str, metrics: dict[str, float | int]) -> None:
-        self.last_metrics[stage] = metrics
-        self._last_stage = stage
-        self._stage_recorded = True
-
-    def setup(self, stage: str) -> None:
-        self._stage_recorded = False
-
-    def teardown(self, stage: str) -> None:
-        # Lightning skips the whole evaluation loop, epoch-end hooks included, when the
-        # dataloader has no batches; setup/teardown still run, so an empty split is noticed
-        # here. Without a record, callers reading last_metrics["val"] would hit a KeyError.
-        key = _EVAL_STAGES.get(getattr(stage, "value", stage))
-        if key is not None and not self._stage_recorded:
-            log.warning("%s: no evaluation queries (empty split); recording count=0 and NaN metrics", key)
-            self._record(key, empty_metrics(self.val_metric.hits_at))
-
-    def on_validation_epoch_end(self) -> None:
-        self._finish_evaluation("val", self.val_metric)
-
-    def on_test_epoch_end(self) -> None:
-        self._finish_evaluation("test", self.test_metric)
-
-    def evaluation_results(self, stage: str | None = None) -> dict:
-        """Last computed metrics of ``stage`` (``"val"``/``"test"``; default the latest stage
-        evaluated): ``{"mrr", "mr", "hits@1", "hits@3", "hits@5", "hits@10", "count"}``."""
-        stage = stage or self._last_stage
-        if stage is None or stage not in self.last_metrics:
-            raise RuntimeError("no evaluation has finished yet")
-        return dict(self.last_metrics[stage])

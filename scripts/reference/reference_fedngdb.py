@@ -136,7 +136,7 @@ DEFAULT_CONFIG = REPO / "configs" / "fedcqa" / "umls_fedcqa_gqe.yaml"
 
 def query_string(structure, row: list[int], rel_map, ent_map) -> str:
     """One of our query rows (depth-first slots) in the original's prefix grammar."""
-    from lightning_fedkg.methods.fedcqa.queries import E, U, is_branch, is_union
+    from lightning_fedkg.methods.fedcqa.structures import E, U, is_branch, is_union
 
     pos = 0
 

@@ -36,7 +36,8 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=10)
     args = parser.parse_args()
     from lightning_fedkg.config import load_config
-    from lightning_fedkg.methods.fkge.federation import FKGE, random_rotation
+    from lightning_fedkg.methods.fkge.federation import FKGE
+    from lightning_fedkg.methods.fkge.modes import random_rotation
     from lightning_fedkg.methods.fkge.multisource import aligned_pairs
     from lightning_fedkg.methods.fkge.supervised import decode, precondition, release_cost, unit_rows, whitening_power
 

@@ -22,7 +22,7 @@ def classes() -> dict[str, type]:
     """The client halves and mixins whose declarations the page shows, in its order."""
     from lightning_fedkg.privacy.secure import SecureClient
     from lightning_fedkg.federated.strategy import ClientHalf
-    from lightning_fedkg.methods.fedcqa.retrieval import RetrievalClient
+    from lightning_fedkg.methods.fedcqa.retrieval_client import RetrievalClient
     from lightning_fedkg.methods.fedlu.strategy import FedLUClient
 
     return {"Every client half (`ClientHalf`)": ClientHalf, "Secure aggregation (`SecureClient`)": SecureClient,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_fedkg.methods.fedcqa.queries import STRUCTURES, is_branch, is_union
+from lightning_fedkg.methods.fedcqa.structures import STRUCTURES, is_branch, is_union
 from lightning_fedkg.models.kge import families
 from lightning_fedkg.models.shareable import InitSpec
 

@@ -136,7 +136,8 @@ class QueryAnswering(Task):
         return "\n".join(lines)
 
     def halves(self, server, client):
-        from .retrieval import RetrievalClient, RetrievalServer
+        from .retrieval import RetrievalServer
+        from .retrieval_client import RetrievalClient
 
         return (type(f"Retrieval{server.__name__}", (RetrievalServer, server), {}),
                 type(f"Retrieval{client.__name__}", (RetrievalClient, client), {}))

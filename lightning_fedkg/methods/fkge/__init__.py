@@ -1,9 +1,9 @@
 """FKGE (Peng et al., "Differentially Private Federated Knowledge Graphs Embedding",
 CIKM 2021): decentralised KG embedding by pairwise, differentially private translation.
 
-* :mod:`.federation` -- :class:`FKGE` (``federated.strategy: fkge``), one :class:`FKGEPeer`
-  per KG on the core's event loop; :mod:`.handshake` its typed state, :mod:`.pretraining`,
-  :mod:`.report` (the per-KG table), :mod:`.config` (``federated.fkge``);
+* :mod:`.federation` -- :class:`FKGE`, one :class:`FKGEPeer` (the handshake's state machine)
+  per KG; :mod:`.modes` one object per alignment, :mod:`.translation` a handshake's end,
+  :mod:`.handshake`, :mod:`.pretraining`, :mod:`.report`, :mod:`.config` (``federated.fkge``);
 * :mod:`.ppat` (PPAT, the adversarial translation; :mod:`.ppat_module`, the same game as a
   LightningModule), :mod:`.supervised` (the supervised DP alignment), :mod:`.update`
   (KGEmb-Update with virtual rows and backtracking);

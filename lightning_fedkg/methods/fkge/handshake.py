@@ -17,8 +17,13 @@ from torch import Tensor
 
 from .ppat import PPATClient, PPATHost
 
-__all__ = ["HELDOUT_KEYS", "PeerState", "Convergence", "Hosting", "ClientSide", "PPATClientSide", "SupervisedClientSide",
+__all__ = ["HELLO", "REQUEST", "START", "STOP", "TRANSLATED", "DECLINE", "HELDOUT_KEYS", "PeerState", "Convergence", "Hosting", "ClientSide", "PPATClientSide", "SupervisedClientSide",
            "Exchange", "UpdateOutcome", "HandshakeRecord"]
+
+#: The handshake's events (PPAT's batches are :data:`.ppat.FAKE` and :data:`.ppat.GRAD`, the
+#: supervised release's :data:`.supervised.ROWS` and :data:`.supervised.CROSSCOV`).
+HELLO, REQUEST, START, STOP, TRANSLATED = "fkge_hello", "fkge_request", "fkge_start", "ppat_stop", "fkge_translated"
+DECLINE = "fkge_decline"
 
 
 class PeerState(str, Enum):

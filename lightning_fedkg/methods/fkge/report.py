@@ -1,8 +1,15 @@
-"""FKGE's results table: one row per KG of its ``metrics.json`` (``fedkg fit`` and ``fedkg test`` print it)."""
+"""FKGE's ``metrics.json`` read back: the results table, one row per KG (``fedkg fit`` and
+``fedkg test`` print it), and the partners each KG hosted (the equal-schedule control
+replays them)."""
 
 from __future__ import annotations
 
-__all__ = ["format_kgs_table"]
+import json
+from pathlib import Path
+
+from lightning_fedkg.config import ConfigError
+
+__all__ = ["format_kgs_table", "planned_partners"]
 
 
 def format_kgs_table(metrics: dict) -> str:
@@ -20,3 +27,17 @@ def format_kgs_table(metrics: dict) -> str:
                      f"{b.get('mrr', 0):>11.4f}{a.get('mrr', 0):>10.4f}{b.get('hits@10', 0):>12.4f}"
                      f"{a.get('hits@10', 0):>11.4f}{epsilon:>12}{kg['accepted']:>6}/{kg['hosted']:<3}")
     return "\n".join(lines)
+
+
+def planned_partners(path: str, host: str) -> list[str]:
+    """The partners ``host`` hosted, in order, in the run whose ``metrics.json`` is ``path``
+    (``federated.fkge.schedule``: the equal-schedule control replays them)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "metrics.json"
+    try:
+        handshakes = json.loads(file.read_text())["handshakes"]
+    except (OSError, KeyError, ValueError) as err:
+        raise ConfigError(f"federated.fkge.schedule: cannot read the handshakes of {file}: {err}") from err
+    mine = sorted((h for h in handshakes if h["host"] == host), key=lambda h: h["number"])
+    return [h["client"] for h in mine]
