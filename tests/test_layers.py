@@ -16,15 +16,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_fedkg"
 
 #: Lowest first. A module may import modules of its own layer or of lower ones. A name is a
 #: top-level module or package, or a dotted sub-package that sits lower than the rest of its
-#: package (privacy's mechanisms and stances, which the core uses; its protocols wrap the core).
+#: package.
 LAYERS = [
     ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands", "private_files",
               "measure", "preflight")),
-    ("data, evaluation, models, privacy mechanisms",
-     ("data", "evaluation", "models", "privacy.mechanisms", "privacy.stances")),
+    ("data, evaluation, models", ("data", "evaluation", "models")),
     ("builders", ("builders",)),
     ("federated core", ("federated",)),
-    ("privacy protocols", ("privacy",)),
+    ("privacy", ("privacy",)),
     ("methods", ("methods",)),
     ("reports", ("reports",)),
     ("backends", ("backends",)),

@@ -1,6 +1,6 @@
 """A server that deviates in any field of any message: the harness that covers the class.
 
-Every field a client receives has a declared stance (:mod:`lightning_fedkg.privacy.stances`):
+Every field a client receives has a declared stance (:mod:`lightning_fedkg.federated.stances`):
 pinned by its policy, checked against what it holds, or harmless. Two tests hold that:
 
 * **coverage**: honest runs of the configurations below record every field each client half
@@ -33,7 +33,7 @@ from lightning_fedkg.federated.clients import LocalClients
 from lightning_fedkg.federated.federation import FederatedRun
 from lightning_fedkg.federated.message import Message
 from lightning_fedkg.privacy.secure import SecureClient
-from lightning_fedkg.privacy.stances import receives
+from lightning_fedkg.federated.stances import receives
 from lightning_fedkg.federated.strategy import RetryRound
 from lightning_fedkg.privacy.mechanisms import secagg
 

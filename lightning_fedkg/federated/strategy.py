@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lightning_fedkg.federated.alignment import federation_key, hash_names
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.privacy.stances import ROWS, harmless
+from lightning_fedkg.federated.stances import ROWS, harmless
 from lightning_fedkg.federated.tasks import weighted_average
 from lightning_fedkg.registry import STRATEGIES
 from lightning_fedkg.seeding import derive_seed
@@ -207,7 +207,7 @@ class ClientHalf:
 
     It may keep state of its own between rounds (:meth:`state_dict`), which the runner
     checkpoints with its party. ``RECEIVES`` declares the stance of every field it reads from
-    a server's message (:mod:`~lightning_fedkg.privacy.stances`); a subclass adds its own.
+    a server's message (:mod:`~lightning_fedkg.federated.stances`); a subclass adds its own.
     """
 
     RECEIVES = {

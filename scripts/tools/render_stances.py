@@ -3,7 +3,7 @@
     python scripts/tools/render_stances.py            # rewrite the block between the markers
     python scripts/tools/render_stances.py --check    # exit 1 if the page differs (what the tests check)
 
-The tables are :func:`lightning_fedkg.privacy.stances.markdown` of :data:`CLASSES`; the
+The tables are :func:`lightning_fedkg.federated.stances.markdown` of :data:`CLASSES`; the
 text around the markers is the page's own.
 """
 
@@ -31,7 +31,7 @@ def classes() -> dict[str, type]:
 
 def rendered(text: str) -> str:
     """``text`` (the page) with the block between the markers rendered afresh."""
-    from lightning_fedkg.privacy.stances import markdown
+    from lightning_fedkg.federated.stances import markdown
 
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)

@@ -10,7 +10,7 @@ from torch import Tensor
 from lightning_fedkg.privacy import identities
 from lightning_fedkg.federated.alignment import hash_names
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.privacy.stances import checked, harmless
+from lightning_fedkg.federated.stances import checked, harmless
 from lightning_fedkg.federated.strategy import client_name
 
 from .encoders import run_plan
@@ -34,7 +34,7 @@ def _lookup(own: Tensor, keys: Tensor, what: str, party: str) -> Tensor:
 
 
 
-#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.privacy.stances`).
+#: The stances of what a retrieval step carries (:mod:`~lightning_fedkg.federated.stances`).
 _PRIVATE = "task.retrieval=private"
 _SEALED = checked("sealed states: each opens only for its structure, query and node (ChaCha20-Poly1305), "
                   "or the step is refused", when=_PRIVATE)

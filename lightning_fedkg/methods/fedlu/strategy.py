@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from .config import FedLUConfig
 from lightning_fedkg.config import ConfigError
 from lightning_fedkg.federated.message import Message
-from lightning_fedkg.privacy.stances import harmless
+from lightning_fedkg.federated.stances import harmless
 from lightning_fedkg.federated.strategy import ClientHalf, Strategy
 from lightning_fedkg.federated.holder_mean import HolderMeanServer
 from lightning_fedkg.federated.tasks import weighted_average, with_count

@@ -1,5 +1,5 @@
 """The client half of secure aggregation: its steps' mixins composed, what it checks in
-each field the server sends (:mod:`~lightning_fedkg.privacy.stances`), its identity and the
+each field the server sends (:mod:`~lightning_fedkg.federated.stances`), its identity and the
 state it keeps (never a round's secrets)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lightning_fedkg.privacy.secure.protocol import (
     check_secure_config,
 )
 from lightning_fedkg.privacy.secure.unmask import ClientUnmask
-from lightning_fedkg.privacy.stances import checked, harmless, pinned
+from lightning_fedkg.federated.stances import checked, harmless, pinned
 
 
 _ACTIVE = "federated.secure_aggregation.active"
