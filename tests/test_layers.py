@@ -14,9 +14,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_fedkg"
 
-#: Lowest first. A module may import modules of its own layer or of lower ones. A name is a
-#: top-level module or package, or a dotted sub-package that sits lower than the rest of its
-#: package.
+#: Lowest first. A module may import modules of its own layer or of lower ones; a name is a
+#: top-level module or package.
 LAYERS = [
     ("base", ("atomic", "keys", "seeding", "registry", "config", "rundir", "runtime", "commands", "private_files",
               "measure", "preflight")),
@@ -79,20 +78,12 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(name: str) -> int:
-    """The layer of module ``name``: that of the longest name in :data:`LAYERS` it lies in."""
-    parts = name.split(".")[1:] or ["__init__"]
-    for depth in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:depth])
-        for i, (_, names) in enumerate(LAYERS):
-            if prefix in names:
-                return i
+    parts = name.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, (_, names) in enumerate(LAYERS):
+        if top in names:
+            return i
     raise AssertionError(f"{name} belongs to no layer: add its top-level name to LAYERS")
-
-
-def test_a_sub_package_takes_its_own_layer():
-    assert layer_of("lightning_fedkg.privacy.mechanisms.secagg") < layer_of("lightning_fedkg.federated.strategy")
-    assert layer_of("lightning_fedkg.privacy.secure.client") > layer_of("lightning_fedkg.federated.strategy")
-    assert layer_of("lightning_fedkg") == len(LAYERS) - 1
 
 
 def strongly_connected(g: dict[str, set[str]]) -> list[list[str]]:
