@@ -355,11 +355,12 @@ def _deployment(cfg, run_dir: Path, after_round_1, timeout: float) -> None:
     import threading
 
     from lightning_fedkg.backends.flower.deploy import Deployment, key_for, write_app_project
-    from lightning_fedkg.backends.flower.backend import client_config_text
+    from lightning_fedkg.backends.flower.backend import client_config_text, provision_beside_key
 
     folder = run_dir / "flower"
     data = write_client_folders(cfg, folder / "data")
     key = key_for(cfg, folder)
+    provision_beside_key(cfg, key, data)  # each organisation's policy beside its key, as `up` writes it
     with Deployment(folder) as d:
         d.start_superlink()
         for path in data:
