@@ -15,20 +15,24 @@ from lightning_fedkg.registry import COMMANDS, STRATEGIES, import_path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: FKGE's metrics.json layout: one entry per KG (a KG with no evaluation shows zeros).
+#: FKGE's metrics.json layout: one entry per KG (no evaluation: zeros; no release: ε 0.00; an exact,
+#: unaccounted release: ε None, shown "not private").
 FKGE_METRICS = {"strategy": "fkge", "handshakes": [1, 2, 3], "bytes_sent": 123456,
                 "kgs": [{"name": "umls_0", "model": "transe", "before": {"accuracy": 0.81234, "mrr": 0.412,
                                                                           "hits@10": 0.7},
                          "after": {"accuracy": 0.83, "mrr": 0.45, "hits@10": 0.72}, "epsilon": 11.234, "accepted": 2,
                          "hosted": 3},
-                        {"name": "umls_1", "model": "rotate", "before": None, "after": None, "epsilon": None,
-                         "accepted": 0, "hosted": 0}]}
+                        {"name": "umls_1", "model": "rotate", "before": None, "after": None, "epsilon": 0.0,
+                         "accepted": 0, "hosted": 0},
+                        {"name": "umls_2", "model": "transe", "before": None, "after": None, "epsilon": None,
+                         "accepted": 1, "hosted": 1}]}
 FKGE_TABLE = """\
 strategy=fkge  handshakes=3  bytes_sent=123456
 KG              model    acc before acc after MRR before MRR after H@10 before H@10 after     epsilon  accepted
 ---------------------------------------------------------------------------------------------------------------
 umls_0          transe       0.8123    0.8300     0.4120    0.4500      0.7000     0.7200       11.23     2/3  
-umls_1          rotate       0.0000    0.0000     0.0000    0.0000      0.0000     0.0000 not private     0/0  """
+umls_1          rotate       0.0000    0.0000     0.0000    0.0000      0.0000     0.0000        0.00     0/0  
+umls_2          transe       0.0000    0.0000     0.0000    0.0000      0.0000     0.0000 not private     1/1  """
 
 
 def _stage(x: float) -> dict:
