@@ -30,12 +30,16 @@ measured; ``--repeat`` runs of each, whose medians the table shows. It reports:
   ``peak_rss_mib`` and ``bytes_per_round`` (every message of round 2 the Channel logged).
 
 ``--reference`` adds the same measurement on a pre-split folder (FB15k-237-Fed3: the per-batch
-figure to compare with). A JSON (``--json-out``) holds every run; a PNG of seconds per batch
-against entities is drawn next to it when matplotlib is installed (otherwise the script says
-so). Timings are wall clock on a machine that may be shared: repeat, and read medians.
+figure to compare with). A JSON (``--json-out``) holds every run; a PNG of its curves is drawn
+next to it when matplotlib is installed (the ``plot`` extra; otherwise the script says so).
+``--plot JSON ...`` runs nothing and draws the curves of recorded JSONs into one PNG
+(``--plot-out``). Timings are wall clock on a machine that may be shared: repeat, and read
+medians.
 
     python scripts/benchmarks/bench_scale.py --sizes 10000 100000 1000000 --batches 3 --repeat 3 --threads 1 \\
         --evaluate --reference ../shared/data/FB15k-237-Fed3 --json-out docs/results/scale/scale.json
+    python scripts/benchmarks/bench_scale.py --plot docs/results/scale/scale.json \
+        docs/results/scale/scale_cpu_10clients.json --plot-out docs/results/scale/scale_curves.png
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take before it is stopped")
     p.add_argument("--json-out")
+    p.add_argument("--plot", nargs="+", metavar="JSON",
+                   help="run nothing: draw the curves of these bench_scale JSONs into --plot-out")
+    p.add_argument("--plot-out", default=str(REPO / "docs" / "results" / "scale" / "scale_curves.png"))
     p.add_argument("--one", nargs=2, metavar=("DATA", "OPTIMIZER"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -298,28 +305,64 @@ def report(row: dict) -> str:
     return line
 
 
-def plot(rows: list[dict], path: Path) -> str:
+def series(sources: list[tuple[str, dict]]) -> list[dict]:
+    """The curves of one or more bench_scale JSONs: per (source, optimizer), the synthetic rows'
+    entities against their wall seconds per batch, extrapolated round seconds and peak RSS, and
+    the reference folder's (FB15k-237-Fed3) seconds per batch at the same shape, if measured."""
+    curves = []
+    for name, report in sources:
+        rows = [r for r in report["rows"] if "error" not in r]
+        clients = report["settings"]["clients"]
+        for optimizer in dict.fromkeys(r["optimizer"] for r in rows):
+            mine = sorted((r for r in rows if r["optimizer"] == optimizer and r.get("entities")),
+                          key=lambda r: r["entities"])
+            reference = [r["s_per_batch"] for r in rows if r["optimizer"] == optimizer and not r.get("entities")]
+            if not mine:
+                continue
+            curves.append({"label": f"{optimizer}, {clients} clients ({name})",
+                           "entities": [r["entities"] for r in mine],
+                           "s_per_batch": [r["s_per_batch"] for r in mine],
+                           "round_s": [r["round_s_extrapolated"] for r in mine],
+                           "peak_rss_mib": [r["peak_rss_mib"] for r in mine],
+                           "reference_s_per_batch": reference[0] if reference else None})
+    return curves
+
+
+def plot(sources: list[tuple[str, dict]], path: Path) -> str:
+    """Draw :func:`series` of ``sources`` into ``path`` (PNG): seconds per batch, extrapolated
+    seconds per round and peak RSS against entities, log-log; a dashed line per curve at the
+    reference folder's seconds per batch. Returns what was done (matplotlib is optional)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed: no plot, the JSON only"
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for optimizer in sorted({r["optimizer"] for r in rows if "error" not in r and r.get("entities")}):
-        points = sorted((r["entities"], r["s_per_batch"]) for r in rows
-                        if r.get("optimizer") == optimizer and "error" not in r and r.get("entities"))
-        ax.plot(*zip(*points), marker="o", label=optimizer)
-    ax.set(xscale="log", yscale="log", xlabel="entities", ylabel="seconds per batch")
-    ax.legend()
+        return "matplotlib is not installed (pip install 'lightning-fedkg[plot]'): no plot, the JSON only"
+    curves = series(sources)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    panels = (("s_per_batch", "seconds per batch (wall)"), ("round_s", "seconds per round (extrapolated)"),
+              ("peak_rss_mib", "peak RSS (MiB)"))
+    for ax, (key, title) in zip(axes, panels):
+        for c in curves:
+            line, = ax.plot(c["entities"], c[key], marker="o", label=c["label"])
+            if key == "s_per_batch" and c["reference_s_per_batch"] is not None:
+                ax.axhline(c["reference_s_per_batch"], color=line.get_color(), linestyle="--", linewidth=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="entities", title=title)
+        ax.grid(True, which="both", linewidth=0.3)
+    axes[0].legend(fontsize=7, title="dashed: FB15k-237-Fed3, same shape", title_fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return f"wrote {path}"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.plot:
+        sources = [(Path(f).stem, json.loads(Path(f).read_text())) for f in args.plot]
+        print(plot(sources, Path(args.plot_out)))
+        return 0
     if args.one:
         print(json.dumps(measure(args, *args.one, evaluate=args.evaluate)))
         return 0
@@ -359,7 +402,7 @@ def main(argv=None) -> int:
         path = Path(args.json_out)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1))
-        print(f"wrote {path}; " + plot(rows, path.with_suffix(".png")))
+        print(f"wrote {path}; " + plot([(path.stem, out)], path.with_suffix(".png")))
     return 0
 
 
