@@ -27,7 +27,9 @@ measured; ``--repeat`` runs of each, whose medians the table shows. It reports:
   (``train.eval_candidates``) over the whole split unless ``--sampled-eval-batches`` bounds it
   (``eval_sampled_s_extrapolated``: measured when the whole split ran);
 * ``build_s`` (load, split, clients' modules, data modules and Trainers), ``align_s``,
-  ``peak_rss_mib`` and ``bytes_per_round`` (every message of round 2 the Channel logged).
+  ``peak_rss_mib`` and ``bytes_per_round`` (every message of round 2 the Channel logged);
+* ``checkpoint_s`` and ``checkpoint_bytes``: one resume point as ``fedkg fit`` commits after
+  every round (every party's state, written atomically), after round 2.
 
 ``--reference`` adds the same measurement on a pre-split folder (FB15k-237-Fed3: the per-batch
 figure to compare with). A JSON (``--json-out``) holds every run; a PNG of its curves is drawn
@@ -101,6 +103,7 @@ def measure(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
     import torch
 
     from lightning_fedkg.config import load_config
+    from lightning_fedkg.federated.checkpoint import CHECKPOINT_DIR, commit_round
     from lightning_fedkg.federated.federation import FederatedRun
     from lightning_fedkg.runtime import seed_process
 
@@ -175,6 +178,11 @@ def measure(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
             run.train_round(r)
             rounds.append({"train_s": time.perf_counter() - start,
                            "bytes": sum(int(rec.bytes) for rec in run.channel.records(round=r))})
+        # a resume point as `fedkg fit` commits one after every round: every party's state
+        start = time.perf_counter()
+        manifest = commit_round(Path(run_dir) / CHECKPOINT_DIR, "round_0002", run.party_states(), {"round": 2})
+        checkpoint_s = time.perf_counter() - start
+        checkpoint_bytes = sum(f.stat().st_size for f in manifest.parent.rglob("*") if f.is_file())
         epochs = cfg.federated.local_epochs
         clients = {}
         for party in run.learners:
@@ -202,6 +210,7 @@ def measure(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool)
             "outside_fit_s": outside, "extrapolated": True,
             "round_s_extrapolated": sum(c["round_s_extrapolated"] for c in clients.values()) + outside,
             "bytes_per_round": rounds[1]["bytes"], "local_epochs": epochs,
+            "checkpoint_s": checkpoint_s, "checkpoint_bytes": checkpoint_bytes,
         }
         if evaluate:
             result["evaluation"] = measure_evaluation(run, args)
@@ -252,7 +261,7 @@ def synthetic_folder(args: argparse.Namespace, entities: int) -> tuple[Path, flo
 
 #: The figures of a row that are medians over its repeats.
 MEDIANS = ("s_per_batch", "step_s", "cpu_s_per_batch", "step_cpu_s", "round_s_extrapolated", "build_s", "align_s",
-           "peak_rss_mib", "bytes_per_round")
+           "peak_rss_mib", "bytes_per_round", "checkpoint_s", "checkpoint_bytes")
 
 
 def run_repeats(args: argparse.Namespace, data: str, optimizer: str, evaluate: bool) -> dict:
@@ -295,9 +304,11 @@ def report(row: dict) -> str:
     if "error" in row:
         return f"{row['label']:>10} {row['optimizer']:>11}  failed: {row['error']}"
     cpu = f" (CPU {row['cpu_s_per_batch']:.4f})" if "cpu_s_per_batch" in row else ""
+    checkpoint = (f"  checkpoint {row['checkpoint_s']:.1f} s / {row['checkpoint_bytes'] / 2**20:,.0f} MiB"
+                  if "checkpoint_s" in row else "")
     line = (f"{row['label']:>10} {row['optimizer']:>11} {row['s_per_batch']:9.4f}{cpu} {row['step_s']:9.4f} "
             f"{row['round_s_extrapolated']:10.1f}* {row['build_s']:8.1f} {row['peak_rss_mib']:9,.0f} "
-            f"{row['bytes_per_round'] / 2**20:9.1f}  load {'/'.join(f'{a:.1f}-{b:.1f}' for a, b in row['loadavg'])}")
+            f"{row['bytes_per_round'] / 2**20:9.1f}{checkpoint}  load {'/'.join(f'{a:.1f}-{b:.1f}' for a, b in row['loadavg'])}")
     ev = row.get("evaluation")
     if ev:
         line += (f"   eval full {ev['eval_full_s_extrapolated']:,.0f}* s, sampled K={ev['eval_candidates']} "
