@@ -59,6 +59,8 @@ Commands (docs/results/fkge.md records their output; the first two are the revie
     python scripts/benchmarks/bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir runs/fb_controls \\
         --reuse --seeds 0,1,2 --variants sup4_average,random_sup4_average,control_sup4_average,sup_exact_average \\
         --json-out docs/results/fkge/bench_fkge_fb15k237_controls.json federated.fkge.holdout_fraction=0.2
+    # seeds run in separate calls (same config, overrides and pre-training) as one report:
+    python scripts/benchmarks/bench_fkge.py --merge A.json B.json --json-out AB.json
 
     python scripts/benchmarks/bench_fkge.py --seeds 0,1,2,3,4 \\
         --variants fkge,control_fkge,frozen,average,control_average,\
@@ -293,6 +295,39 @@ def versus_control(results: dict[str, list[dict]]) -> tuple[dict, str]:
     return out, "\n".join(lines)
 
 
+def merge(paths: list[str]) -> dict:
+    """One report of several of this script's JSONs that ran other seeds of the same config and
+    overrides from the same pre-training (seeds run in separate calls): each variant's runs in
+    the files' order, its seeds under ``variant_seeds``, summaries and controls recomputed."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    first = reports[0]
+    for path, report in zip(paths[1:], reports[1:]):
+        for key in ("config", "overrides", "threads"):
+            if report[key] != first[key]:
+                raise SystemExit(f"{path}: {key} {report[key]!r} differs from {paths[0]}'s {first[key]!r}")
+    results, variant_seeds, before = {}, {}, {}
+    for path, report in zip(paths, reports):
+        for name, runs in report["runs"].items():
+            seeds = report["seeds"][:len(runs)]
+            taken = variant_seeds.setdefault(name, [])
+            if set(seeds) & set(taken):
+                raise SystemExit(f"{path}: {name} seeds {sorted(set(seeds) & set(taken))} are in an earlier file")
+            taken.extend(seeds)
+            results.setdefault(name, []).extend(runs)
+            for run in runs:  # every run starts from the same pre-trained models: equal "before" metrics
+                for kg in run["kgs"]:
+                    seen = before.setdefault(kg["name"], (path, kg["before"]))
+                    if seen[1] != kg["before"]:
+                        raise SystemExit(f"{path}: {kg['name']}'s metrics before any handshake differ from "
+                                         f"{seen[0]}'s: not the same pre-training")
+    controls, _ = versus_control(results)
+    return {"merged_from": paths, "machine": first["machine"], "python": first["python"], "config": first["config"],
+            "seeds": sorted({s for r in reports for s in r["seeds"]}), "variant_seeds": variant_seeds,
+            "threads": first["threads"], "overrides": first["overrides"], "pretrain": [r["pretrain"] for r in reports],
+            "summaries": [summarize(name, runs) for name, runs in results.items()], "versus_control": controls,
+            "runs": results}
+
+
 def _source(name: str) -> str | None:
     """The variant a ``control_`` or ``random_`` name controls (None for any other name)."""
     for prefix in CONTROLS:
@@ -318,8 +353,19 @@ def main() -> int:
                              "RUNS_DIR/pretrain (kept: a later call reuses it), then start every run from it")
     parser.add_argument("--pretrained-from", help="start every run from this run folder's pre-training "
                         "(federated.fkge.pretrained_from); '{seed}' in it is replaced by the run's seed")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="run nothing: merge these JSONs of other seeds of one experiment into --json-out")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args()
+    if args.merge:
+        if not args.json_out:
+            parser.error("--merge needs --json-out")
+        report = merge(args.merge)
+        print(table(report["summaries"]))
+        print(versus_control(report["runs"])[1])
+        measure.write_json(args.json_out, report)
+        print(f"written {args.json_out}")
+        return 0
     names = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
     unknown = [v for v in names if v not in VARIANTS and _source(v) not in names[:names.index(v)]]
     if unknown:
