@@ -104,3 +104,23 @@ def test_dtype_is_preserved():
 def test_malformed_uploads_are_rejected(idx, rows):
     with pytest.raises(ValueError):
         holder_mean(torch.zeros(3, 1), idx, rows)
+
+
+def test_sums_in_chunks_are_one_index_add_over_every_upload_bit_for_bit(monkeypatch):
+    """holder_sums adds upload by upload in chunks of SUM_CHUNK_ROWS rows (no float64 copy of
+    every upload at once); the sums are those of one index_add over all uploads concatenated,
+    bit for bit, with chunks that split uploads and rows that several uploads share."""
+    from lightning_fedkg.federated import aggregation
+
+    g = torch.Generator().manual_seed(0)
+    n = 50
+    indices = [torch.randperm(n, generator=g)[:k] for k in (37, 41, 29)]
+    # values of very different magnitudes: any change in the order of the additions shows
+    rows = [torch.randn(len(i), 3, generator=g) * torch.logspace(-6, 6, len(i)).unsqueeze(1) for i in indices]
+    flat_idx = torch.cat(indices)
+    expected = torch.zeros(n, 3, dtype=torch.float64).index_add_(0, flat_idx, torch.cat(rows).double())
+    for chunk in (1, 7, 64):
+        monkeypatch.setattr(aggregation, "SUM_CHUNK_ROWS", chunk)
+        sums, counts = holder_sums(n, indices, rows)
+        assert torch.equal(sums, expected)
+        assert torch.equal(counts, torch.bincount(flat_idx, minlength=n))
