@@ -106,10 +106,10 @@ def test_malformed_uploads_are_rejected(idx, rows):
         holder_mean(torch.zeros(3, 1), idx, rows)
 
 
-def test_sums_in_chunks_are_one_index_add_over_every_upload_bit_for_bit(monkeypatch):
-    """holder_sums adds upload by upload in chunks of SUM_CHUNK_ROWS rows (no float64 copy of
-    every upload at once); the sums are those of one index_add over all uploads concatenated,
-    bit for bit, with chunks that split uploads and rows that several uploads share."""
+def test_the_server_steps_in_row_blocks_are_the_whole_table_steps_bit_for_bit(monkeypatch):
+    """holder_sums, mean_from_sums and damped_mean_from_sums work a block of rows at a time
+    (CHUNK_ELEMENTS; no whole-table float64 temporaries): the results are those of the whole
+    table at once, bit for bit, with blocks that split uploads and rows several uploads share."""
     from lightning_fedkg.federated import aggregation
 
     g = torch.Generator().manual_seed(0)
@@ -117,10 +117,24 @@ def test_sums_in_chunks_are_one_index_add_over_every_upload_bit_for_bit(monkeypa
     indices = [torch.randperm(n, generator=g)[:k] for k in (37, 41, 29)]
     # values of very different magnitudes: any change in the order of the additions shows
     rows = [torch.randn(len(i), 3, generator=g) * torch.logspace(-6, 6, len(i)).unsqueeze(1) for i in indices]
+    table = torch.randn(n, 3, generator=g)
     flat_idx = torch.cat(indices)
-    expected = torch.zeros(n, 3, dtype=torch.float64).index_add_(0, flat_idx, torch.cat(rows).double())
-    for chunk in (1, 7, 64):
-        monkeypatch.setattr(aggregation, "SUM_CHUNK_ROWS", chunk)
-        sums, counts = holder_sums(n, indices, rows)
-        assert torch.equal(sums, expected)
-        assert torch.equal(counts, torch.bincount(flat_idx, minlength=n))
+    sums = torch.zeros(n, 3, dtype=torch.float64).index_add_(0, flat_idx, torch.cat(rows).double())
+    uploads = torch.bincount(flat_idx, minlength=n)
+    counts = uploads.clone()
+    counts[:5] = 0  # mean_from_sums: rows no uploader holds keep the table's value
+    held = _rows(counts > 0)
+    mean = torch.where(held, sums / _rows(counts.clamp(min=1)).double(), table.double()).float()
+    holders = counts + torch.arange(n) % 2
+    base = table.double()
+    damped = (base + (sums - _rows(counts).double() * base) / _rows(holders.clamp(min=1)).double()).float()
+    for elements in (1, 21, 192, 1 << 21):  # blocks of 1, 7 and 64 rows, and the whole table
+        monkeypatch.setattr(aggregation, "CHUNK_ELEMENTS", elements)
+        got_sums, got_counts = holder_sums(n, indices, rows)
+        assert torch.equal(got_sums, sums) and torch.equal(got_counts, uploads)
+        assert torch.equal(aggregation.mean_from_sums(table, sums, counts), mean)
+        assert torch.equal(aggregation.damped_mean_from_sums(table, sums, counts, holders), damped)
+
+
+def _rows(v):
+    return v.view(-1, 1)

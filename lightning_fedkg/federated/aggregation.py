@@ -15,6 +15,8 @@ uploads returns them bit for bit, and the result is cast back to the table's dty
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import torch
@@ -38,8 +40,17 @@ def _check(num_rows: int, indices: Sequence[Tensor], rows: Sequence[Tensor]) -> 
             raise ValueError(f"upload {k}: a client cannot hold the same row twice")
 
 
-#: Rows of an upload converted to float64 and added at a time by :func:`holder_sums`.
-SUM_CHUNK_ROWS = 1 << 16
+#: Elements (of a float64 row block) the server's steps work on at a time. Whole-table float64
+#: temporaries made them superlinear in the table (a copy of every upload at once: 1.4 GB and
+#: 6 of 12 s at 10^6 entities, 3 clients, dim 64; docs/results/scale.md); in blocks of rows,
+#: element for element the same arithmetic, they stay linear.
+CHUNK_ELEMENTS = 1 << 21
+
+
+def _row_blocks(num_rows: int, like: Tensor):
+    """Slices of ``num_rows`` rows, each of about :data:`CHUNK_ELEMENTS` elements of ``like``'s rows."""
+    step = max(1, CHUNK_ELEMENTS // max(1, math.prod(like.shape[1:])))
+    return (slice(start, start + step) for start in range(0, num_rows, step))
 
 
 def holder_counts(num_rows: int, indices: Sequence[Tensor], device=None) -> Tensor:
@@ -71,15 +82,12 @@ def holder_sums(
     device = device if device is not None else rows[0].device
     sums = torch.zeros((num_rows, *trailing), dtype=torch.float64, device=device)
     counts = torch.zeros(num_rows, dtype=torch.long, device=device)
-    # Upload by upload, SUM_CHUNK_ROWS rows at a time, in the order a single index_add over
-    # all uploads concatenated would add them (the same sums, bit for bit): a float64 copy of
-    # every upload at once is what made the server's step superlinear in the table (1.4 GB
-    # and 6 s of its 12 at 10^6 entities, 3 clients, dim 64; docs/results/scale.md).
+    # Upload by upload, a block of rows at a time, in the order one index_add over all uploads
+    # concatenated would add them: the same sums, bit for bit (CHUNK_ELEMENTS says why).
     for idx, upload in zip(indices, rows):
         idx = idx.to(device=device, dtype=torch.long)
-        for start in range(0, idx.shape[0], SUM_CHUNK_ROWS):
-            stop = start + SUM_CHUNK_ROWS
-            sums.index_add_(0, idx[start:stop], upload[start:stop].to(device=device, dtype=torch.float64))
+        for block in _row_blocks(idx.shape[0], upload):
+            sums.index_add_(0, idx[block], upload[block].to(device=device, dtype=torch.float64))
         counts.index_add_(0, idx, torch.ones_like(idx))
     return sums, counts
 
@@ -105,10 +113,13 @@ def mean_from_sums(table: Tensor, sums: Tensor, counts: Tensor) -> Tensor:
     """:func:`holder_mean` from per-row sums (float64) and upload counts: what secure
     aggregation reveals (:mod:`~lightning_fedkg.privacy.secure`), which never sees the uploads themselves."""
     counts = counts.to(device=sums.device)
-    held = counts > 0
-    mean = sums / _rows_view(counts.clamp(min=1), sums).to(sums.dtype)
-    out = torch.where(_rows_view(held, sums), mean, table.to(device=sums.device, dtype=torch.float64))
-    return out.to(device=table.device, dtype=table.dtype)
+    out = torch.empty_like(table)
+    for block in _row_blocks(table.shape[0], sums):  # CHUNK_ELEMENTS says why
+        part, held = sums[block], counts[block]
+        mean = part / _rows_view(held.clamp(min=1), part).to(part.dtype)
+        new = torch.where(_rows_view(held > 0, part), mean, table[block].to(device=sums.device, dtype=torch.float64))
+        out[block] = new.to(device=table.device, dtype=table.dtype)
+    return out
 
 
 def damped_holder_mean(
@@ -140,7 +151,9 @@ def damped_mean_from_sums(table: Tensor, sums: Tensor, counts: Tensor, all_holde
     all_holders = all_holders.to(device=table.device, dtype=torch.long)
     if bool((counts > all_holders).any()):
         raise ValueError("an uploaded row is not counted among its holders")
-    base = table.to(torch.float64)
-    delta = sums - _rows_view(counts, sums).to(torch.float64) * base
-    out = base + delta / _rows_view(all_holders.clamp(min=1), sums).to(torch.float64)
-    return out.to(table.dtype)
+    out = torch.empty_like(table)
+    for block in _row_blocks(table.shape[0], sums):  # CHUNK_ELEMENTS says why
+        base, part = table[block].to(torch.float64), sums[block]
+        delta = part - _rows_view(counts[block], part).to(torch.float64) * base
+        out[block] = (base + delta / _rows_view(all_holders[block].clamp(min=1), part).to(torch.float64)).to(table.dtype)
+    return out
