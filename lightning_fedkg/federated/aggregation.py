@@ -16,7 +16,6 @@ uploads returns them bit for bit, and the result is cast back to the table's dty
 from __future__ import annotations
 
 import math
-
 from typing import Sequence
 
 import torch
