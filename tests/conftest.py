@@ -1,6 +1,7 @@
 """Shared test helpers: where the benchmark data lives, a one-thread fixture, the small
 UMLS federation most tests configure, and trained runs that several test files share."""
 
+import importlib.util
 import json
 import os
 from contextlib import contextmanager
@@ -31,6 +32,20 @@ SMALL_FEDERATION = {
     "trainer.accelerator": "cpu",
     "trainer.progress_bar": False,
 }
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """Import a script under ``scripts/`` as a module: ``load_script("benchmarks/bench_scale.py")``."""
+
+    def load(relative: str):
+        path = Path(__file__).resolve().parents[1] / "scripts" / relative
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 def make_small_config(strategy: str = "fede", *dotlist: str, **overrides) -> ExperimentConfig:

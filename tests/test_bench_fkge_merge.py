@@ -2,21 +2,9 @@
 become one report whose summaries and controls are those of all the runs together; files of
 another experiment, a seed twice, or another pre-training are refused."""
 
-import importlib.util
 import json
 
 import pytest
-
-from lightning_fedkg import measure
-
-REPO = measure.repo_root(__file__)
-
-
-def _bench_fkge():
-    spec = importlib.util.spec_from_file_location("bench_fkge", REPO / "scripts" / "benchmarks" / "bench_fkge.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(after_mrr: float, before_mrr: float = 0.25, schedule=(("a", 1, "b"),), before_accuracy=0.7) -> dict:
@@ -41,8 +29,8 @@ def _write(tmp_path, name, report):
     return str(path)
 
 
-def test_merged_seeds_summarize_as_one_run_would(tmp_path):
-    module = _bench_fkge()
+def test_merged_seeds_summarize_as_one_run_would(tmp_path, load_script):
+    module = load_script("benchmarks/bench_fkge.py")
     a = _write(tmp_path, "a.json", _report([0, 1], {"sup": [_run(0.30), _run(0.26)],
                                                     "random_sup": [_run(0.27), _run(0.27)]}))
     # triple classification draws its negatives by seed: its accuracy before may differ
@@ -58,8 +46,8 @@ def test_merged_seeds_summarize_as_one_run_would(tmp_path):
     assert per_seed == pytest.approx([0.03, -0.01, -0.01])
 
 
-def test_merge_refuses_another_experiment_a_repeated_seed_or_another_pretraining(tmp_path):
-    module = _bench_fkge()
+def test_merge_refuses_another_experiment_a_repeated_seed_or_another_pretraining(tmp_path, load_script):
+    module = load_script("benchmarks/bench_fkge.py")
     a = _write(tmp_path, "a.json", _report([0], {"sup": [_run(0.30)]}))
     other = _write(tmp_path, "o.json", _report([1], {"sup": [_run(0.30)]}, overrides=("x=2",)))
     again = _write(tmp_path, "g.json", _report([0], {"sup": [_run(0.31)]}))

@@ -1,7 +1,6 @@
 """``scripts/benchmarks/bench_scale.py --plot``: the curves it draws are the recorded JSON's rows,
 per optimizer, ordered by entity count, with the reference folder's batch as the dashed line."""
 
-import importlib.util
 import json
 
 import pytest
@@ -9,13 +8,6 @@ import pytest
 from lightning_fedkg import measure
 
 REPO = measure.repo_root(__file__)
-
-
-def _bench_scale():
-    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "scripts" / "benchmarks" / "bench_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(optimizer, s, entities=None, **extra):
@@ -26,12 +18,12 @@ def _row(optimizer, s, entities=None, **extra):
     return row
 
 
-def test_series_are_the_rows_of_each_optimizer_in_entity_order():
+def test_series_are_the_rows_of_each_optimizer_in_entity_order(load_script):
     report = {"settings": {"clients": 3},
               "rows": [_row("adam", 2.0, 1_000_000), _row("adam", 0.5, 10_000), _row("sparse_adam", 0.01, 10_000),
                        _row("sparse_adam", 0.3, 1_000_000, error="timeout"), _row("sparse_adam", 0.02, 1_000_000),
                        _row("sparse_adam", 0.004), _row("adam", 0.7)]}
-    curves = _bench_scale().series([("run", report)])
+    curves = load_script("benchmarks/bench_scale.py").series([("run", report)])
     assert [c["label"] for c in curves] == ["adam, 3 clients (run)", "sparse_adam, 3 clients (run)"]
     adam, sparse = curves
     assert adam["entities"] == [10_000, 1_000_000] and adam["s_per_batch"] == [0.5, 2.0]
@@ -42,9 +34,9 @@ def test_series_are_the_rows_of_each_optimizer_in_entity_order():
     assert sparse["reference_s_per_batch"] == 0.004
 
 
-def test_the_committed_curves_are_drawn_from_the_committed_json(tmp_path):
+def test_the_committed_curves_are_drawn_from_the_committed_json(tmp_path, load_script):
     pytest.importorskip("matplotlib")
-    module = _bench_scale()
+    module = load_script("benchmarks/bench_scale.py")
     path = REPO / "docs" / "results" / "scale" / "scale.json"
     report = json.loads(path.read_text())
     curves = module.series([("scale", report)])
