@@ -61,6 +61,7 @@ TIERS = {
 #: cost, summed from the wall seconds the JSONs they rewrite recorded (``cost``: pointers,
 #: everything they gather added up; ``None`` where a JSON kept no time).
 BENCH = "python scripts/benchmarks/"
+SAMEDAY = "docs/results/scale/sameday"  # the scale_sameday tier's folder
 LARGER_TIERS = {
     "fb15k237": {
         "about": "FedE on FB15k-237-Fed3 (FedE's hyperparameters), one round, twice: "
@@ -84,21 +85,43 @@ LARGER_TIERS = {
     },
     "fkge_fb15k237": {
         "about": "FKGE on FB15k-237 (reduced: 1 handshake per KG, 5 update epochs), supervised release "
-                 "beside its controls, seeds 0-1, after the pre-training of bench_fkge_fb15k237_controls",
+                 "beside its controls, seeds 0-2 (seed 2 with the exact release), after the pre-training of "
+                 "bench_fkge_fb15k237_controls (its command with --pretrain makes it), merged into one report",
         "configs": ["configs/fkge/fb15k237_fkge.yaml"],
         "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrained-from "
-                     "runs/bench_fkge_fb15k237_controls/pretrain --reuse --seeds 0,1 "
-                     "--variants sup4_average,random_sup4_average,control_sup4_average "
-                     "--json-out docs/results/fkge/bench_fkge_fb15k237_controls_u5.json "
-                     "federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"],
-        "writes": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5.json"],
-        "cost": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5.json#/runs/*/*/wall_seconds"],
+                     f"runs/bench_fkge_fb15k237_controls/pretrain --reuse --seeds {seeds} --runs-dir {runs} "
+                     f"--variants sup4_average,random_sup4_average,control_sup4_average{exact} "
+                     f"--json-out docs/results/fkge/bench_fkge_fb15k237_controls_{out}.json "
+                     "federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"
+                     for seeds, runs, exact, out in (
+                         ("0,1", "runs/bench_fkge_fb15k237_u5", "", "u5"),
+                         ("2", "runs/bench_fkge_fb15k237_u5", ",sup_exact_average", "u5_seed2"))] + [
+            f"{BENCH}bench_fkge.py --merge docs/results/fkge/bench_fkge_fb15k237_controls_u5.json "
+            "docs/results/fkge/bench_fkge_fb15k237_controls_u5_seed2.json "
+            "--json-out docs/results/fkge/bench_fkge_fb15k237_controls_u5_seeds0-2.json"],
+        "writes": [f"docs/results/fkge/bench_fkge_fb15k237_controls_{out}.json"
+                   for out in ("u5", "u5_seed2", "u5_seeds0-2")],
+        "cost": ["docs/results/fkge/bench_fkge_fb15k237_controls_u5_seeds0-2.json#/runs/*/*/wall_seconds"],
+    },
+    "fkge_nell995": {
+        "about": "FKGE on NELL-995 in 3 sources: converged pre-training, 1 handshake per KG, 5 update epochs, "
+                 "seeds 0-1: the supervised release beside its two controls and the exact release "
+                 "(docs/results/fkge.md)",
+        "configs": ["configs/fkge/fb15k237_fkge.yaml"],
+        "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir "
+                     "runs/bench_fkge_nell995_controls --reuse --seeds 0,1 --variants "
+                     "sup4_average,random_sup4_average,control_sup4_average,sup_exact_average "
+                     "--json-out docs/results/fkge/bench_fkge_nell995_controls.json data.name=../shared/data/NELL-995 "
+                     "name=nell995_fkge federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"],
+        "writes": ["docs/results/fkge/bench_fkge_nell995_controls.json"],
+        "cost": ["docs/results/fkge/bench_fkge_nell995_controls.json#/runs/*/*/wall_seconds",
+                 "docs/results/fkge/bench_fkge_nell995_controls.json#/pretrain/*/seconds"],
     },
     "fedlu_r3": {
         "about": "FedLU on UMLS-R3, 26 rounds, seeds 0-4, defaults and parity, beside the official code "
                  "(3 runs, needs its checkout: docs/results/fedlu.md): README's FedLU headline",
         "configs": [],  # bench_fedlu.py builds FedLU's config from --data and overrides
-        "commands": [f"python scripts/tools/make_fedlu_split.py --kg umls --clients 3 --seed 12345 --out data/umls-R3"] + [
+        "commands": ["python scripts/tools/make_fedlu_split.py --kg umls --clients 3 --seed 12345 --out data/umls-R3"] + [
             f"{BENCH}bench_fedlu.py --data data/umls-R3 --rounds 26 --threads 1 --strategies fedlu --json-out "
             f"docs/results/fedlu/umls_r3/ours{tag}_s{seed}.json trainer.accelerator=cpu train.lr=0.001 "
             f"federated.best=client{extra} seed={seed}"
@@ -163,6 +186,45 @@ LARGER_TIERS = {
         "cost": ["docs/results/fedcqa/fb15k237_fed3_softmax_dim32_4000steps_persistent_adamw.json#/variants/*/per_seed/*/seconds",
                  "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seed0.json#/variants/*/per_seed/*/seconds",
                  "docs/results/fedcqa/fb15k237_fed5_softmax_dim32_4000steps_seeds1-2.json#/variants/*/per_seed/*/seconds"],
+    },
+    "scale_sameday": {
+        "about": "FedE on FB15k-237-Fed3 beside the official code on one day, quiet, 2 threads, dim 256 and 128, "
+                 "dense and row-sparse Adam, and where a batch goes: docs/results/scale.md (the official side needs "
+                 "its checkout)",
+        "configs": ["configs/fede/fb15k237_fed3_fede.yaml"],
+        "commands": [
+            f"python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode bounded --batches 30 "
+            f"--eval-limit 0 --threads 2 --dim 128 --json-out {SAMEDAY}/official_dim128_bounded.json",
+            f"python scripts/reference/bench_official_fede.py --fede-dir PATH/TO/FedE --mode full --rounds 1 "
+            f"--eval-limit 0 --threads 2 --json-out {SAMEDAY}/official_dim256_full.json"] + [
+            f"{BENCH}bench_fede.py --rounds 2 --threads 2{dim} --json-out {SAMEDAY}/ours_dim{d}_{opt}.json "
+            f"train.optimizer={opt}"
+            for d, dim in ((128, " --dim 128"), (256, "")) for opt in ("adam", "sparse_adam")] + [
+            f"{BENCH}bench_fede.py --rounds 2 --threads 2 --eval-every 0 --json-out "
+            f"{SAMEDAY}/ours_dim256_sparse_adam_compile_cpu.json train.optimizer=sparse_adam trainer.compile_cpu=true"] + [
+            f"{BENCH}bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 1 --batches 60 --threads 2 "
+            f"--profile --json-out {SAMEDAY}/step_dim256_sparse_adam{tag}.json train.optimizer=sparse_adam{extra}"
+            for tag, extra in (("", ""), ("_compile_cpu", " trainer.compile_cpu=true"))],
+        "writes": [f"{SAMEDAY}/{name}.json" for name in (
+            "official_dim128_bounded", "official_dim256_full", "ours_dim128_adam", "ours_dim128_sparse_adam",
+            "ours_dim256_adam", "ours_dim256_sparse_adam", "ours_dim256_sparse_adam_compile_cpu",
+            "step_dim256_sparse_adam", "step_dim256_sparse_adam_compile_cpu")],
+        "cost": [f"{SAMEDAY}/official_dim256_full.json#/rounds/*/wall_s"] + [
+            f"{SAMEDAY}/ours_dim{d}_{opt}.json#/rounds/*/{k}" for d in (128, 256) for opt in ("adam", "sparse_adam")
+            for k in ("train_s", "eval_s")],
+    },
+    "scale_quality": {
+        "about": "FedE on FB15k-237-Fed3 (FedE's hyperparameters), dense beside row-sparse Adam, 6 rounds, "
+                 "seeds 0-2: docs/results/scale.md's quality table",
+        "configs": ["configs/fede/fb15k237_fed3_fede.yaml"],
+        "commands": [f"{BENCH}bench_fede.py --rounds 6 --eval-every 3 --threads 1 --json-out "
+                     f"docs/results/scale/fb15k237_fed3_quality/{opt}_seed{seed}.json seed={seed} train.optimizer={opt}"
+                     for seed in range(3) for opt in ("sparse_adam", "adam")],
+        "writes": [f"docs/results/scale/fb15k237_fed3_quality/{opt}_seed{seed}.json"
+                   for seed in range(3) for opt in ("sparse_adam", "adam")],
+        "cost": [f"docs/results/scale/fb15k237_fed3_quality/{opt}_seed{seed}.json#/rounds/{k}"
+                 for seed in range(3) for opt in ("sparse_adam", "adam")
+                 for k in ("*/train_s", "2/eval_s", "5/eval_s")],  # evaluated after rounds 3 and 6
     },
 }
 
