@@ -89,13 +89,11 @@ LARGER_TIERS = {
                  "bench_fkge_fb15k237_controls (its command with --pretrain makes it), merged into one report",
         "configs": ["configs/fkge/fb15k237_fkge.yaml"],
         "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrained-from "
-                     f"runs/bench_fkge_fb15k237_controls/pretrain --reuse --seeds {seeds} --runs-dir {runs} "
+                     f"runs/bench_fkge_fb15k237_controls/pretrain --reuse --seeds {seeds} --runs-dir runs/bench_fkge_fb15k237_u5 "
                      f"--variants sup4_average,random_sup4_average,control_sup4_average{exact} "
                      f"--json-out docs/results/fkge/bench_fkge_fb15k237_controls_{out}.json "
                      "federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"
-                     for seeds, runs, exact, out in (
-                         ("0,1", "runs/bench_fkge_fb15k237_u5", "", "u5"),
-                         ("2", "runs/bench_fkge_fb15k237_u5", ",sup_exact_average", "u5_seed2"))] + [
+                     for seeds, exact, out in (("0,1", "", "u5"), ("2", ",sup_exact_average", "u5_seed2"))] + [
             f"{BENCH}bench_fkge.py --merge docs/results/fkge/bench_fkge_fb15k237_controls_u5.json "
             "docs/results/fkge/bench_fkge_fb15k237_controls_u5_seed2.json "
             "--json-out docs/results/fkge/bench_fkge_fb15k237_controls_u5_seeds0-2.json"],
