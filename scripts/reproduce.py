@@ -103,11 +103,11 @@ LARGER_TIERS = {
     },
     "fkge_nell995": {
         "about": "FKGE on NELL-995 in 3 sources: converged pre-training, 1 handshake per KG, 5 update epochs, "
-                 "seeds 0-1: the supervised release beside its two controls and the exact release "
+                 "seeds 0-2: the supervised release beside its two controls and the exact release "
                  "(docs/results/fkge.md)",
         "configs": ["configs/fkge/fb15k237_fkge.yaml"],
         "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir "
-                     "runs/bench_fkge_nell995_controls --reuse --seeds 0,1 --variants "
+                     "runs/bench_fkge_nell995_controls --reuse --seeds 0,1,2 --variants "
                      "sup4_average,random_sup4_average,control_sup4_average,sup_exact_average "
                      "--json-out docs/results/fkge/bench_fkge_nell995_controls.json data.name=../shared/data/NELL-995 "
                      "name=nell995_fkge federated.fkge.holdout_fraction=0.2 federated.fkge.handshakes_per_kg=1"],
