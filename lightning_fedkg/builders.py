@@ -91,5 +91,6 @@ def build_module(cfg: ExperimentConfig, num_entities: int, num_relations: int,
         if isinstance(model, TranslationalModel):
             model.compile_distances = cfg.trainer.compile
             model.compile_on_cpu = cfg.trainer.compile_cpu
+            model.native_l1 = cfg.trainer.native_l1
     module.capture_steps = cfg.trainer.capture
     return module

@@ -147,6 +147,7 @@ def test_resume_fingerprint_leaves_out_exactly_the_resume_free_fields():
     assert everything - kept == {
         "name", "out_dir", "train.max_epochs", "train.batches_per_step",
         "trainer.devices", "trainer.progress_bar", "trainer.threads", "trainer.keep_on_device", "trainer.compile", "trainer.compile_cpu",
+        "trainer.native_l1",
         "trainer.capture",
         "federated.rounds", "federated.patience", "federated.fede.fusion", "federated.fede.fusion_epochs",
         "federated.fede.fusion_lr", "federated.fede.fusion_margin", "federated.fede.fusion_negatives",

@@ -244,7 +244,11 @@ class TrainerConfig:
     ``true`` runs each training batch's whole score-and-loss through :func:`torch.compile`
     (:meth:`lightning_fedkg.models.KGEModule.compiled`); ``false`` compiles nothing. Compiled
     kernels may round differently from eager ones in the last bits, and the first batches of
-    each shape pay the compilation (seconds per process). ``capture`` records each KGE
+    each shape pay the compilation (seconds per process). ``native_l1`` (off by default): on a
+    CPU, a Trans* model's L1 distances to shared candidates, in training and evaluation, go
+    through the library's own C kernel (:mod:`lightning_fedkg.models.kge.native_l1`: built once
+    per machine by the system C compiler, ahead of ``compile_cpu``; cdist where it cannot be
+    built; not with ``deterministic``; not bit for bit cdist's). ``capture`` records each KGE
     training batch's whole step (losses, backward, Adam) as a CUDA graph and replays it per
     batch (:mod:`lightning_fedkg.models.captured`): ``None`` (the default) records on a CUDA
     device at ``32-true`` or ``bf16-mixed`` unless ``compile`` is true, ``false`` never; on a
@@ -262,6 +266,7 @@ class TrainerConfig:
     keep_on_device: bool = field(default=True, metadata={"resume": "free"})
     compile: bool | None = field(default=None, metadata={"resume": "free"})
     compile_cpu: bool = field(default=False, metadata={"resume": "free"})
+    native_l1: bool = field(default=False, metadata={"resume": "free"})
     capture: bool | None = field(default=None, metadata={"resume": "free"})
 
 

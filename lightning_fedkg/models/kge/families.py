@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_fedkg.models.kge.base import KGEModel
+from lightning_fedkg.models.kge.native_l1 import native_l1_distances
 
 __all__ = ["CPU_COMPILE_MIN_ELEMENTS", "DistanceModel", "TranslationalModel", "BilinearModel", "compiling_pays",
            "fused_l1_distances", "relation_space_width", "soft_unit_norm"]
@@ -60,6 +61,10 @@ class TranslationalModel(DistanceModel):
     compile_distances: bool | None = None
     #: ``trainer.compile_cpu``: also compile them on a CPU (see :func:`compiling_pays`).
     compile_on_cpu: bool = False
+    #: ``trainer.native_l1``: on a CPU, L1 distances to shared candidates (training and
+    #: evaluation) go through the library's own kernel (:mod:`lightning_fedkg.models.kge.native_l1`),
+    #: ahead of the compiled form.
+    native_l1: bool = False
 
     def _distance(self, x: Tensor, y: Tensor) -> Tensor:
         return torch.linalg.vector_norm(x - y, ord=self.p_norm, dim=-1)
@@ -69,6 +74,10 @@ class TranslationalModel(DistanceModel):
             # inside a compiled loss: the form the compiler fuses into one loop (it cannot
             # look into cdist, which it calls as it is)
             return self.gamma - _l1_distances(query, cand)
+        if self.p_norm == 1.0 and self.native_l1 and query.device.type == "cpu":
+            dist = native_l1_distances(query, cand)
+            if dist is not None:
+                return self.gamma - dist
         if (self.p_norm == 1.0 and self.compile_distances is not False and torch.is_grad_enabled()
                 and compiling_pays(query, cand, cpu=self.compile_on_cpu)):
             dist = fused_l1_distances(query, cand)
