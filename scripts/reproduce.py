@@ -200,13 +200,18 @@ LARGER_TIERS = {
             for d, dim in ((128, " --dim 128"), (256, "")) for opt in ("adam", "sparse_adam")] + [
             f"{BENCH}bench_fede.py --rounds 2 --threads 2 --eval-every 0 --json-out "
             f"{SAMEDAY}/ours_dim256_sparse_adam_compile_cpu.json train.optimizer=sparse_adam trainer.compile_cpu=true"] + [
+            f"{BENCH}bench_fede.py --rounds 2 --threads 2{dim} --json-out {SAMEDAY}/ours_dim{d}_{opt}_native_l1.json "
+            f"train.optimizer={opt} trainer.native_l1=true"
+            for d, dim, opt in ((256, "", "adam"), (256, "", "sparse_adam"), (128, " --dim 128", "sparse_adam"))] + [
             f"{BENCH}bench_step.py -c configs/fede/fb15k237_fed3_fede.yaml --client 1 --batches 60 --threads 2 "
             f"--profile --json-out {SAMEDAY}/step_dim256_sparse_adam{tag}.json train.optimizer=sparse_adam{extra}"
-            for tag, extra in (("", ""), ("_compile_cpu", " trainer.compile_cpu=true"))],
+            for tag, extra in (("", ""), ("_compile_cpu", " trainer.compile_cpu=true"),
+                               ("_native_l1", " trainer.native_l1=true"))],
         "writes": [f"{SAMEDAY}/{name}.json" for name in (
             "official_dim128_bounded", "official_dim256_full", "ours_dim128_adam", "ours_dim128_sparse_adam",
             "ours_dim256_adam", "ours_dim256_sparse_adam", "ours_dim256_sparse_adam_compile_cpu",
-            "step_dim256_sparse_adam", "step_dim256_sparse_adam_compile_cpu")],
+            "ours_dim256_adam_native_l1", "ours_dim256_sparse_adam_native_l1", "ours_dim128_sparse_adam_native_l1",
+            "step_dim256_sparse_adam", "step_dim256_sparse_adam_compile_cpu", "step_dim256_sparse_adam_native_l1")],
         "cost": [f"{SAMEDAY}/official_dim256_full.json#/rounds/*/wall_s"] + [
             f"{SAMEDAY}/ours_dim{d}_{opt}.json#/rounds/*/{k}" for d in (128, 256) for opt in ("adam", "sparse_adam")
             for k in ("train_s", "eval_s")],

@@ -8,7 +8,8 @@ and replayed (so launch overhead is out of the figure):
 - the L1 distance of ``B`` queries to ``n`` shared candidates, forward and backward:
   ``torch.cdist`` (today), the same function through ``torch.compile`` (fused kernels that
   never materialise ``[B, n, dim]``), and with ``--cpu`` cdist's forward with only the
-  backward compiled (whether its gradients equal cdist's bit for bit is printed);
+  backward compiled (whether its gradients equal cdist's bit for bit is printed), and the
+  library's own kernel (``trainer.native_l1``);
 - one Adam update of a ``[entities, dim]`` table: capturable ``foreach`` (today) and
   ``fused``.
 
@@ -104,6 +105,11 @@ def main() -> int:
             forms["cdist_compiled_backward"] = _cdist_with_compiled_backward(torch)
     except Exception as exc:  # noqa: BLE001 - report and go on with the others
         print(f"torch.compile unavailable: {exc}")
+    if args.cpu:  # trainer.native_l1: the library's own kernel (None where it cannot be built)
+        from lightning_fedkg.models.kge.native_l1 import kernel_library, native_l1_distances
+
+        if kernel_library() is not None:
+            forms["native"] = native_l1_distances
     reference = None
     exact = {}
     for name, fn in forms.items():
