@@ -58,3 +58,19 @@ def test_merge_refuses_another_experiment_a_repeated_seed_or_another_pretraining
         module.merge([a, again])
     with pytest.raises(SystemExit, match="not the same pre-training"):
         module.merge([a, pretrained])
+
+
+def test_the_table_keeps_long_variant_and_kg_names_apart(load_script):
+    """The old fixed 11-character column printed ``control_sup4_averagek-237-src0``: the variant
+    ran into a KG name cut to its last 10 characters."""
+    module = load_script("benchmarks/bench_fkge.py")
+    block = {key: {"mean": 0.5} for key in ("accuracy", "mrr", "hits@10")}
+    summaries = [{"variant": "control_sup4_average", "seeds": 1, "handshakes": 6.0, "accepted": 3.0,
+                  "seconds_ppat": 0.1, "seconds_update": 1.0, "bytes_per_handshake": 10.0, "generator_moved": 0.0,
+                  "translation_cosine": 0.3, "mismatched_cosine": 0.0, "max_epsilon": None, "wall_seconds": 5.0,
+                  "gain": {"mrr": 0.0, "hits@10": 0.0, "accuracy": 0.0},
+                  "kgs": {"FB15k-237-src0": {"before": block, "after": block, "gain_mrr": 0.0}}}]
+    rows = module.table(summaries).splitlines()
+    assert rows[2].split()[:2] == ["control_sup4_average", "FB15k-237-src0"]
+    second = rows.index("") + 3
+    assert rows[second].split()[:2] == ["control_sup4_average", "1"]

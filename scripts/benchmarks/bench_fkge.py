@@ -250,22 +250,25 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def table(summaries: list[dict]) -> str:
-    head = (f"{'variant':<11}{'KG':<12}{'acc before':>11}{'acc after':>10}{'MRR before':>11}{'MRR after':>10}"
+    # Columns as wide as the longest name: a variant like control_sup4_average runs into the KG otherwise.
+    vw = max([len("variant")] + [len(s["variant"]) for s in summaries]) + 2
+    kw = max([len("KG")] + [len(name) for s in summaries for name in s["kgs"]]) + 2
+    head = (f"{'variant':<{vw}}{'KG':<{kw}}{'acc before':>11}{'acc after':>10}{'MRR before':>11}{'MRR after':>10}"
             f"{'gain':>8}{'H@10 after':>11}")
     lines = [head, "-" * len(head)]
     for s in summaries:
         for name, kg in s["kgs"].items():
             b, a = kg["before"], kg["after"]
-            lines.append(f"{s['variant']:<11}{name[-10:]:<12}{b['accuracy']['mean']:>11.4f}{a['accuracy']['mean']:>10.4f}"
+            lines.append(f"{s['variant']:<{vw}}{name:<{kw}}{b['accuracy']['mean']:>11.4f}{a['accuracy']['mean']:>10.4f}"
                          f"{b['mrr']['mean']:>11.4f}{a['mrr']['mean']:>10.4f}{kg['gain_mrr']:>+8.4f}"
                          f"{a['hits@10']['mean']:>11.4f}")
-    head2 = (f"{'variant':<13}{'seeds':>6}{'handshakes':>11}{'accepted':>9}{'s align':>9}{'s update':>9}"
+    head2 = (f"{'variant':<{vw}}{'seeds':>6}{'handshakes':>11}{'accepted':>9}{'s align':>9}{'s update':>9}"
              f"{'B/hs':>9}{'W moved':>8}{'cos':>7}{'cos mis':>8}{'epsilon':>9}{'gain MRR':>9}{'gain H10':>9}"
              f"{'gain acc':>9}{'wall s':>8}")
     lines += ["", head2, "-" * len(head2)]
     for s in summaries:
         eps = "exact" if s["max_epsilon"] is None else format(s["max_epsilon"], ".2f")
-        lines.append(f"{s['variant']:<13}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
+        lines.append(f"{s['variant']:<{vw}}{s['seeds']:>6}{s['handshakes']:>11.1f}{s['accepted']:>9.1f}"
                      f"{s['seconds_ppat']:>9.3f}{s['seconds_update']:>9.3f}{s['bytes_per_handshake']:>9.0f}"
                      f"{s['generator_moved']:>8.4f}{s['translation_cosine']:>7.3f}{s['mismatched_cosine']:>8.3f}"
                      f"{eps:>9}{s['gain']['mrr']:>+9.4f}{s['gain']['hits@10']:>+9.4f}"
