@@ -117,16 +117,19 @@ LARGER_TIERS = {
     },
     "fkge_fb15k237_full": {
         "about": "FKGE on FB15k-237 in 3 sources, the full schedule: converged pre-training (--pretrain), 3 handshakes "
-                 "hosted per KG x 5 update epochs, seeds 0-1 so far, the supervised release beside its two controls "
-                 "and the exact release (docs/results/fkge.md); seeds may run in parallel calls on one runs folder",
+                 "hosted per KG x 5 update epochs, seeds 0-2, the supervised release beside its two controls and the "
+                 "exact release, seeds run in two calls on one runs folder and merged (docs/results/fkge.md)",
         "configs": ["configs/fkge/fb15k237_fkge.yaml"],
         "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir "
-                     "runs/bench_fkge_fb15k237_full --reuse --seeds 0,1 --threads 1 --variants "
+                     f"runs/bench_fkge_fb15k237_full --reuse --seeds {seeds} --threads 1 --variants "
                      "sup4_average,random_sup4_average,control_sup4_average,sup_exact_average --json-out "
-                     "docs/results/fkge/bench_fkge_fb15k237_full_s01.json federated.fkge.holdout_fraction=0.2"],
-        "writes": ["docs/results/fkge/bench_fkge_fb15k237_full_s01.json"],
-        "cost": ["docs/results/fkge/bench_fkge_fb15k237_full_s01.json#/runs/*/*/wall_seconds",
-                 "docs/results/fkge/bench_fkge_fb15k237_full_s01.json#/pretrain/*/seconds"],
+                     f"docs/results/fkge/bench_fkge_fb15k237_full_{part}.json federated.fkge.holdout_fraction=0.2"
+                     for seeds, part in (("0,1", "s01"), ("2", "s2"))] + [
+            f"{BENCH}bench_fkge.py --merge docs/results/fkge/bench_fkge_fb15k237_full_s01.json "
+            "docs/results/fkge/bench_fkge_fb15k237_full_s2.json --json-out docs/results/fkge/bench_fkge_fb15k237_full.json"],
+        "writes": [f"docs/results/fkge/bench_fkge_fb15k237_full{part}.json" for part in ("_s01", "_s2", "")],
+        "cost": ["docs/results/fkge/bench_fkge_fb15k237_full.json#/runs/*/*/wall_seconds",
+                 "docs/results/fkge/bench_fkge_fb15k237_full.json#/pretrain/0/*/seconds"],
     },
     "fkge_nell995_full": {
         "about": "FKGE on NELL-995 in 3 sources, the issue's full schedule: converged pre-training (that of "
