@@ -117,17 +117,19 @@ LARGER_TIERS = {
     },
     "fkge_fb15k237_full": {
         "about": "FKGE on FB15k-237 in 3 sources, the full schedule: converged pre-training (--pretrain), 3 handshakes "
-                 "hosted per KG x 5 update epochs, seeds 0-2, the supervised release beside its two controls and the "
-                 "exact release, seeds run in two calls on one runs folder and merged (docs/results/fkge.md)",
+                 "hosted per KG x 5 update epochs, seeds 0-4, the supervised release beside its two controls and the "
+                 "exact release; seeds run in four calls on one runs folder (s3 and s4 at once) and merged "
+                 "(docs/results/fkge.md)",
         "configs": ["configs/fkge/fb15k237_fkge.yaml"],
         "commands": [f"{BENCH}bench_fkge.py --config configs/fkge/fb15k237_fkge.yaml --pretrain --runs-dir "
                      f"runs/bench_fkge_fb15k237_full --reuse --seeds {seeds} --threads 1 --variants "
                      "sup4_average,random_sup4_average,control_sup4_average,sup_exact_average --json-out "
                      f"docs/results/fkge/bench_fkge_fb15k237_full_{part}.json federated.fkge.holdout_fraction=0.2"
-                     for seeds, part in (("0,1", "s01"), ("2", "s2"))] + [
-            f"{BENCH}bench_fkge.py --merge docs/results/fkge/bench_fkge_fb15k237_full_s01.json "
-            "docs/results/fkge/bench_fkge_fb15k237_full_s2.json --json-out docs/results/fkge/bench_fkge_fb15k237_full.json"],
-        "writes": [f"docs/results/fkge/bench_fkge_fb15k237_full{part}.json" for part in ("_s01", "_s2", "")],
+                     for seeds, part in (("0,1", "s01"), ("2", "s2"), ("3", "s3"), ("4", "s4"))] + [
+            f"{BENCH}bench_fkge.py --merge "
+            + " ".join(f"docs/results/fkge/bench_fkge_fb15k237_full_{part}.json" for part in ("s01", "s2", "s3", "s4"))
+            + " --json-out docs/results/fkge/bench_fkge_fb15k237_full.json"],
+        "writes": [f"docs/results/fkge/bench_fkge_fb15k237_full{part}.json" for part in ("_s01", "_s2", "_s3", "_s4", "")],
         "cost": ["docs/results/fkge/bench_fkge_fb15k237_full.json#/runs/*/*/wall_seconds",
                  "docs/results/fkge/bench_fkge_fb15k237_full.json#/pretrain/0/*/seconds"],
     },
