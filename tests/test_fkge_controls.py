@@ -4,6 +4,7 @@ release's report, PATE's two epsilons, and the per-handshake progress line."""
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,6 +93,9 @@ def test_a_tiny_dp_epsilon_is_reachable_and_costs_what_it_says():
     cost = release_cost(0.01, 1e-5, 32, "replace")
     assert math.isfinite(cost.sigma) and cost.sigma > 100
     assert gaussian_epsilon(2.0 / cost.sigma, 1e-5) == pytest.approx(0.01, rel=1e-6)
+    # the method page quotes this sigma: it must be the one the calibration gives
+    page = (Path(__file__).resolve().parents[1] / "docs" / "methods" / "fkge.md").read_text()
+    assert f"0.01 gives σ {round(cost.sigma)} at δ 10⁻⁵, replace-one" in page
 
 
 def test_the_exact_release_reports_not_private():
